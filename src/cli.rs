@@ -1,0 +1,210 @@
+//! Command-line definitions: the one place flags live. The doc comments are
+//! the help text (and the man page). Nothing outside `main.rs` and
+//! `config.rs` sees these types.
+
+use std::path::PathBuf;
+
+use clap::{Args, Parser, Subcommand, ValueEnum};
+
+/// Find data stored twice on btrfs and XFS and let the kernel share it.
+///
+/// dedupscan crawls the given paths, hashes file blocks into a database,
+/// finds ranges with the same content (whole files and 4 KiB-aligned runs
+/// anywhere in two files), and asks the kernel to share them with
+/// FIDEDUPERANGE. The kernel compares the bytes itself before it shares
+/// anything, so a file's content never changes.
+///
+/// Files are never opened for writing, symlinks never followed, other mounts
+/// never entered. A `user.nodedup` extended attribute on a file or directory,
+/// or a `.nodedup` file in a directory, keeps it (and everything below) out.
+#[derive(Debug, Parser)]
+#[command(
+    name = "dedupscan",
+    version,
+    args_conflicts_with_subcommands = true,
+    subcommand_negates_reqs = true,
+    after_help = "Exit codes: 0 success, 1 finished but some paths or ranges had errors, 2 usage error, 3 fatal error, 4 database locked by another run."
+)]
+pub struct Cli {
+    #[command(subcommand)]
+    pub command: Option<Command>,
+
+    #[command(flatten)]
+    pub run: RunArgs,
+
+    #[command(flatten)]
+    pub global: GlobalArgs,
+}
+
+/// Options every command takes.
+#[derive(Debug, Args, Clone)]
+pub struct GlobalArgs {
+    /// Database file [default: /var/lib/dedupscan/<filesystem-uuid>.sqlite as root,
+    /// $XDG_STATE_HOME/dedupscan/<filesystem-uuid>.sqlite otherwise].
+    #[arg(long, value_name = "FILE", global = true, env = "DEDUPSCAN_DB")]
+    pub db: Option<PathBuf>,
+
+    /// Print the report as one JSON document on stdout.
+    #[arg(long, global = true)]
+    pub json: bool,
+
+    /// More detail (repeatable).
+    #[arg(short, long, action = clap::ArgAction::Count, global = true, conflicts_with = "quiet")]
+    pub verbose: u8,
+
+    /// Less output: no per-path warnings, no progress.
+    #[arg(short, long, action = clap::ArgAction::Count, global = true)]
+    pub quiet: u8,
+
+    /// Progress display on stderr: bars on a terminal (auto), always, or never.
+    #[arg(long, value_enum, default_value_t = ProgressMode::Auto, global = true)]
+    pub progress: ProgressMode,
+}
+
+/// When to draw progress bars.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum ProgressMode {
+    Auto,
+    Always,
+    Never,
+}
+
+/// Options of a scan (shared by the default command and `scan`).
+#[derive(Debug, Args, Clone)]
+pub struct ScanArgs {
+    /// Paths to scan: directories or files, all on one filesystem.
+    #[arg(value_name = "PATH")]
+    pub paths: Vec<PathBuf>,
+
+    /// Rehash only files whose size, mtime or ctime changed since the last run.
+    #[arg(long)]
+    pub incremental: bool,
+
+    /// Block size for fingerprints: a power of two from 4K to 1M (suffixes K, M).
+    #[arg(long, value_name = "BYTES", default_value = "4K", value_parser = parse_block_size)]
+    pub block_size: u64,
+
+    /// Hashing threads [default: number of CPUs].
+    #[arg(long, value_name = "N")]
+    pub threads: Option<usize>,
+
+    /// Leave out paths matching this glob (repeatable; matched on the full path,
+    /// e.g. '**/*.qcow2' or '/srv/tmp/**').
+    #[arg(long, value_name = "GLOB")]
+    pub exclude: Vec<String>,
+}
+
+/// Options of the default command: scan, then share.
+#[derive(Debug, Args, Clone)]
+pub struct RunArgs {
+    #[command(flatten)]
+    pub scan: ScanArgs,
+
+    /// Show what would be shared, verified byte for byte, and change nothing
+    /// on the volume.
+    #[arg(long, short = 'n')]
+    pub dry_run: bool,
+
+    /// Shortest range worth sharing, in bytes (rounded down to blocks; whole
+    /// small files are always shared).
+    #[arg(long, value_name = "BYTES", default_value = "4K", value_parser = parse_size)]
+    pub min_range: u64,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Only crawl and hash into the database; share nothing.
+    Scan(ScanArgs),
+    /// Print what the database knows: files, bytes, and the history of runs.
+    Report(ReportArgs),
+}
+
+#[derive(Debug, Args, Clone)]
+pub struct ReportArgs {
+    /// A path on the filesystem whose database to read (when --db is not given).
+    #[arg(value_name = "PATH")]
+    pub path: Option<PathBuf>,
+}
+
+/// Parse sizes like `4096`, `4K`, `4KiB`, `1M`.
+pub fn parse_size(s: &str) -> Result<u64, String> {
+    let t = s.trim();
+    let split = t.find(|c: char| !c.is_ascii_digit()).unwrap_or(t.len());
+    let (num, unit) = t.split_at(split);
+    let n: u64 = num.parse().map_err(|_| format!("'{s}' is not a size"))?;
+    let mult = match unit.to_ascii_lowercase().as_str() {
+        "" | "b" => 1,
+        "k" | "kb" | "kib" => 1 << 10,
+        "m" | "mb" | "mib" => 1 << 20,
+        "g" | "gb" | "gib" => 1 << 30,
+        _ => return Err(format!("unknown unit in '{s}' (use K, M or G)")),
+    };
+    n.checked_mul(mult).ok_or_else(|| format!("'{s}' is too large"))
+}
+
+fn parse_block_size(s: &str) -> Result<u64, String> {
+    let n = parse_size(s)?;
+    if !n.is_power_of_two() || !(4096..=1 << 20).contains(&n) {
+        return Err(format!("block size must be a power of two from 4K to 1M, not {n}"));
+    }
+    Ok(n)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parse(args: &[&str]) -> Result<Cli, clap::Error> {
+        Cli::try_parse_from(std::iter::once("dedupscan").chain(args.iter().copied()))
+    }
+
+    #[test]
+    fn default_command_takes_paths_and_flags() {
+        let c = parse(&["/srv", "--dry-run", "--block-size", "64K", "--json"]).unwrap();
+        assert!(c.command.is_none());
+        assert_eq!(c.run.scan.paths, vec![PathBuf::from("/srv")]);
+        assert!(c.run.dry_run && c.global.json);
+        assert_eq!(c.run.scan.block_size, 65536);
+    }
+
+    #[test]
+    fn subcommands_parse() {
+        let c = parse(&["scan", "/a", "/b", "--incremental"]).unwrap();
+        match c.command {
+            Some(Command::Scan(s)) => {
+                assert_eq!(s.paths.len(), 2);
+                assert!(s.incremental);
+            }
+            other => panic!("{other:?}"),
+        }
+        let c = parse(&["report", "--json", "--db", "/tmp/x.sqlite"]).unwrap();
+        assert!(matches!(c.command, Some(Command::Report(_))));
+        assert!(c.global.json);
+    }
+
+    #[test]
+    fn bad_block_sizes_are_usage_errors() {
+        for bad in ["3000", "2K", "2M", "abc", "4X"] {
+            assert!(parse(&["/srv", "--block-size", bad]).is_err(), "{bad}");
+        }
+        assert!(parse(&["/srv", "--block-size", "1M"]).is_ok());
+    }
+
+    #[test]
+    fn verbose_and_quiet_conflict() {
+        assert!(parse(&["/srv", "-v", "-q"]).is_err());
+    }
+
+    #[test]
+    fn sizes() {
+        assert_eq!(parse_size("4096"), Ok(4096));
+        assert_eq!(parse_size("4KiB"), Ok(4096));
+        assert_eq!(parse_size("2m"), Ok(2 << 20));
+    }
+
+    #[test]
+    fn clap_definition_is_consistent() {
+        use clap::CommandFactory;
+        Cli::command().debug_assert();
+    }
+}

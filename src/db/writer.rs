@@ -1,0 +1,156 @@
+//! The database writer: the one thread that writes during a scan.
+//!
+//! In: [`WriteOp`]s over a bounded channel from the hashing threads (the
+//! bound gives back-pressure, so memory stays flat however fast hashing
+//! runs). Out: rows committed in batches, one transaction each, so an
+//! interrupted run loses at most the last batch.
+
+use std::sync::mpsc::{Receiver, RecvTimeoutError};
+use std::time::{Duration, Instant};
+
+use rusqlite::{params, Connection, OptionalExtension};
+
+use super::{decode_blocks, encode_blocks, path_bytes, Db};
+use crate::hash::FileHash;
+use crate::plan::anchors;
+use crate::types::FileId;
+
+/// Files per transaction at most.
+pub const BATCH_FILES: usize = 512;
+/// Longest a hashed file waits before it is committed.
+pub const BATCH_TIME: Duration = Duration::from_millis(1000);
+/// Capacity of the channel from the hashers.
+pub const CHANNEL_CAP: usize = 256;
+
+/// One change to the database.
+#[derive(Debug)]
+pub enum WriteOp {
+    /// A freshly hashed file; `id` is its existing row, if any.
+    Hashed {
+        id: Option<FileId>,
+        dev: u64,
+        ino: u64,
+        path: std::path::PathBuf,
+        mtime_ns: i64,
+        ctime_ns: i64,
+        hash: FileHash,
+    },
+    /// A known, unchanged file seen under a new name.
+    Renamed { id: FileId, path: std::path::PathBuf },
+    /// A known file that is gone (or no longer eligible).
+    Removed { id: FileId },
+}
+
+/// Run the writer loop until the channel closes. Returns the database.
+pub fn run(db: Db, rx: Receiver<WriteOp>) -> rusqlite::Result<Db> {
+    let mut batch: Vec<WriteOp> = Vec::with_capacity(BATCH_FILES);
+    let mut since = Instant::now();
+    loop {
+        let timeout = BATCH_TIME.saturating_sub(since.elapsed());
+        match rx.recv_timeout(timeout) {
+            Ok(op) => {
+                if batch.is_empty() {
+                    since = Instant::now();
+                }
+                batch.push(op);
+                if batch.len() >= BATCH_FILES {
+                    commit(&db.conn, &mut batch)?;
+                }
+            }
+            Err(RecvTimeoutError::Timeout) => {
+                commit(&db.conn, &mut batch)?;
+                since = Instant::now();
+            }
+            Err(RecvTimeoutError::Disconnected) => {
+                commit(&db.conn, &mut batch)?;
+                return Ok(db);
+            }
+        }
+    }
+}
+
+/// Apply and clear `batch` in one transaction.
+pub fn commit(conn: &Connection, batch: &mut Vec<WriteOp>) -> rusqlite::Result<()> {
+    if batch.is_empty() {
+        return Ok(());
+    }
+    let tx = conn.unchecked_transaction()?;
+    for op in batch.drain(..) {
+        apply(&tx, op)?;
+    }
+    tx.commit()
+}
+
+fn delete_anchors(conn: &Connection, id: FileId) -> rusqlite::Result<()> {
+    let old: Option<Vec<u8>> = conn
+        .prepare_cached("SELECT blocks FROM files WHERE id = ?1")?
+        .query_row([id], |r| r.get(0))
+        .optional()?;
+    if let Some(blob) = old {
+        let blocks = decode_blocks(&blob);
+        let mut del = conn.prepare_cached("DELETE FROM anchors WHERE fp = ?1 AND file_id = ?2 AND blk = ?3")?;
+        for i in anchors(&blocks) {
+            del.execute(params![blocks[i as usize] as i64, id, i as i64])?;
+        }
+    }
+    Ok(())
+}
+
+fn apply(conn: &Connection, op: WriteOp) -> rusqlite::Result<()> {
+    match op {
+        WriteOp::Hashed { id, dev, ino, path, mtime_ns, ctime_ns, hash } => {
+            let blob = encode_blocks(&hash.blocks);
+            let id = match id {
+                Some(id) => {
+                    delete_anchors(conn, id)?;
+                    conn.prepare_cached(
+                        "UPDATE files SET dev=?2, ino=?3, path=?4, size=?5, mtime_ns=?6, ctime_ns=?7, digest=?8, blocks=?9 WHERE id=?1",
+                    )?
+                    .execute(params![
+                        id,
+                        dev as i64,
+                        ino as i64,
+                        path_bytes(&path),
+                        hash.size as i64,
+                        mtime_ns,
+                        ctime_ns,
+                        &hash.digest[..],
+                        blob
+                    ])?;
+                    id
+                }
+                None => {
+                    // A row for this inode may exist if it was not in the
+                    // index we started with (e.g. the block size changed).
+                    conn.prepare_cached(
+                        "INSERT OR REPLACE INTO files (dev, ino, path, size, mtime_ns, ctime_ns, digest, blocks) VALUES (?1,?2,?3,?4,?5,?6,?7,?8)",
+                    )?
+                    .execute(params![
+                        dev as i64,
+                        ino as i64,
+                        path_bytes(&path),
+                        hash.size as i64,
+                        mtime_ns,
+                        ctime_ns,
+                        &hash.digest[..],
+                        blob
+                    ])?;
+                    FileId(conn.last_insert_rowid())
+                }
+            };
+            let mut ins = conn.prepare_cached("INSERT OR IGNORE INTO anchors (fp, file_id, blk) VALUES (?1, ?2, ?3)")?;
+            for i in anchors(&hash.blocks) {
+                ins.execute(params![hash.blocks[i as usize] as i64, id, i as i64])?;
+            }
+        }
+        WriteOp::Renamed { id, path } => {
+            conn.prepare_cached("UPDATE files SET path = ?2 WHERE id = ?1")?
+                .execute(params![id, path_bytes(&path)])?;
+        }
+        WriteOp::Removed { id } => {
+            delete_anchors(conn, id)?;
+            conn.prepare_cached("DELETE FROM files WHERE id = ?1")?.execute([id])?;
+        }
+    }
+    Ok(())
+}

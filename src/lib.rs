@@ -1,0 +1,22 @@
+//! dedupscan: find data stored twice on btrfs and XFS and let the kernel
+//! share it with `FIDEDUPERANGE`.
+//!
+//! The pipeline, one module per stage (see `docs/ARCHITECTURE.md`):
+//! [`walk`] (with [`policy`]) → [`hash`] → [`db`] → [`plan`] → [`dedupe`] →
+//! [`report`], driven by [`run`]. All ioctls and `unsafe` live in [`sys`].
+
+pub mod cli;
+pub mod config;
+pub mod db;
+pub mod dedupe;
+pub mod exit;
+pub mod hash;
+pub mod history;
+pub mod plan;
+pub mod policy;
+pub mod progress;
+pub mod report;
+pub mod run;
+pub mod sys;
+pub mod types;
+pub mod walk;

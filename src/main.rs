@@ -1,0 +1,68 @@
+//! The `dedupscan` binary: parse, resolve, dispatch, map to an exit code.
+
+use std::sync::atomic::AtomicBool;
+use std::sync::Arc;
+
+use clap::Parser;
+
+use dedupscan::cli::Cli;
+use dedupscan::config::{Action, Config};
+use dedupscan::db::DbError;
+use dedupscan::exit::ExitCode;
+use dedupscan::progress::{Bars, LogLines, Progress};
+use dedupscan::{history, run};
+
+fn main() {
+    let cli = Cli::parse(); // usage errors exit with 2
+    let code = match Config::from_cli(cli) {
+        Ok(cfg) => dispatch(&cfg),
+        Err(e) => {
+            eprintln!("dedupscan: {e:#}");
+            ExitCode::Usage
+        }
+    };
+    std::process::exit(code.code());
+}
+
+fn dispatch(cfg: &Config) -> ExitCode {
+    let stop = Arc::new(AtomicBool::new(false));
+    for sig in [signal_hook::consts::SIGINT, signal_hook::consts::SIGTERM] {
+        // A first signal asks for a clean stop; a second one kills at once.
+        let _ = signal_hook::flag::register_conditional_shutdown(sig, 130, Arc::clone(&stop));
+        let _ = signal_hook::flag::register(sig, Arc::clone(&stop));
+    }
+    let progress: Box<dyn Progress> = if cfg.bars {
+        Box::new(Bars::new(cfg.verbosity))
+    } else {
+        Box::new(LogLines::new(cfg.verbosity))
+    };
+    let result = match cfg.action {
+        Action::Report => history::summarize(&cfg.db_path).and_then(|s| {
+            print_out(cfg.json, &s, || s.to_text())?;
+            Ok(ExitCode::Success)
+        }),
+        Action::Run | Action::Scan => run::run(cfg, progress.as_ref(), &stop).and_then(|r| {
+            print_out(cfg.json, &r, || r.to_text())?;
+            Ok(if r.errors > 0 { ExitCode::PartialErrors } else { ExitCode::Success })
+        }),
+    };
+    match result {
+        Ok(code) => code,
+        Err(e) => {
+            eprintln!("dedupscan: {e:#}");
+            match e.downcast_ref::<DbError>() {
+                Some(DbError::Locked { .. }) => ExitCode::Locked,
+                _ => ExitCode::Fatal,
+            }
+        }
+    }
+}
+
+fn print_out<T: serde::Serialize>(json: bool, value: &T, text: impl FnOnce() -> String) -> anyhow::Result<()> {
+    if json {
+        println!("{}", serde_json::to_string_pretty(value)?);
+    } else {
+        print!("{}", text());
+    }
+    Ok(())
+}

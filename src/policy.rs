@@ -1,0 +1,212 @@
+//! What may be shared, and why something is left alone.
+//!
+//! One place decides: exclude globs, the `user.nodedup` extended attribute
+//! on a file or any directory above it, a `.nodedup` marker file in a
+//! directory, inode flags that make sharing impossible or unwise, swap files,
+//! and the tool's own database. Every refusal has a [`SkipReason`] that is
+//! counted in the report.
+
+use std::collections::HashSet;
+use std::os::unix::fs::MetadataExt;
+use std::path::{Path, PathBuf};
+
+use globset::{Glob, GlobSet, GlobSetBuilder};
+
+use crate::sys::{self, InodeFlags};
+
+/// Extended attribute that keeps a file, or everything below a directory,
+/// out of deduplication.
+pub const NODEDUP_XATTR: &str = "user.nodedup";
+/// Marker file that keeps everything below its directory out.
+pub const NODEDUP_MARKER: &str = ".nodedup";
+
+/// Why a path was not considered. Serialised in snake_case as the keys of
+/// the report's `skipped` object.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, serde::Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum SkipReason {
+    /// Named pipe: never opened (opening could block or consume data).
+    Fifo,
+    Socket,
+    /// Block or character device node.
+    Device,
+    /// Symbolic links are never followed.
+    Symlink,
+    /// Zero-length file: nothing to share.
+    Empty,
+    /// Another mount below the starting path: not crossed.
+    MountPoint,
+    /// A second name of an inode already seen: counted once.
+    Hardlink,
+    /// Matched an `--exclude` glob.
+    Excluded,
+    /// `user.nodedup` xattr or `.nodedup` marker.
+    Nodedup,
+    Immutable,
+    AppendOnly,
+    /// btrfs `chattr +C`: extents cannot be shared.
+    Nocow,
+    /// An active swap file.
+    Swapfile,
+    /// XFS realtime file.
+    Realtime,
+    /// DAX file.
+    Dax,
+    /// The tool's own database, WAL or lock file.
+    OwnDatabase,
+    /// Changed while it was read; retried next run.
+    ChangedDuringScan,
+    /// Vanished between listing and opening.
+    Vanished,
+}
+
+impl SkipReason {
+    /// Name as shown in the report.
+    pub fn name(self) -> &'static str {
+        match self {
+            SkipReason::Fifo => "fifo",
+            SkipReason::Socket => "socket",
+            SkipReason::Device => "device",
+            SkipReason::Symlink => "symlink",
+            SkipReason::Empty => "empty",
+            SkipReason::MountPoint => "mount_point",
+            SkipReason::Hardlink => "hardlink",
+            SkipReason::Excluded => "excluded",
+            SkipReason::Nodedup => "nodedup",
+            SkipReason::Immutable => "immutable",
+            SkipReason::AppendOnly => "append_only",
+            SkipReason::Nocow => "nocow",
+            SkipReason::Swapfile => "swapfile",
+            SkipReason::Realtime => "realtime",
+            SkipReason::Dax => "dax",
+            SkipReason::OwnDatabase => "own_database",
+            SkipReason::ChangedDuringScan => "changed_during_scan",
+            SkipReason::Vanished => "vanished",
+        }
+    }
+}
+
+/// The resolved policy of one run.
+#[derive(Debug, Default)]
+pub struct Policy {
+    excludes: GlobSet,
+    /// (dev, inode) of files never to touch: our database files, swap files.
+    own_files: HashSet<(u64, u64)>,
+    swap_files: HashSet<(u64, u64)>,
+}
+
+impl Policy {
+    /// Build from exclude globs (matched against the full path) and the
+    /// database path.
+    pub fn new(excludes: &[String], db_path: Option<&Path>) -> Result<Policy, globset::Error> {
+        let mut b = GlobSetBuilder::new();
+        for g in excludes {
+            b.add(Glob::new(g)?);
+        }
+        let mut own_files = HashSet::new();
+        if let Some(db) = db_path {
+            for suffix in ["", "-wal", "-shm", ".lock", "-journal"] {
+                let mut p = db.as_os_str().to_owned();
+                p.push(suffix);
+                if let Ok(m) = std::fs::symlink_metadata(PathBuf::from(p)) {
+                    own_files.insert((m.dev(), m.ino()));
+                }
+            }
+        }
+        let swap_files = sys::fs::swap_files()
+            .iter()
+            .filter_map(|p| std::fs::symlink_metadata(p).ok())
+            .map(|m| (m.dev(), m.ino()))
+            .collect();
+        Ok(Policy { excludes: b.build()?, own_files, swap_files })
+    }
+
+    /// Whether the walk may descend into directory `dir`.
+    pub fn check_dir(&self, dir: &Path) -> Result<(), SkipReason> {
+        if self.excludes.is_match(dir) {
+            return Err(SkipReason::Excluded);
+        }
+        if sys::inode::has_xattr(dir, NODEDUP_XATTR) || dir.join(NODEDUP_MARKER).symlink_metadata().is_ok() {
+            return Err(SkipReason::Nodedup);
+        }
+        Ok(())
+    }
+
+    /// Whether any directory above `path` (up to `/`) carries a nodedup
+    /// marker: a starting path inside a protected tree is protected too.
+    pub fn check_ancestors(&self, path: &Path) -> Result<(), SkipReason> {
+        path.ancestors().skip(1).try_for_each(|a| self.check_dir(a).or_else(|r| match r {
+            SkipReason::Excluded => Ok(()),
+            other => Err(other),
+        }))
+    }
+
+    /// Checks on a regular file that need no open descriptor.
+    pub fn check_file(&self, path: &Path, dev: u64, ino: u64) -> Result<(), SkipReason> {
+        if self.own_files.contains(&(dev, ino)) {
+            return Err(SkipReason::OwnDatabase);
+        }
+        if self.swap_files.contains(&(dev, ino)) {
+            return Err(SkipReason::Swapfile);
+        }
+        if self.excludes.is_match(path) {
+            return Err(SkipReason::Excluded);
+        }
+        if sys::inode::has_xattr(path, NODEDUP_XATTR) {
+            return Err(SkipReason::Nodedup);
+        }
+        Ok(())
+    }
+
+    /// Checks on the inode flags of an opened file.
+    pub fn check_flags(flags: InodeFlags) -> Result<(), SkipReason> {
+        match flags {
+            f if f.immutable => Err(SkipReason::Immutable),
+            f if f.append_only => Err(SkipReason::AppendOnly),
+            f if f.nocow => Err(SkipReason::Nocow),
+            f if f.realtime => Err(SkipReason::Realtime),
+            f if f.dax => Err(SkipReason::Dax),
+            _ => Ok(()),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn marker_file_protects_its_directory() {
+        let d = tempfile::tempdir().unwrap();
+        let p = Policy::new(&[], None).unwrap();
+        assert_eq!(p.check_dir(d.path()), Ok(()));
+        std::fs::write(d.path().join(NODEDUP_MARKER), b"").unwrap();
+        assert_eq!(p.check_dir(d.path()), Err(SkipReason::Nodedup));
+        std::fs::create_dir(d.path().join("sub")).unwrap();
+        assert_eq!(p.check_ancestors(&d.path().join("sub")), Err(SkipReason::Nodedup));
+    }
+
+    #[test]
+    fn exclude_globs_match_full_paths() {
+        let p = Policy::new(&["**/*.iso".into(), "/srv/tmp/**".into()], None).unwrap();
+        assert_eq!(p.check_file(Path::new("/a/b/x.iso"), 0, 1), Err(SkipReason::Excluded));
+        assert_eq!(p.check_file(Path::new("/srv/tmp/a"), 0, 2), Err(SkipReason::Excluded));
+        assert_eq!(p.check_file(Path::new("/srv/data/a"), 0, 3), Ok(()));
+    }
+
+    #[test]
+    fn flags_map_to_reasons() {
+        let f = InodeFlags { immutable: true, ..Default::default() };
+        assert_eq!(Policy::check_flags(f), Err(SkipReason::Immutable));
+        let f = InodeFlags { nocow: true, ..Default::default() };
+        assert_eq!(Policy::check_flags(f), Err(SkipReason::Nocow));
+        assert_eq!(Policy::check_flags(InodeFlags::default()), Ok(()));
+    }
+
+    #[test]
+    fn names_match_serde() {
+        for r in [SkipReason::MountPoint, SkipReason::OwnDatabase, SkipReason::AppendOnly] {
+            assert_eq!(serde_json::to_string(&r).unwrap(), format!("\"{}\"", r.name()));
+        }
+    }
+}

@@ -1,0 +1,410 @@
+//! The pipeline of one run, phase by phase:
+//!
+//! ```text
+//! 1/5 crawl ──► 2/5 hash (rayon) ──► db writer ──► 3/5 plan ──► 4/5 share ──► 5/5 report
+//! ```
+//!
+//! Each phase reports through [`Progress`] how much work remains; the
+//! result is one [`Report`].
+
+use std::collections::{HashMap, HashSet};
+use std::os::unix::fs::MetadataExt;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::mpsc::{sync_channel, SyncSender};
+use std::sync::Mutex;
+use std::time::Instant;
+
+use anyhow::{Context, Result};
+use rayon::prelude::*;
+
+use crate::config::{Action, Config};
+use crate::db::writer::{self, WriteOp, CHANNEL_CAP};
+use crate::db::{Db, Known};
+use crate::dedupe::{self, Mode};
+use crate::hash;
+use crate::plan::{self, PlanOptions};
+use crate::policy::{Policy, SkipReason};
+use crate::progress::Progress;
+use crate::report::{display_path, human, Report};
+use crate::sys::{self, FsKind};
+use crate::types::FileId;
+use crate::walk::{self, Candidate};
+
+/// Scan (and for [`Action::Run`], plan and share) as `cfg` says.
+/// `stop` is set by SIGINT/SIGTERM: the run finishes its current batch,
+/// commits and reports.
+pub fn run(cfg: &Config, progress: &dyn Progress, stop: &AtomicBool) -> Result<Report> {
+    let t0 = Instant::now();
+    let fs = cfg.fs.clone().expect("scan has a filesystem");
+    let mut report = Report {
+        report_version: crate::report::REPORT_VERSION,
+        dedupscan_version: env!("CARGO_PKG_VERSION").to_owned(),
+        command: if cfg.action == Action::Run { "run" } else { "scan" }.to_owned(),
+        dry_run: cfg.dry_run,
+        incremental: cfg.incremental,
+        paths: cfg.paths.iter().map(|p| display_path(p)).collect(),
+        filesystem: fs.kind.name().to_owned(),
+        filesystem_uuid: fs.uuid.clone(),
+        database: display_path(&cfg.db_path),
+        block_size: cfg.block_size,
+        ..Default::default()
+    };
+    let db = Db::open(&cfg.db_path, &fs.uuid)?;
+    let run_id = db.begin_run(&report.command, cfg.dry_run)?;
+    if db.meta("block_size")?.as_deref() != Some(&cfg.block_size.to_string()) {
+        if db.meta("block_size")?.is_some() {
+            progress.warn("block size differs from the database's: every file is hashed again");
+        }
+        db.forget_all_hashes()?;
+        db.set_meta("block_size", &cfg.block_size.to_string())?;
+    }
+    let policy = Policy::new(&cfg.excludes, Some(&cfg.db_path)).context("invalid --exclude glob")?;
+
+    // 1. crawl
+    progress.phase("1/5 crawl", None, false);
+    let t = Instant::now();
+    let walked = walk::walk(&cfg.paths, fs.kind, &policy, progress);
+    for (r, n) in &walked.skipped {
+        report.skip(*r, *n);
+    }
+    for (k, n) in &walked.errors {
+        report.error(k, *n);
+    }
+    report.timings.walk_ms = ms(t);
+    progress.finish_phase(&format!("1/5 crawl: {} files", walked.files.len()));
+
+    // 2. change detection + hash
+    let index = db.load_index()?;
+    let work = classify(cfg, &walked.files, &index);
+    report.files_scanned = walked.files.len() as u64;
+    report.logical_bytes = walked.files.iter().map(|c| c.size).sum();
+    report.files_unchanged = work.unchanged;
+    report.files_renamed = work.renamed.len() as u64;
+    report.files_removed = work.removed.len() as u64;
+    let t = Instant::now();
+    let total_bytes: u64 = work.to_hash.iter().map(|(c, _)| c.size).sum();
+    progress.phase("2/5 hash", Some(total_bytes), true);
+    let (tx, rx) = sync_channel::<WriteOp>(CHANNEL_CAP);
+    let writer = std::thread::Builder::new()
+        .name("db-writer".into())
+        .spawn(move || writer::run(db, rx))
+        .context("cannot start the database writer")?;
+    for (id, path) in work.renamed {
+        tx.send(WriteOp::Renamed { id, path }).ok();
+    }
+    for id in &work.removed {
+        tx.send(WriteOp::Removed { id: *id }).ok();
+    }
+    let stats = hash_all(cfg, &policy, work.to_hash, tx, progress, stop)?;
+    let db = writer
+        .join()
+        .map_err(|_| anyhow::anyhow!("database writer panicked"))?
+        .context("writing the database")?;
+    report.files_hashed = stats.files.load(Ordering::Relaxed);
+    report.bytes_hashed = stats.bytes.load(Ordering::Relaxed);
+    let HashTally { skipped, errors, failed } = stats.tally.into_inner().unwrap();
+    for (r, n) in skipped {
+        report.skip(r, n);
+        report.files_scanned -= n;
+    }
+    for (k, n) in errors {
+        report.error(k, n);
+    }
+    report.timings.hash_ms = ms(t);
+    progress.finish_phase(&format!(
+        "2/5 hash: {} files, {} read",
+        report.files_hashed,
+        human(report.bytes_hashed)
+    ));
+    report.interrupted = stop.load(Ordering::Relaxed);
+
+    if cfg.action == Action::Run && !report.interrupted {
+        share(cfg, &db, &fs, &walked.files, &failed, &mut report, progress, stop)?;
+    }
+    report.timings.total_ms = ms(t0);
+    db.finish_run(run_id, &serde_json::to_string(&report)?)?;
+    Ok(report)
+}
+
+/// Files sorted into what must be hashed and what is known.
+struct Work {
+    to_hash: Vec<(Candidate, Option<FileId>)>,
+    renamed: Vec<(FileId, PathBuf)>,
+    removed: Vec<FileId>,
+    unchanged: u64,
+}
+
+fn classify(cfg: &Config, files: &[Candidate], index: &HashMap<(u64, u64), Known>) -> Work {
+    let mut w = Work { to_hash: Vec::new(), renamed: Vec::new(), removed: Vec::new(), unchanged: 0 };
+    let mut seen: HashSet<FileId> = HashSet::new();
+    for c in files {
+        let known = index.get(&(c.dev, c.ino));
+        if let Some(k) = known {
+            seen.insert(k.id);
+        }
+        match known {
+            Some(k) if cfg.incremental && k.size == c.size && k.mtime_ns == c.mtime_ns && k.ctime_ns == c.ctime_ns => {
+                w.unchanged += 1;
+                if k.path != c.path {
+                    w.renamed.push((k.id, c.path.clone()));
+                }
+            }
+            _ => w.to_hash.push((c.clone(), known.map(|k| k.id))),
+        }
+    }
+    // Known files under the scanned paths that were not seen are gone (or no
+    // longer eligible): prune them.
+    w.removed = index
+        .values()
+        .filter(|k| !seen.contains(&k.id) && cfg.paths.iter().any(|root| k.path.starts_with(root)))
+        .map(|k| k.id)
+        .collect();
+    // Largest first, so one huge file does not end the run on one thread.
+    w.to_hash.sort_by(|a, b| b.0.size.cmp(&a.0.size));
+    w
+}
+
+#[derive(Default)]
+struct HashTally {
+    skipped: HashMap<SkipReason, u64>,
+    errors: HashMap<&'static str, u64>,
+    /// (dev, ino) of files that could not be hashed this run.
+    failed: HashSet<(u64, u64)>,
+}
+
+#[derive(Default)]
+struct HashStats {
+    files: AtomicU64,
+    bytes: AtomicU64,
+    tally: Mutex<HashTally>,
+}
+
+fn hash_all(
+    cfg: &Config,
+    policy: &Policy,
+    to_hash: Vec<(Candidate, Option<FileId>)>,
+    tx: SyncSender<WriteOp>,
+    progress: &dyn Progress,
+    stop: &AtomicBool,
+) -> Result<HashStats> {
+    let _ = policy;
+    let stats = HashStats::default();
+    let pool = rayon::ThreadPoolBuilder::new()
+        .num_threads(cfg.threads)
+        .thread_name(|i| format!("hash-{i}"))
+        .build()
+        .context("cannot start hashing threads")?;
+    pool.install(|| {
+        to_hash.into_par_iter().with_max_len(1).for_each_init(
+            || (tx.clone(), Vec::new()),
+            |(tx, buf), (cand, id)| {
+                if stop.load(Ordering::Relaxed) {
+                    return;
+                }
+                let key = (cand.dev, cand.ino);
+                match hash_one(&cand, cfg.block_size, buf) {
+                    Ok((now, h)) => {
+                        stats.files.fetch_add(1, Ordering::Relaxed);
+                        stats.bytes.fetch_add(h.bytes_read, Ordering::Relaxed);
+                        progress.inc(cand.size);
+                        let op = WriteOp::Hashed {
+                            id,
+                            dev: now.dev,
+                            ino: now.ino,
+                            path: now.path,
+                            mtime_ns: now.mtime_ns,
+                            ctime_ns: now.ctime_ns,
+                            hash: h,
+                        };
+                        let _ = tx.send(op);
+                    }
+                    Err(HashFail::Skip(r)) => {
+                        progress.inc(cand.size);
+                        if r == SkipReason::ChangedDuringScan {
+                            progress.warn(&format!(
+                                "{}: changed while it was read; it is hashed again next run",
+                                display_path(&cand.path)
+                            ));
+                        }
+                        let mut t = stats.tally.lock().unwrap();
+                        *t.skipped.entry(r).or_default() += 1;
+                        t.failed.insert(key);
+                    }
+                    Err(HashFail::Error(kind, e)) => {
+                        progress.inc(cand.size);
+                        progress.warn(&format!("{}: {e}", display_path(&cand.path)));
+                        let mut t = stats.tally.lock().unwrap();
+                        *t.errors.entry(kind).or_default() += 1;
+                        t.failed.insert(key);
+                    }
+                }
+            },
+        )
+    });
+    drop(tx);
+    Ok(stats)
+}
+
+enum HashFail {
+    Skip(SkipReason),
+    Error(&'static str, std::io::Error),
+}
+
+/// Open, check and hash one file. Returns the facts it was hashed under.
+fn hash_one(c: &Candidate, block_size: u64, buf: &mut Vec<u8>) -> Result<(Candidate, hash::FileHash), HashFail> {
+    let file = sys::open_readonly(&c.path).map_err(|e| match e.raw_os_error() {
+        Some(libc::ENOENT) => HashFail::Skip(SkipReason::Vanished),
+        Some(libc::ELOOP) => HashFail::Skip(SkipReason::Symlink),
+        Some(libc::EACCES) | Some(libc::EPERM) => HashFail::Error("unreadable", e),
+        _ => HashFail::Error("open", e),
+    })?;
+    let before = file.metadata().map_err(|e| HashFail::Error("stat", e))?;
+    if !before.is_file() || before.ino() != c.ino || before.dev() != c.dev {
+        return Err(HashFail::Skip(SkipReason::Vanished));
+    }
+    use std::os::fd::AsFd;
+    let flags = sys::inode_flags(file.as_fd()).map_err(|e| HashFail::Error("flags", e.into()))?;
+    Policy::check_flags(flags).map_err(HashFail::Skip)?;
+    let now = Candidate::from_metadata(c.path.clone(), &before);
+    if now.size == 0 {
+        return Err(HashFail::Skip(SkipReason::Empty));
+    }
+    let h = match hash::hash_file(&file, now.size, block_size, buf) {
+        Ok(h) => h,
+        Err(e) if e.kind() == std::io::ErrorKind::UnexpectedEof => return Err(HashFail::Skip(SkipReason::ChangedDuringScan)),
+        Err(e) => return Err(HashFail::Error("read", e)),
+    };
+    let after = file.metadata().map_err(|e| HashFail::Error("stat", e))?;
+    if Candidate::from_metadata(c.path.clone(), &after) != now {
+        return Err(HashFail::Skip(SkipReason::ChangedDuringScan));
+    }
+    Ok((now, h))
+}
+
+/// Phases 3 and 4: plan from the database, then share or verify.
+#[allow(clippy::too_many_arguments)]
+fn share(
+    cfg: &Config,
+    db: &Db,
+    fs: &sys::FsInfo,
+    walked: &[Candidate],
+    failed: &HashSet<(u64, u64)>,
+    report: &mut Report,
+    progress: &dyn Progress,
+    stop: &AtomicBool,
+) -> Result<()> {
+    let t = Instant::now();
+    progress.phase("3/5 plan", None, false);
+    // Files of this run, as recorded (the facts they were hashed under).
+    let index = db.load_index()?;
+    let mut files: HashMap<FileId, Candidate> = HashMap::new();
+    for c in walked {
+        let key = (c.dev, c.ino);
+        if failed.contains(&key) {
+            continue;
+        }
+        if let Some(k) = index.get(&key) {
+            files.insert(
+                k.id,
+                Candidate {
+                    path: k.path.clone(),
+                    dev: c.dev,
+                    ino: c.ino,
+                    size: k.size,
+                    mtime_ns: k.mtime_ns,
+                    ctime_ns: k.ctime_ns,
+                },
+            );
+        }
+    }
+    drop(index);
+    let allowed: HashSet<FileId> = files.keys().copied().collect();
+    let whole = db.whole_file_groups(&allowed)?;
+    let covered: HashSet<FileId> = whole.iter().flat_map(|g| g[1..].iter().copied()).collect();
+    let anchor_groups = db.anchor_groups(&allowed, &covered)?;
+    let mut involved: Vec<FileId> = whole
+        .iter()
+        .flatten()
+        .copied()
+        .chain(anchor_groups.iter().flatten().map(|(id, _)| *id))
+        .collect();
+    involved.sort_unstable();
+    involved.dedup();
+    let plan_files = db.plan_files(involved)?;
+    let opts = PlanOptions {
+        block_size: cfg.block_size,
+        min_blocks: (cfg.min_range / cfg.block_size).max(1),
+        ..Default::default()
+    };
+    let plan = plan::plan(&plan_files, &whole, &anchor_groups, opts);
+    drop(plan_files);
+    report.ranges_planned = plan.ranges.len() as u64;
+    report.timings.plan_ms = ms(t);
+    progress.finish_phase(&format!(
+        "3/5 plan: {} ranges, {} duplicate ({} whole-file groups)",
+        plan.ranges.len(),
+        human(plan.bytes()),
+        whole.len()
+    ));
+
+    let t = Instant::now();
+    let mode = if cfg.dry_run { Mode::DryRun } else { Mode::Share };
+    if mode == Mode::Share && fs.kind == FsKind::Other {
+        report.sharing_refused = Some(format!(
+            "{} is not on btrfs or XFS (filesystem magic {:#x}): scanned and reported, nothing shared",
+            report.paths.join(", "),
+            fs.magic
+        ));
+        progress.warn(report.sharing_refused.as_deref().unwrap_or_default());
+        return Ok(());
+    }
+    let root = cfg.paths.first().expect("a path");
+    let before = if mode == Mode::Share { Some(free_bytes(root)?) } else { None };
+    progress.phase(if cfg.dry_run { "4/5 verify" } else { "4/5 share" }, Some(plan.bytes()), true);
+    let out = dedupe::execute(&plan, &files, cfg.block_size, mode, progress, stop);
+    if let Some(before) = before {
+        report.freed_bytes = free_bytes(root)? as i64 - before as i64;
+    }
+    report.duplicate_bytes = out.duplicate_bytes;
+    report.deduped_bytes = out.deduped_bytes;
+    report.already_shared_bytes = out.already_shared_bytes;
+    report.skip(SkipReason::ChangedDuringScan, out.changed_files);
+    for (k, n) in &out.errors {
+        report.error(k, *n);
+    }
+    for (k, n) in &out.status.errors {
+        report.error(&format!("dedupe_{}", k.to_lowercase()), *n);
+    }
+    report.dedupe_status = out.status;
+    if let Some(r) = out.refused {
+        progress.warn(&r);
+        report.sharing_refused = Some(r);
+    }
+    report.interrupted |= stop.load(Ordering::Relaxed);
+    report.timings.dedupe_ms = ms(t);
+    progress.finish_phase(&format!(
+        "4/5 {}: {} {}",
+        if cfg.dry_run { "verify" } else { "share" },
+        human(if cfg.dry_run { report.duplicate_bytes } else { report.deduped_bytes }),
+        if cfg.dry_run { "verified duplicate" } else { "shared" }
+    ));
+    Ok(())
+}
+
+/// Free bytes on the filesystem of `path`, after flushing it so that
+/// released extents are counted (btrfs frees them at transaction commit).
+fn free_bytes(path: &Path) -> Result<u64> {
+    let f = sys::inode::open_path_readonly(path).with_context(|| format!("{}: cannot open", display_path(path)))?;
+    use std::os::fd::AsFd;
+    // Two commits: btrfs may release extents freed by the first one's
+    // delayed references only in the next transaction.
+    for _ in 0..2 {
+        sys::syncfs(&f).with_context(|| format!("{}: syncfs", display_path(path)))?;
+    }
+    Ok(sys::fs_info(f.as_fd())?.free_bytes)
+}
+
+fn ms(t: Instant) -> u64 {
+    t.elapsed().as_millis() as u64
+}

@@ -1,0 +1,178 @@
+//! Filesystem-wide facts: which filesystem a path is on, its UUID, free
+//! space (for measuring what a run freed), `syncfs`, and the mount table
+//! (so the crawl never crosses into another mount).
+
+use std::collections::HashSet;
+use std::ffi::OsStr;
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd};
+use std::os::unix::ffi::OsStrExt;
+use std::path::{Path, PathBuf};
+
+use nix::errno::Errno;
+use nix::sys::statfs::{fstatfs, FsType};
+
+const BTRFS_SUPER_MAGIC: i64 = 0x9123_683E;
+const XFS_SUPER_MAGIC: i64 = 0x5846_5342;
+
+/// The filesystems dedupscan knows how to share on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum FsKind {
+    Btrfs,
+    Xfs,
+    /// Anything else: scanning and reporting work, sharing is refused.
+    Other,
+}
+
+impl FsKind {
+    fn from_magic(t: FsType) -> Self {
+        match t.0 as i64 {
+            BTRFS_SUPER_MAGIC => FsKind::Btrfs,
+            XFS_SUPER_MAGIC => FsKind::Xfs,
+            _ => FsKind::Other,
+        }
+    }
+
+    /// Name as shown to users.
+    pub fn name(self) -> &'static str {
+        match self {
+            FsKind::Btrfs => "btrfs",
+            FsKind::Xfs => "xfs",
+            FsKind::Other => "other",
+        }
+    }
+}
+
+/// What `statfs` and `FS_IOC_GETFSUUID` say about the filesystem of a path.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct FsInfo {
+    pub kind: FsKind,
+    /// Raw `f_type` magic, for messages about unsupported filesystems.
+    pub magic: i64,
+    /// Filesystem UUID as lowercase hex with dashes, or the statfs fsid
+    /// where the filesystem does not report a UUID.
+    pub uuid: String,
+    /// Fundamental block size (`f_frsize`).
+    pub block_size: u64,
+    /// Free bytes (`f_bfree * f_frsize`): what a run's "freed" is measured on.
+    pub free_bytes: u64,
+    pub total_bytes: u64,
+}
+
+/// `struct fsuuid2` from `<linux/fs.h>`.
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+struct FsUuid2 {
+    len: u8,
+    uuid: [u8; 16],
+}
+nix::ioctl_read!(ioctl_getfsuuid, 0x15, 0, FsUuid2);
+
+/// Facts about the filesystem `fd` lives on.
+pub fn fs_info(fd: BorrowedFd<'_>) -> Result<FsInfo, Errno> {
+    let st = fstatfs(fd)?;
+    let mut raw = FsUuid2 { len: 0, uuid: [0; 16] };
+    // SAFETY: `raw` is a valid, writable `struct fsuuid2`; the kernel writes
+    // at most its 17 bytes.
+    let uuid = match unsafe { ioctl_getfsuuid(fd.as_raw_fd(), &mut raw) } {
+        Ok(_) if raw.len as usize <= 16 && raw.len > 0 => format_uuid(&raw.uuid[..raw.len as usize]),
+        _ => {
+            // Older kernels: fall back to the statfs fsid, which is stable for
+            // a filesystem (btrfs mixes in the subvolume, callers should pass
+            // the top of the walk).
+            // SAFETY: fsid_t is two ints of plain data.
+            let words: [i32; 2] = unsafe { std::mem::transmute(st.filesystem_id()) };
+            format!("fsid-{:08x}{:08x}", words[0] as u32, words[1] as u32)
+        }
+    };
+    let frsize = st.block_size() as u64;
+    Ok(FsInfo {
+        kind: FsKind::from_magic(st.filesystem_type()),
+        magic: st.filesystem_type().0 as i64,
+        uuid,
+        block_size: frsize,
+        free_bytes: st.blocks_free() * frsize,
+        total_bytes: st.blocks() * frsize,
+    })
+}
+
+fn format_uuid(b: &[u8]) -> String {
+    let hex: String = b.iter().map(|x| format!("{x:02x}")).collect();
+    if hex.len() == 32 {
+        format!("{}-{}-{}-{}-{}", &hex[..8], &hex[8..12], &hex[12..16], &hex[16..20], &hex[20..])
+    } else {
+        hex
+    }
+}
+
+/// Flush the whole filesystem of `fd`, so that space released by sharing is
+/// visible to `statfs` (btrfs frees extents at transaction commit).
+pub fn syncfs(fd: impl AsFd) -> Result<(), Errno> {
+    nix::unistd::syncfs(fd.as_fd())
+}
+
+/// Every mount point on this machine, from `/proc/self/mountinfo`.
+pub fn mount_points() -> HashSet<PathBuf> {
+    let text = std::fs::read("/proc/self/mountinfo").unwrap_or_default();
+    text.split(|&b| b == b'\n')
+        .filter_map(|line| line.split(|&b| b == b' ').nth(4))
+        .map(|p| PathBuf::from(OsStr::from_bytes(&unescape_octal(p))))
+        .collect()
+}
+
+/// Files in use as swap, from `/proc/swaps` (never to be touched).
+pub fn swap_files() -> Vec<PathBuf> {
+    let text = std::fs::read("/proc/swaps").unwrap_or_default();
+    text.split(|&b| b == b'\n')
+        .skip(1)
+        .filter_map(|line| line.split(|b| b.is_ascii_whitespace()).next())
+        .filter(|p| !p.is_empty())
+        .map(|p| PathBuf::from(OsStr::from_bytes(&unescape_octal(p))))
+        .collect()
+}
+
+/// The kernel writes spaces, tabs, newlines and backslashes in paths as `\ooo`.
+fn unescape_octal(s: &[u8]) -> Vec<u8> {
+    let mut out = Vec::with_capacity(s.len());
+    let mut i = 0;
+    while i < s.len() {
+        if s[i] == b'\\' && i + 3 < s.len() + 0 && s[i + 1..i + 4].iter().all(|c| (b'0'..=b'7').contains(c)) {
+            out.push((s[i + 1] - b'0') * 64 + (s[i + 2] - b'0') * 8 + (s[i + 3] - b'0'));
+            i += 4;
+        } else {
+            out.push(s[i]);
+            i += 1;
+        }
+    }
+    out
+}
+
+/// Convenience for callers holding a path: open it (directory or file,
+/// read-only, never following a symlink at the end) and read [`fs_info`].
+pub fn fs_info_of_path(path: &Path) -> std::io::Result<FsInfo> {
+    let f = super::inode::open_path_readonly(path)?;
+    fs_info(f.as_fd()).map_err(std::io::Error::from)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn unescapes_mountinfo_paths() {
+        assert_eq!(unescape_octal(br"/mnt/a\040b"), b"/mnt/a b".to_vec());
+        assert_eq!(unescape_octal(br"/plain"), b"/plain".to_vec());
+        assert_eq!(unescape_octal(br"/x\134"), b"/x\\".to_vec());
+    }
+
+    #[test]
+    fn root_is_a_mount_point() {
+        assert!(mount_points().contains(Path::new("/")));
+    }
+
+    #[test]
+    fn uuid_is_formatted_with_dashes() {
+        let b: Vec<u8> = (0u8..16).collect();
+        assert_eq!(format_uuid(&b), "00010203-0405-0607-0809-0a0b0c0d0e0f");
+    }
+}

@@ -1,0 +1,16 @@
+//! Thin, safe wrappers over the Linux interfaces dedupscan needs.
+//!
+//! Every `unsafe` block and every ioctl of the project lives below this module,
+//! each behind a small safe function with a `// SAFETY:` note. Nothing here
+//! knows about the pipeline: callers pass file descriptors and get plain Rust
+//! values back.
+
+pub mod dedupe;
+pub mod fiemap;
+pub mod fs;
+pub mod inode;
+
+pub use dedupe::{dedupe_range, DedupeStatus, DestResult};
+pub use fiemap::{fiemap, Extent};
+pub use fs::{fs_info, syncfs, FsInfo, FsKind};
+pub use inode::{inode_flags, open_readonly, InodeFlags};
