@@ -92,6 +92,12 @@ pub struct ScanArgs {
     /// e.g. '**/*.qcow2' or '/srv/tmp/**').
     #[arg(long, value_name = "GLOB")]
     pub exclude: Vec<String>,
+
+    /// After the run, write its figures in the Prometheus text format to
+    /// this file (replaced atomically), e.g. for node_exporter's textfile
+    /// collector: /var/lib/prometheus/node-exporter/dedupscan-srv.prom.
+    #[arg(long, value_name = "PATH")]
+    pub metrics_file: Option<PathBuf>,
 }
 
 /// Options of the default command: scan, then share.

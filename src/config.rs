@@ -42,6 +42,8 @@ pub struct Config {
     pub json: bool,
     pub verbosity: Verbosity,
     pub bars: bool,
+    /// Where to write the run's figures for Prometheus (`--metrics-file`).
+    pub metrics_file: Option<PathBuf>,
 }
 
 impl Config {
@@ -81,10 +83,11 @@ impl Config {
                     json: g.json,
                     verbosity,
                     bars: false,
+                    metrics_file: None,
                 });
             }
         };
-        let ScanArgs { paths, incremental, block_size, threads, exclude } = scan;
+        let ScanArgs { paths, incremental, block_size, threads, exclude, metrics_file } = scan;
         if paths.is_empty() {
             bail!("no path given: name the directories to scan, e.g. `dedupscan /srv`");
         }
@@ -124,6 +127,7 @@ impl Config {
             json: g.json,
             verbosity,
             bars,
+            metrics_file,
         })
     }
 }

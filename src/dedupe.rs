@@ -47,6 +47,8 @@ pub struct Outcome {
     pub status: DedupeStatuses,
     /// Files that changed since the scan and were left alone.
     pub changed_files: u64,
+    /// Files whose data is inline in metadata (btrfs): nothing to share.
+    pub inline_files: u64,
     /// Files that could not be opened or mapped.
     pub errors: BTreeMap<String, u64>,
     /// Set when sharing was stopped because the filesystem refuses it.
@@ -68,6 +70,7 @@ struct Executor<'a> {
     mode: Mode,
     progress: &'a dyn Progress,
     bad: HashSet<FileId>,
+    inline: HashSet<FileId>,
     out: Outcome,
     buf_a: Vec<u8>,
     buf_b: Vec<u8>,
@@ -88,6 +91,7 @@ pub fn execute(
         mode,
         progress,
         bad: HashSet::new(),
+        inline: HashSet::new(),
         out: Outcome::default(),
         buf_a: vec![0; 1 << 20],
         buf_b: vec![0; 1 << 20],
@@ -152,12 +156,12 @@ impl Executor<'_> {
     }
 
     fn source_group(&mut self, src: &File, r: &Range, group: &[Range]) {
-        let src_map = self.map(src.as_fd(), r.src, r.src_off, r.len);
+        let Some(src_map) = self.map(src.as_fd(), r.src, r.src_off, r.len) else { return };
         let mut whole: Vec<Dest> = Vec::new();
         let mut partial: Vec<Dest> = Vec::new();
         for d in group {
             let Some(file) = self.open(d.dest) else { continue };
-            let dst_map = self.map(file.as_fd(), d.dest, d.dest_off, d.len);
+            let Some(dst_map) = self.map(file.as_fd(), d.dest, d.dest_off, d.len) else { continue };
             let parts = unshared_parts(&src_map, &dst_map, self.block_size, r.len);
             let unshared: u64 = parts.iter().map(|p| p.1).sum();
             self.out.already_shared_bytes += r.len - unshared;
@@ -182,9 +186,17 @@ impl Executor<'_> {
         }
     }
 
-    /// Physical address per block of a range, or `None` where unknown.
-    fn map(&mut self, fd: BorrowedFd<'_>, id: FileId, off: u64, len: u64) -> Vec<Option<u64>> {
-        match sys::fiemap(fd, off, len) {
+    /// Physical address per block of a range (`None` where unknown), or
+    /// `None` for a file whose data is inline in metadata: sharing it frees
+    /// nothing, and btrfs would report success every run.
+    fn map(&mut self, fd: BorrowedFd<'_>, id: FileId, off: u64, len: u64) -> Option<Vec<Option<u64>>> {
+        Some(match sys::fiemap(fd, off, len) {
+            Ok(ext) if ext.iter().any(|e| e.flags & sys::fiemap::flags::DATA_INLINE != 0) => {
+                if self.inline.insert(id) {
+                    self.out.inline_files += 1;
+                }
+                return None;
+            }
             Ok(ext) => physical_map(&ext, off, len, self.block_size),
             Err(e) => {
                 if e != Errno::EOPNOTSUPP {
@@ -193,7 +205,7 @@ impl Executor<'_> {
                 }
                 vec![None; len.div_ceil(self.block_size) as usize]
             }
-        }
+        })
     }
 
     /// Share (or verify) `src[off..off+len]` into every destination, in

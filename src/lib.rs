@@ -7,11 +7,13 @@
 
 pub mod cli;
 pub mod config;
+pub mod corpus;
 pub mod db;
 pub mod dedupe;
 pub mod exit;
 pub mod hash;
 pub mod history;
+pub mod metrics;
 pub mod plan;
 pub mod policy;
 pub mod progress;

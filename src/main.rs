@@ -43,7 +43,8 @@ fn dispatch(cfg: &Config) -> ExitCode {
         }),
         Action::Run | Action::Scan => run::run(cfg, progress.as_ref(), &stop).and_then(|r| {
             print_out(cfg.json, &r, || r.to_text())?;
-            Ok(if r.errors > 0 { ExitCode::PartialErrors } else { ExitCode::Success })
+            let metrics_ok = write_metrics(cfg, &r);
+            Ok(if r.errors > 0 || !metrics_ok { ExitCode::PartialErrors } else { ExitCode::Success })
         }),
     };
     match result {
@@ -54,6 +55,19 @@ fn dispatch(cfg: &Config) -> ExitCode {
                 Some(DbError::Locked { .. }) => ExitCode::Locked,
                 _ => ExitCode::Fatal,
             }
+        }
+    }
+}
+
+/// `--metrics-file`: a failure to write it is a warning and exit code 1,
+/// never a reason to lose the run's report.
+fn write_metrics(cfg: &Config, report: &dedupscan::report::Report) -> bool {
+    let Some(path) = &cfg.metrics_file else { return true };
+    match dedupscan::metrics::write_atomic(path, report) {
+        Ok(()) => true,
+        Err(e) => {
+            eprintln!("dedupscan: warning: cannot write metrics file {}: {e}", dedupscan::report::display_path(path));
+            false
         }
     }
 }

@@ -52,6 +52,8 @@ pub enum SkipReason {
     Realtime,
     /// DAX file.
     Dax,
+    /// btrfs keeps small files inline in metadata: nothing to share.
+    Inline,
     /// The tool's own database, WAL or lock file.
     OwnDatabase,
     /// Changed while it was read; retried next run.
@@ -79,6 +81,7 @@ impl SkipReason {
             SkipReason::Swapfile => "swapfile",
             SkipReason::Realtime => "realtime",
             SkipReason::Dax => "dax",
+            SkipReason::Inline => "inline",
             SkipReason::OwnDatabase => "own_database",
             SkipReason::ChangedDuringScan => "changed_during_scan",
             SkipReason::Vanished => "vanished",

@@ -91,6 +91,9 @@ pub struct Report {
 
 impl Report {
     pub fn skip(&mut self, r: SkipReason, n: u64) {
+        if n == 0 {
+            return;
+        }
         *self.skipped.entry(r.name().to_owned()).or_default() += n;
     }
 

@@ -88,7 +88,7 @@ pub fn run(cfg: &Config, progress: &dyn Progress, stop: &AtomicBool) -> Result<R
     let (tx, rx) = sync_channel::<WriteOp>(CHANNEL_CAP);
     let writer = std::thread::Builder::new()
         .name("db-writer".into())
-        .spawn(move || writer::run(db, rx))
+        .spawn(move || writer::run(db, run_id, rx))
         .context("cannot start the database writer")?;
     for (id, path) in work.renamed {
         tx.send(WriteOp::Renamed { id, path }).ok();
@@ -121,11 +121,19 @@ pub fn run(cfg: &Config, progress: &dyn Progress, stop: &AtomicBool) -> Result<R
 
     if cfg.action == Action::Run && !report.interrupted {
         share(cfg, &db, &fs, &walked.files, &failed, &mut report, progress, stop)?;
+        let complete = !cfg.dry_run && !report.interrupted && report.sharing_refused.is_none();
+        if complete {
+            db.set_meta(LAST_SHARE_RUN, &run_id.to_string())?;
+        }
     }
     report.timings.total_ms = ms(t0);
     db.finish_run(run_id, &serde_json::to_string(&report)?)?;
     Ok(report)
 }
+
+/// Meta key: id of the last real run that went through all of its plan.
+/// Files hashed before it were matched and shared then.
+const LAST_SHARE_RUN: &str = "last_complete_share_run";
 
 /// Files sorted into what must be hashed and what is known.
 struct Work {
@@ -320,9 +328,18 @@ fn share(
     }
     drop(index);
     let allowed: HashSet<FileId> = files.keys().copied().collect();
-    let whole = db.whole_file_groups(&allowed)?;
+    let mut whole = db.whole_file_groups(&allowed)?;
     let covered: HashSet<FileId> = whole.iter().flat_map(|g| g[1..].iter().copied()).collect();
-    let anchor_groups = db.anchor_groups(&allowed, &covered)?;
+    let mut anchor_groups = db.anchor_groups(&allowed, &covered)?;
+    // Incremental: everything hashed before the last complete sharing run
+    // was matched then; plan only the groups that hold a newer file.
+    let last_share: Option<i64> = db.meta(LAST_SHARE_RUN)?.and_then(|v| v.parse().ok());
+    if let (true, Some(last)) = (cfg.incremental, last_share) {
+        let fresh = db.hashed_after(last)?;
+        whole.retain(|g| g.iter().any(|id| fresh.contains(id)));
+        anchor_groups.retain(|g| g.iter().any(|(id, _)| fresh.contains(id)));
+        progress.info(&format!("incremental: {} files new since run {last}", fresh.len()));
+    }
     let mut involved: Vec<FileId> = whole
         .iter()
         .flatten()
@@ -370,6 +387,7 @@ fn share(
     report.deduped_bytes = out.deduped_bytes;
     report.already_shared_bytes = out.already_shared_bytes;
     report.skip(SkipReason::ChangedDuringScan, out.changed_files);
+    report.skip(SkipReason::Inline, out.inline_files);
     for (k, n) in &out.errors {
         report.error(k, *n);
     }

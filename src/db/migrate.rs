@@ -7,7 +7,10 @@ use super::DbError;
 
 /// Every migration, in order: `MIGRATIONS[i]` takes the schema from version
 /// `i` to `i + 1`. Never edit a released entry; add a new file.
-pub const MIGRATIONS: &[&str] = &[include_str!("../../schema/0001_initial.sql")];
+pub const MIGRATIONS: &[&str] = &[
+    include_str!("../../schema/0001_initial.sql"),
+    include_str!("../../schema/0002_hashed_run.sql"),
+];
 
 /// The schema version this build writes.
 pub const CURRENT: i64 = MIGRATIONS.len() as i64;
@@ -39,6 +42,22 @@ mod tests {
         migrate(&mut c).unwrap();
         let v: i64 = c.query_row("PRAGMA user_version", [], |r| r.get(0)).unwrap();
         assert_eq!(v, CURRENT);
+    }
+
+    #[test]
+    fn version_1_database_is_migrated_in_place() {
+        let mut c = Connection::open_in_memory().unwrap();
+        c.execute_batch(MIGRATIONS[0]).unwrap();
+        c.pragma_update(None, "user_version", 1).unwrap();
+        c.execute(
+            "INSERT INTO files (dev, ino, path, size, mtime_ns, ctime_ns, digest, blocks) VALUES (1, 2, x'2f61', 3, 4, 5, x'00', x'00')",
+            [],
+        )
+        .unwrap();
+        migrate(&mut c).unwrap();
+        let (n, run): (i64, i64) =
+            c.query_row("SELECT count(*), max(hashed_run) FROM files", [], |r| Ok((r.get(0)?, r.get(1)?))).unwrap();
+        assert_eq!((n, run), (1, 0), "rows survive the migration with the default");
     }
 
     #[test]

@@ -174,6 +174,13 @@ impl Db {
             .map(drop)
     }
 
+    /// Files hashed by a run after `run` (fresh since then).
+    pub fn hashed_after(&self, run: i64) -> rusqlite::Result<HashSet<FileId>> {
+        let mut st = self.conn.prepare("SELECT id FROM files WHERE hashed_run > ?1")?;
+        let rows = st.query_map([run], |r| r.get(0))?;
+        rows.collect()
+    }
+
     /// Groups of files with the same size and whole-file digest, among
     /// `allowed`, each sorted by id (oldest first).
     pub fn whole_file_groups(&self, allowed: &HashSet<FileId>) -> rusqlite::Result<Vec<Vec<FileId>>> {

@@ -41,8 +41,9 @@ pub enum WriteOp {
     Removed { id: FileId },
 }
 
-/// Run the writer loop until the channel closes. Returns the database.
-pub fn run(db: Db, rx: Receiver<WriteOp>) -> rusqlite::Result<Db> {
+/// Run the writer loop until the channel closes; rows hashed now are marked
+/// with `run_id`. Returns the database.
+pub fn run(db: Db, run_id: i64, rx: Receiver<WriteOp>) -> rusqlite::Result<Db> {
     let mut batch: Vec<WriteOp> = Vec::with_capacity(BATCH_FILES);
     let mut since = Instant::now();
     loop {
@@ -54,15 +55,15 @@ pub fn run(db: Db, rx: Receiver<WriteOp>) -> rusqlite::Result<Db> {
                 }
                 batch.push(op);
                 if batch.len() >= BATCH_FILES {
-                    commit(&db.conn, &mut batch)?;
+                    commit(&db.conn, run_id, &mut batch)?;
                 }
             }
             Err(RecvTimeoutError::Timeout) => {
-                commit(&db.conn, &mut batch)?;
+                commit(&db.conn, run_id, &mut batch)?;
                 since = Instant::now();
             }
             Err(RecvTimeoutError::Disconnected) => {
-                commit(&db.conn, &mut batch)?;
+                commit(&db.conn, run_id, &mut batch)?;
                 return Ok(db);
             }
         }
@@ -70,13 +71,13 @@ pub fn run(db: Db, rx: Receiver<WriteOp>) -> rusqlite::Result<Db> {
 }
 
 /// Apply and clear `batch` in one transaction.
-pub fn commit(conn: &Connection, batch: &mut Vec<WriteOp>) -> rusqlite::Result<()> {
+pub fn commit(conn: &Connection, run_id: i64, batch: &mut Vec<WriteOp>) -> rusqlite::Result<()> {
     if batch.is_empty() {
         return Ok(());
     }
     let tx = conn.unchecked_transaction()?;
     for op in batch.drain(..) {
-        apply(&tx, op)?;
+        apply(&tx, run_id, op)?;
     }
     tx.commit()
 }
@@ -96,7 +97,7 @@ fn delete_anchors(conn: &Connection, id: FileId) -> rusqlite::Result<()> {
     Ok(())
 }
 
-fn apply(conn: &Connection, op: WriteOp) -> rusqlite::Result<()> {
+fn apply(conn: &Connection, run_id: i64, op: WriteOp) -> rusqlite::Result<()> {
     match op {
         WriteOp::Hashed { id, dev, ino, path, mtime_ns, ctime_ns, hash } => {
             let blob = encode_blocks(&hash.blocks);
@@ -104,7 +105,7 @@ fn apply(conn: &Connection, op: WriteOp) -> rusqlite::Result<()> {
                 Some(id) => {
                     delete_anchors(conn, id)?;
                     conn.prepare_cached(
-                        "UPDATE files SET dev=?2, ino=?3, path=?4, size=?5, mtime_ns=?6, ctime_ns=?7, digest=?8, blocks=?9 WHERE id=?1",
+                        "UPDATE files SET dev=?2, ino=?3, path=?4, size=?5, mtime_ns=?6, ctime_ns=?7, digest=?8, blocks=?9, hashed_run=?10 WHERE id=?1",
                     )?
                     .execute(params![
                         id,
@@ -115,7 +116,8 @@ fn apply(conn: &Connection, op: WriteOp) -> rusqlite::Result<()> {
                         mtime_ns,
                         ctime_ns,
                         &hash.digest[..],
-                        blob
+                        blob,
+                        run_id
                     ])?;
                     id
                 }
@@ -123,7 +125,7 @@ fn apply(conn: &Connection, op: WriteOp) -> rusqlite::Result<()> {
                     // A row for this inode may exist if it was not in the
                     // index we started with (e.g. the block size changed).
                     conn.prepare_cached(
-                        "INSERT OR REPLACE INTO files (dev, ino, path, size, mtime_ns, ctime_ns, digest, blocks) VALUES (?1,?2,?3,?4,?5,?6,?7,?8)",
+                        "INSERT OR REPLACE INTO files (dev, ino, path, size, mtime_ns, ctime_ns, digest, blocks, hashed_run) VALUES (?1,?2,?3,?4,?5,?6,?7,?8,?9)",
                     )?
                     .execute(params![
                         dev as i64,
@@ -133,7 +135,8 @@ fn apply(conn: &Connection, op: WriteOp) -> rusqlite::Result<()> {
                         mtime_ns,
                         ctime_ns,
                         &hash.digest[..],
-                        blob
+                        blob,
+                        run_id
                     ])?;
                     FileId(conn.last_insert_rowid())
                 }

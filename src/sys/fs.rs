@@ -68,26 +68,49 @@ struct FsUuid2 {
 }
 nix::ioctl_read!(ioctl_getfsuuid, 0x15, 0, FsUuid2);
 
-/// Facts about the filesystem `fd` lives on.
-pub fn fs_info(fd: BorrowedFd<'_>) -> Result<FsInfo, Errno> {
-    let st = fstatfs(fd)?;
+/// `struct btrfs_ioctl_fs_info_args` (1 KiB); only the fsid is read.
+#[repr(C)]
+#[derive(Clone, Copy)]
+struct BtrfsFsInfoArgs {
+    max_id: u64,
+    num_devices: u64,
+    fsid: [u8; 16],
+    rest: [u8; 1024 - 32],
+}
+nix::ioctl_read!(ioctl_btrfs_fs_info, 0x94, 31, BtrfsFsInfoArgs);
+
+/// The filesystem's own UUID: btrfs answers `BTRFS_IOC_FS_INFO` (its
+/// statfs fsid differs per subvolume), others `FS_IOC_GETFSUUID`.
+fn fs_uuid(fd: BorrowedFd<'_>, kind: FsKind) -> Option<String> {
+    if kind == FsKind::Btrfs {
+        let mut a = BtrfsFsInfoArgs { max_id: 0, num_devices: 0, fsid: [0; 16], rest: [0; 1024 - 32] };
+        // SAFETY: `a` is a valid, writable 1 KiB `btrfs_ioctl_fs_info_args`.
+        if unsafe { ioctl_btrfs_fs_info(fd.as_raw_fd(), &mut a) }.is_ok() {
+            return Some(format_uuid(&a.fsid));
+        }
+    }
     let mut raw = FsUuid2 { len: 0, uuid: [0; 16] };
     // SAFETY: `raw` is a valid, writable `struct fsuuid2`; the kernel writes
     // at most its 17 bytes.
-    let uuid = match unsafe { ioctl_getfsuuid(fd.as_raw_fd(), &mut raw) } {
-        Ok(_) if raw.len as usize <= 16 && raw.len > 0 => format_uuid(&raw.uuid[..raw.len as usize]),
-        _ => {
-            // Older kernels: fall back to the statfs fsid, which is stable for
-            // a filesystem (btrfs mixes in the subvolume, callers should pass
-            // the top of the walk).
-            // SAFETY: fsid_t is two ints of plain data.
-            let words: [i32; 2] = unsafe { std::mem::transmute(st.filesystem_id()) };
-            format!("fsid-{:08x}{:08x}", words[0] as u32, words[1] as u32)
-        }
-    };
+    match unsafe { ioctl_getfsuuid(fd.as_raw_fd(), &mut raw) } {
+        Ok(_) if raw.len as usize <= 16 && raw.len > 0 => Some(format_uuid(&raw.uuid[..raw.len as usize])),
+        _ => None,
+    }
+}
+
+/// Facts about the filesystem `fd` lives on.
+pub fn fs_info(fd: BorrowedFd<'_>) -> Result<FsInfo, Errno> {
+    let st = fstatfs(fd)?;
+    let kind = FsKind::from_magic(st.filesystem_type());
+    let uuid = fs_uuid(fd, kind).unwrap_or_else(|| {
+        // Older kernels: the statfs fsid, stable for a filesystem.
+        // SAFETY: fsid_t is two ints of plain data.
+        let words: [i32; 2] = unsafe { std::mem::transmute(st.filesystem_id()) };
+        format!("fsid-{:08x}{:08x}", words[0] as u32, words[1] as u32)
+    });
     let frsize = st.block_size() as u64;
     Ok(FsInfo {
-        kind: FsKind::from_magic(st.filesystem_type()),
+        kind,
         magic: st.filesystem_type().0 as i64,
         uuid,
         block_size: frsize,

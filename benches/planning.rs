@@ -1,0 +1,131 @@
+//! Planning cost: `dedupscan::plan::plan` on synthetic block maps shaped like
+//! the database's output (whole-file groups by size and digest, anchor groups
+//! by sampled fingerprint, whole-file duplicates left out of the anchors), so
+//! the planner is measured alone, without SQLite.
+//!
+//! Cases:
+//! - `vm_pair_200k_2pct`: two 200,000-block (781 MiB) images, 2% of the
+//!   blocks of the second changed at random: one long diagonal with many
+//!   short gaps;
+//! - `small_files_50k`: 50,000 files of 1–6 blocks; a third are whole copies
+//!   of earlier files and a tenth are copies with one block changed (partial
+//!   matches found through anchors);
+//! - `anchors_200k`: choosing the anchors of one 200,000-block map (done once
+//!   per hashed file, on the db writer thread).
+//!
+//! Kept short (10 samples, ~3 s each) so that `cargo bench` stays under two
+//! minutes on a 2-core machine.
+
+use std::collections::{BTreeMap, HashMap};
+use std::hint::black_box;
+use std::time::Duration;
+
+use criterion::{criterion_group, criterion_main, Criterion, Throughput};
+use dedupscan::corpus::Rng;
+use dedupscan::hash::ZERO_FP;
+use dedupscan::plan::{anchors, plan, PlanFile, PlanOptions};
+use dedupscan::types::FileId;
+
+const BS: u64 = 4096;
+
+/// The planner's input, as `run::share` assembles it from the database.
+struct Input {
+    files: Vec<PlanFile>,
+    whole: Vec<Vec<FileId>>,
+    anchor_groups: Vec<Vec<(FileId, u64)>>,
+}
+
+impl Input {
+    fn blocks(&self) -> u64 {
+        self.files.iter().map(|f| f.blocks.len() as u64).sum()
+    }
+}
+
+fn fp(rng: &mut Rng) -> u64 {
+    rng.next_u64().max(ZERO_FP + 1)
+}
+
+fn plan_file(id: i64, blocks: Vec<u64>) -> PlanFile {
+    PlanFile { id: FileId(id), size: blocks.len() as u64 * BS, blocks }
+}
+
+/// Group files the way the database does: whole-file groups by content,
+/// then anchor groups (fingerprints sampled twice or more) over the files
+/// that are not already a whole-file copy.
+fn input(files: Vec<PlanFile>) -> Input {
+    let mut by_content: BTreeMap<(u64, &[u64]), Vec<FileId>> = BTreeMap::new();
+    for f in &files {
+        by_content.entry((f.size, f.blocks.as_slice())).or_default().push(f.id);
+    }
+    let whole: Vec<Vec<FileId>> = by_content.into_values().filter(|g| g.len() > 1).collect();
+    let covered: std::collections::HashSet<FileId> = whole.iter().flat_map(|g| g[1..].iter().copied()).collect();
+    let mut by_fp: HashMap<u64, Vec<(FileId, u64)>> = HashMap::new();
+    for f in files.iter().filter(|f| !covered.contains(&f.id)) {
+        for b in anchors(&f.blocks) {
+            by_fp.entry(f.blocks[b as usize]).or_default().push((f.id, b));
+        }
+    }
+    // The database returns groups ordered by fingerprint (as i64).
+    let mut anchor_groups: Vec<(i64, Vec<(FileId, u64)>)> =
+        by_fp.into_iter().filter(|(_, g)| g.len() > 1).map(|(k, g)| (k as i64, g)).collect();
+    anchor_groups.sort_unstable_by_key(|(k, _)| *k);
+    let anchor_groups = anchor_groups.into_iter().map(|(_, mut g)| {
+        g.sort_unstable();
+        g
+    });
+    Input { whole, anchor_groups: anchor_groups.collect(), files }
+}
+
+fn vm_pair(n: usize, changed_per_mille: u64) -> Input {
+    let mut rng = Rng::new(7);
+    let a: Vec<u64> = (0..n).map(|_| fp(&mut rng)).collect();
+    let b: Vec<u64> = a
+        .iter()
+        .map(|&x| if rng.below(1000) < changed_per_mille { fp(&mut rng) } else { x })
+        .collect();
+    input(vec![plan_file(1, a), plan_file(2, b)])
+}
+
+fn small_files(n: usize) -> Input {
+    let mut rng = Rng::new(8);
+    let mut files: Vec<PlanFile> = Vec::with_capacity(n);
+    for i in 0..n {
+        let id = i as i64 + 1;
+        let roll = rng.below(30);
+        let blocks = if !files.is_empty() && roll < 10 {
+            // whole copy of an earlier file
+            files[rng.below(files.len() as u64) as usize].blocks.clone()
+        } else if !files.is_empty() && roll < 13 {
+            // edited copy: one block changed
+            let mut b = files[rng.below(files.len() as u64) as usize].blocks.clone();
+            let at = rng.below(b.len() as u64) as usize;
+            b[at] = fp(&mut rng);
+            b
+        } else {
+            let len = 1 + rng.below(6) as usize;
+            (0..len).map(|_| fp(&mut rng)).collect()
+        };
+        files.push(plan_file(id, blocks));
+    }
+    input(files)
+}
+
+fn planning(c: &mut Criterion) {
+    let mut g = c.benchmark_group("plan");
+    g.sample_size(10).warm_up_time(Duration::from_millis(500)).measurement_time(Duration::from_secs(3));
+    for (name, inp) in [("vm_pair_200k_2pct", vm_pair(200_000, 20)), ("small_files_50k", small_files(50_000))] {
+        // Throughput in blocks (of 4 KiB) considered, so cases compare.
+        g.throughput(Throughput::Elements(inp.blocks()));
+        g.bench_function(name, |b| {
+            b.iter(|| black_box(plan(&inp.files, &inp.whole, &inp.anchor_groups, PlanOptions::default())))
+        });
+    }
+    let mut rng = Rng::new(9);
+    let map: Vec<u64> = (0..200_000).map(|_| fp(&mut rng)).collect();
+    g.throughput(Throughput::Elements(map.len() as u64));
+    g.bench_function("anchors_200k", |b| b.iter(|| black_box(anchors(&map))));
+    g.finish();
+}
+
+criterion_group!(benches, planning);
+criterion_main!(benches);

@@ -1,0 +1,69 @@
+# Print an optspec for argparse to handle cmd's options that are independent of any subcommand.
+function __fish_dedupscan_global_optspecs
+    string join \n incremental block-size= threads= exclude= metrics-file= n/dry-run min-range= db= json v/verbose q/quiet progress= h/help V/version
+end
+
+function __fish_dedupscan_needs_command
+    # Figure out if the current invocation already has a command.
+    set -l cmd (commandline -opc)
+    set -e cmd[1]
+    argparse -s (__fish_dedupscan_global_optspecs) -- $cmd 2>/dev/null
+    or return
+    if set -q argv[1]
+        # Also print the command, so this can be used to figure out what it is.
+        echo $argv[1]
+        return 1
+    end
+    return 0
+end
+
+function __fish_dedupscan_using_subcommand
+    set -l cmd (__fish_dedupscan_needs_command)
+    test -z "$cmd"
+    and return 1
+    contains -- $cmd[1] $argv
+end
+
+complete -c dedupscan -n "__fish_dedupscan_needs_command" -l block-size -d 'Block size for fingerprints: a power of two from 4K to 1M (suffixes K, M)' -r
+complete -c dedupscan -n "__fish_dedupscan_needs_command" -l threads -d 'Hashing threads [default: number of CPUs]' -r
+complete -c dedupscan -n "__fish_dedupscan_needs_command" -l exclude -d 'Leave out paths matching this glob (repeatable; matched on the full path, e.g. \'**/*.qcow2\' or \'/srv/tmp/**\')' -r
+complete -c dedupscan -n "__fish_dedupscan_needs_command" -l metrics-file -d 'After the run, write its figures in the Prometheus text format to this file (replaced atomically), e.g. for node_exporter\'s textfile collector: /var/lib/prometheus/node-exporter/dedupscan-srv.prom' -r -F
+complete -c dedupscan -n "__fish_dedupscan_needs_command" -l min-range -d 'Shortest range worth sharing, in bytes (rounded down to blocks; whole small files are always shared)' -r
+complete -c dedupscan -n "__fish_dedupscan_needs_command" -l db -d 'Database file [default: /var/lib/dedupscan/<filesystem-uuid>.sqlite as root, $XDG_STATE_HOME/dedupscan/<filesystem-uuid>.sqlite otherwise]' -r -F
+complete -c dedupscan -n "__fish_dedupscan_needs_command" -l progress -d 'Progress display on stderr: bars on a terminal (auto), always, or never' -r -f -a "auto\t''
+always\t''
+never\t''"
+complete -c dedupscan -n "__fish_dedupscan_needs_command" -l incremental -d 'Rehash only files whose size, mtime or ctime changed since the last run'
+complete -c dedupscan -n "__fish_dedupscan_needs_command" -s n -l dry-run -d 'Show what would be shared, verified byte for byte, and change nothing on the volume'
+complete -c dedupscan -n "__fish_dedupscan_needs_command" -l json -d 'Print the report as one JSON document on stdout'
+complete -c dedupscan -n "__fish_dedupscan_needs_command" -s v -l verbose -d 'More detail (repeatable)'
+complete -c dedupscan -n "__fish_dedupscan_needs_command" -s q -l quiet -d 'Less output: no per-path warnings, no progress'
+complete -c dedupscan -n "__fish_dedupscan_needs_command" -s h -l help -d 'Print help (see more with \'--help\')'
+complete -c dedupscan -n "__fish_dedupscan_needs_command" -s V -l version -d 'Print version'
+complete -c dedupscan -n "__fish_dedupscan_needs_command" -a "scan" -d 'Only crawl and hash into the database; share nothing'
+complete -c dedupscan -n "__fish_dedupscan_needs_command" -a "report" -d 'Print what the database knows: files, bytes, and the history of runs'
+complete -c dedupscan -n "__fish_dedupscan_needs_command" -a "help" -d 'Print this message or the help of the given subcommand(s)'
+complete -c dedupscan -n "__fish_dedupscan_using_subcommand scan" -l block-size -d 'Block size for fingerprints: a power of two from 4K to 1M (suffixes K, M)' -r
+complete -c dedupscan -n "__fish_dedupscan_using_subcommand scan" -l threads -d 'Hashing threads [default: number of CPUs]' -r
+complete -c dedupscan -n "__fish_dedupscan_using_subcommand scan" -l exclude -d 'Leave out paths matching this glob (repeatable; matched on the full path, e.g. \'**/*.qcow2\' or \'/srv/tmp/**\')' -r
+complete -c dedupscan -n "__fish_dedupscan_using_subcommand scan" -l metrics-file -d 'After the run, write its figures in the Prometheus text format to this file (replaced atomically), e.g. for node_exporter\'s textfile collector: /var/lib/prometheus/node-exporter/dedupscan-srv.prom' -r -F
+complete -c dedupscan -n "__fish_dedupscan_using_subcommand scan" -l db -d 'Database file [default: /var/lib/dedupscan/<filesystem-uuid>.sqlite as root, $XDG_STATE_HOME/dedupscan/<filesystem-uuid>.sqlite otherwise]' -r -F
+complete -c dedupscan -n "__fish_dedupscan_using_subcommand scan" -l progress -d 'Progress display on stderr: bars on a terminal (auto), always, or never' -r -f -a "auto\t''
+always\t''
+never\t''"
+complete -c dedupscan -n "__fish_dedupscan_using_subcommand scan" -l incremental -d 'Rehash only files whose size, mtime or ctime changed since the last run'
+complete -c dedupscan -n "__fish_dedupscan_using_subcommand scan" -l json -d 'Print the report as one JSON document on stdout'
+complete -c dedupscan -n "__fish_dedupscan_using_subcommand scan" -s v -l verbose -d 'More detail (repeatable)'
+complete -c dedupscan -n "__fish_dedupscan_using_subcommand scan" -s q -l quiet -d 'Less output: no per-path warnings, no progress'
+complete -c dedupscan -n "__fish_dedupscan_using_subcommand scan" -s h -l help -d 'Print help'
+complete -c dedupscan -n "__fish_dedupscan_using_subcommand report" -l db -d 'Database file [default: /var/lib/dedupscan/<filesystem-uuid>.sqlite as root, $XDG_STATE_HOME/dedupscan/<filesystem-uuid>.sqlite otherwise]' -r -F
+complete -c dedupscan -n "__fish_dedupscan_using_subcommand report" -l progress -d 'Progress display on stderr: bars on a terminal (auto), always, or never' -r -f -a "auto\t''
+always\t''
+never\t''"
+complete -c dedupscan -n "__fish_dedupscan_using_subcommand report" -l json -d 'Print the report as one JSON document on stdout'
+complete -c dedupscan -n "__fish_dedupscan_using_subcommand report" -s v -l verbose -d 'More detail (repeatable)'
+complete -c dedupscan -n "__fish_dedupscan_using_subcommand report" -s q -l quiet -d 'Less output: no per-path warnings, no progress'
+complete -c dedupscan -n "__fish_dedupscan_using_subcommand report" -s h -l help -d 'Print help'
+complete -c dedupscan -n "__fish_dedupscan_using_subcommand help; and not __fish_seen_subcommand_from scan report help" -f -a "scan" -d 'Only crawl and hash into the database; share nothing'
+complete -c dedupscan -n "__fish_dedupscan_using_subcommand help; and not __fish_seen_subcommand_from scan report help" -f -a "report" -d 'Print what the database knows: files, bytes, and the history of runs'
+complete -c dedupscan -n "__fish_dedupscan_using_subcommand help; and not __fish_seen_subcommand_from scan report help" -f -a "help" -d 'Print this message or the help of the given subcommand(s)'

@@ -1,0 +1,68 @@
+#!/usr/bin/env bash
+# Build dedupscan and run it.
+#
+#   scripts/quickstart.sh PATH    preview (--dry-run) on PATH, then ask before sharing
+#   scripts/quickstart.sh         no path: create a demo XFS and a demo btrfs volume
+#                                 (loop-mounted images under /var/tmp) filled with
+#                                 duplicated data, run a dry run and a real run on
+#                                 each, compare with the ideal, clean up
+set -euo pipefail
+cd "$(dirname "$0")/.."
+. scripts/deps.sh
+[ -x "$HOME/.cargo/bin/cargo" ] && export PATH="$HOME/.cargo/bin:$PATH"
+cargo build --release --quiet --bin dedupscan --example make_corpus
+bin=$PWD/target/release/dedupscan
+
+if [ $# -gt 0 ]; then
+  "$bin" "$@" --dry-run
+  if [ -t 0 ]; then
+    read -r -p "Share these ranges now? [y/N] " ok
+    [ "$ok" = y ] || [ "$ok" = Y ] || exit 0
+  fi
+  exec "$bin" "$@"
+fi
+
+if [ "$(id -u)" -ne 0 ]; then
+  echo "the demo mounts loop volumes and needs root: sudo $0 (or give a PATH on btrfs/XFS you own)" >&2
+  exit 1
+fi
+work=$(mktemp -d /var/tmp/dedupscan-demo.XXXXXX)
+cleanup() {
+  for m in "$work"/mnt-*; do mountpoint -q "$m" 2>/dev/null && umount "$m"; done
+  rm -rf "$work"
+}
+trap cleanup EXIT
+for fs in xfs btrfs; do
+  img=$work/$fs.img mnt=$work/mnt-$fs
+  mkdir -p "$mnt"
+  truncate -s 1G "$img"
+  if [ $fs = xfs ]; then mkfs.xfs -q -m reflink=1 "$img"; else mkfs.btrfs -q "$img"; fi
+  mount -o loop "$img" "$mnt"
+  ./target/release/examples/make_corpus "$mnt/data" 1 2
+  sync
+  echo
+  echo "=== $fs demo volume: $(du -sh "$mnt/data" | cut -f1) of generated files"
+  ideal=$("$bin" --version >/dev/null && python3 - "$mnt/data" <<'PY'
+import hashlib, os, sys
+seen, dup, zero = set(), 0, hashlib.sha256(bytes(4096)).digest()
+for d, _, fs in os.walk(sys.argv[1]):
+    for n in fs:
+        with open(os.path.join(d, n), 'rb') as f:
+            while (b := f.read(4096)):
+                if len(b) == 4096 and (h := hashlib.sha256(b).digest()) != zero:
+                    dup += h in seen; seen.add(h)
+print(dup * 4096)
+PY
+)
+  echo "--- dry run (changes nothing):"
+  "$bin" "$mnt/data" --dry-run --db "$work/$fs.sqlite"
+  echo "--- real run:"
+  "$bin" "$mnt/data" --db "$work/$fs.sqlite" --json > "$work/$fs.json"
+  "$bin" report --db "$work/$fs.sqlite" | head -4
+  python3 - "$work/$fs.json" "$ideal" <<'PY'
+import json, sys
+r = json.load(open(sys.argv[1])); ideal = int(sys.argv[2])
+print(f"freed (statfs) {r['freed_bytes']/2**20:.1f} MiB of ideal {ideal/2**20:.1f} MiB "
+      f"= {100*r['freed_bytes']/max(ideal,1):.0f}%  (kernel-confirmed shared: {r['deduped_bytes']/2**20:.1f} MiB)")
+PY
+done

@@ -1,0 +1,18 @@
+#!/usr/bin/env bash
+# The whole test suite, as CI runs it: formatting, lints, unit tests, and the
+# integration tests on real loop-mounted btrfs, XFS and ext4 volumes (these
+# need root and loop devices; without them they skip loudly, and with
+# DEDUPSCAN_REQUIRE_FS_TESTS=1 a skip is a failure).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+. scripts/deps.sh
+[ -x "$HOME/.cargo/bin/cargo" ] && export PATH="$HOME/.cargo/bin:$PATH"
+
+echo "== cargo fmt --check"
+cargo fmt --check
+echo "== cargo clippy --all-targets -- -D warnings"
+cargo clippy --quiet --all-targets -- -D warnings
+echo "== cargo build --benches (benchmarks compile)"
+cargo build --quiet --benches
+echo "== cargo test (unit + integration on real volumes)"
+cargo test --all-features -- --test-threads="${DEDUPSCAN_TEST_THREADS:-2}"

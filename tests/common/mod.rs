@@ -1,0 +1,287 @@
+//! Test harness: real loop-mounted btrfs and XFS volumes, the real binary,
+//! and the checks every dedupe test makes.
+//!
+//! - [`Volume`] creates a sparse image, makes a filesystem, loop-mounts it in
+//!   a temporary directory and unmounts and deletes it on drop (also when the
+//!   test panics).
+//! - [`Snapshot`] records SHA-256, size, mode and mtime of every file, so a
+//!   test proves nothing changed but sharing.
+//! - [`free_bytes`], [`shared_bytes`] and [`same_physical`] read statfs and
+//!   FIEMAP to prove the claims a run makes.
+//!
+//! Where the machine cannot mount (not root, no loop devices), tests skip
+//! loudly, unless `DEDUPSCAN_REQUIRE_FS_TESTS=1` makes that a failure.
+
+#![allow(dead_code)]
+
+use std::collections::BTreeMap;
+use std::fs::File;
+use std::io::Read;
+use std::os::fd::AsFd;
+use std::os::unix::fs::{MetadataExt, PermissionsExt};
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use sha2::{Digest, Sha256};
+
+/// Filesystems the tests run on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Fs {
+    Btrfs,
+    /// XFS with reflink=1.
+    Xfs,
+    /// XFS with reflink=0: sharing must be refused.
+    XfsNoReflink,
+    /// ext4: not a sharing filesystem.
+    Ext4,
+}
+
+/// A mounted loop volume that cleans up after itself.
+pub struct Volume {
+    pub fs: Fs,
+    pub mnt: PathBuf,
+    /// Holds the image and the mount point; removed after unmounting.
+    dir: tempfile::TempDir,
+    mounted: bool,
+}
+
+fn require() -> bool {
+    std::env::var("DEDUPSCAN_REQUIRE_FS_TESTS").is_ok_and(|v| v == "1")
+}
+
+fn run_quiet(cmd: &mut Command) -> Result<(), String> {
+    let out = cmd.output().map_err(|e| format!("{cmd:?}: {e}"))?;
+    if out.status.success() {
+        Ok(())
+    } else {
+        Err(format!("{cmd:?}: {}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr)))
+    }
+}
+
+impl Volume {
+    /// A fresh volume of `size_mb` MiB, or `None` (after a loud message)
+    /// where this machine cannot mount one. Panics instead when
+    /// `DEDUPSCAN_REQUIRE_FS_TESTS=1`.
+    pub fn new(fs: Fs, size_mb: u64) -> Option<Volume> {
+        match Self::try_new(fs, size_mb) {
+            Ok(v) => Some(v),
+            Err(e) if require() => panic!("DEDUPSCAN_REQUIRE_FS_TESTS=1 but cannot create a {fs:?} volume: {e}"),
+            Err(e) => {
+                eprintln!("\n*** SKIPPED: cannot create a {fs:?} loop volume ({e}); run as root with loop devices, or set DEDUPSCAN_REQUIRE_FS_TESTS=1 to fail instead ***\n");
+                None
+            }
+        }
+    }
+
+    fn try_new(fs: Fs, size_mb: u64) -> Result<Volume, String> {
+        if !nix::unistd::geteuid().is_root() {
+            return Err("not root".into());
+        }
+        let base = std::env::var_os("DEDUPSCAN_TEST_TMP").map(PathBuf::from).unwrap_or_else(|| "/var/tmp".into());
+        let dir = tempfile::Builder::new().prefix("dedupscan-test-").tempdir_in(base).map_err(|e| e.to_string())?;
+        let img = dir.path().join("volume.img");
+        let mnt = dir.path().join("mnt");
+        std::fs::create_dir(&mnt).map_err(|e| e.to_string())?;
+        File::create(&img).and_then(|f| f.set_len(size_mb << 20)).map_err(|e| e.to_string())?;
+        let mut mkfs = match fs {
+            Fs::Btrfs => {
+                let mut c = Command::new("mkfs.btrfs");
+                c.args(["-f", "-q"]);
+                c
+            }
+            Fs::Xfs | Fs::XfsNoReflink => {
+                let mut c = Command::new("mkfs.xfs");
+                c.args(["-f", "-q", "-m", if fs == Fs::Xfs { "reflink=1" } else { "reflink=0" }]);
+                c
+            }
+            Fs::Ext4 => {
+                let mut c = Command::new("mkfs.ext4");
+                c.args(["-F", "-q"]);
+                c
+            }
+        };
+        run_quiet(mkfs.arg(&img))?;
+        run_quiet(Command::new("mount").args(["-o", "loop"]).arg(&img).arg(&mnt))?;
+        Ok(Volume { fs, mnt, dir, mounted: true })
+    }
+
+    /// Path of `rel` inside the volume.
+    pub fn path(&self, rel: &str) -> PathBuf {
+        self.mnt.join(rel)
+    }
+
+    /// A database path outside the volume (so the run's own writes do not
+    /// disturb the volume's free-space measurements).
+    pub fn db(&self) -> PathBuf {
+        self.dir.path().join("db.sqlite")
+    }
+
+    /// Unmount and mount again: drops cached state, like a reboot.
+    pub fn remount(&self) {
+        run_quiet(Command::new("umount").arg(&self.mnt)).unwrap();
+        run_quiet(Command::new("mount").args(["-o", "loop"]).arg(self.dir.path().join("volume.img")).arg(&self.mnt))
+            .unwrap();
+    }
+}
+
+impl Drop for Volume {
+    fn drop(&mut self) {
+        if self.mounted {
+            let ok = Command::new("umount").arg(&self.mnt).status().is_ok_and(|s| s.success());
+            if !ok {
+                // Busy (a panicking test may still hold a file): detach lazily.
+                let _ = Command::new("umount").arg("-l").arg(&self.mnt).status();
+            }
+        }
+    }
+}
+
+/// What must not change about a file.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct FileState {
+    pub sha256: String,
+    pub size: u64,
+    pub mode: u32,
+    pub mtime_ns: i64,
+}
+
+/// Every regular file under a root (and every directory's mode), by path.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Snapshot(pub BTreeMap<PathBuf, FileState>);
+
+impl Snapshot {
+    pub fn take(root: &Path) -> Snapshot {
+        let mut map = BTreeMap::new();
+        for e in walkdir::WalkDir::new(root).follow_links(false) {
+            let e = e.unwrap();
+            let m = e.metadata().unwrap();
+            let sha256 = if m.is_file() && (m.permissions().mode() & 0o444 != 0 || nix::unistd::geteuid().is_root()) {
+                let mut h = Sha256::new();
+                let mut f = File::open(e.path()).unwrap();
+                let mut buf = vec![0u8; 1 << 20];
+                loop {
+                    let n = f.read(&mut buf).unwrap();
+                    if n == 0 {
+                        break;
+                    }
+                    h.update(&buf[..n]);
+                }
+                h.finalize().iter().map(|b| format!("{b:02x}")).collect::<String>()
+            } else {
+                String::new()
+            };
+            map.insert(
+                e.path().to_owned(),
+                FileState { sha256, size: m.size(), mode: m.mode(), mtime_ns: m.mtime() * 1_000_000_000 + m.mtime_nsec() },
+            );
+        }
+        Snapshot(map)
+    }
+
+    /// Panic with the first difference, readably.
+    pub fn assert_same(&self, after: &Snapshot) {
+        assert_eq!(self.0.len(), after.0.len(), "number of files changed");
+        for (p, before) in &self.0 {
+            let now = after.0.get(p).unwrap_or_else(|| panic!("{} disappeared", p.display()));
+            assert_eq!(before, now, "{} changed", p.display());
+        }
+    }
+}
+
+/// Free bytes on the filesystem of `path`, after flushing it.
+pub fn free_bytes(path: &Path) -> u64 {
+    let f = File::open(path).unwrap();
+    for _ in 0..2 {
+        dedupscan::sys::syncfs(&f).unwrap();
+    }
+    dedupscan::sys::fs_info(f.as_fd()).unwrap().free_bytes
+}
+
+/// Bytes of `path` in extents the kernel flags as shared.
+pub fn shared_bytes(path: &Path) -> u64 {
+    let f = File::open(path).unwrap();
+    let len = f.metadata().unwrap().len();
+    dedupscan::sys::fiemap(f.as_fd(), 0, len).unwrap().iter().filter(|e| e.is_shared()).map(|e| e.length).sum()
+}
+
+/// Physical address of every 4 KiB block of a range.
+pub fn physical_blocks(path: &Path, off: u64, len: u64) -> Vec<Option<u64>> {
+    let f = File::open(path).unwrap();
+    let ext = dedupscan::sys::fiemap(f.as_fd(), off, len).unwrap();
+    dedupscan::sys::fiemap::physical_map(&ext, off, len, 4096)
+}
+
+/// Whether two ranges share the same physical blocks, every one of them.
+pub fn same_physical(a: &Path, a_off: u64, b: &Path, b_off: u64, len: u64) -> bool {
+    let (pa, pb) = (physical_blocks(a, a_off, len), physical_blocks(b, b_off, len));
+    pa.iter().zip(&pb).all(|(x, y)| x.is_some() && x == y)
+}
+
+/// The yardstick of `shared/tools/ideal-dup.py`: for every distinct content
+/// of a full 4 KiB block at an aligned offset (holes and zero blocks apart),
+/// every occurrence after the first, in bytes. Hard links count once.
+pub fn ideal_dup_bytes(root: &Path) -> u64 {
+    let mut seen = std::collections::HashSet::new();
+    let mut inodes = std::collections::HashSet::new();
+    let mut dup = 0;
+    let zero = Sha256::digest([0u8; 4096]);
+    for e in walkdir::WalkDir::new(root).follow_links(false).sort_by_file_name() {
+        let e = e.unwrap();
+        let m = e.metadata().unwrap();
+        if !m.is_file() || m.size() == 0 || !inodes.insert((m.dev(), m.ino())) {
+            continue;
+        }
+        let mut data = Vec::new();
+        File::open(e.path()).unwrap().read_to_end(&mut data).unwrap();
+        for blk in data.chunks_exact(4096) {
+            let d = Sha256::digest(blk);
+            if d == zero {
+                continue;
+            }
+            if !seen.insert(d) {
+                dup += 4096;
+            }
+        }
+    }
+    dup
+}
+
+/// The report schema, compiled once per test.
+pub fn validate_report(v: &serde_json::Value) {
+    let schema: serde_json::Value =
+        serde_json::from_str(include_str!("../../schema/report.schema.json")).expect("schema is JSON");
+    let validator = jsonschema::validator_for(&schema).expect("schema compiles");
+    let errors: Vec<String> = validator.iter_errors(v).map(|e| format!("{} at {}", e, e.instance_path())).collect();
+    assert!(errors.is_empty(), "report does not match schema/report.schema.json: {errors:#?}\n{v:#}");
+}
+
+/// Run the real binary with `args`; returns (exit code, parsed JSON report
+/// from stdout when `--json` was given, stderr).
+pub fn dedupscan(args: &[&std::ffi::OsStr]) -> (i32, serde_json::Value, String) {
+    let out = assert_cmd::Command::cargo_bin("dedupscan").unwrap().args(args).output().unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
+    let json = if args.iter().any(|a| *a == "--json") && !out.stdout.is_empty() {
+        serde_json::from_slice(&out.stdout)
+            .unwrap_or_else(|e| panic!("stdout is not JSON ({e}): {}\nstderr: {stderr}", String::from_utf8_lossy(&out.stdout)))
+    } else {
+        serde_json::Value::Null
+    };
+    (out.status.code().unwrap_or(-1), json, stderr)
+}
+
+/// Run with `--json --db <vol db>` plus `args`, assert success and a valid
+/// report, and return the report.
+pub fn run_json(vol: &Volume, args: &[&str]) -> serde_json::Value {
+    let db = vol.db();
+    let mut all: Vec<&std::ffi::OsStr> = args.iter().map(std::ffi::OsStr::new).collect();
+    all.extend([std::ffi::OsStr::new("--json"), std::ffi::OsStr::new("--db"), db.as_os_str()]);
+    let (code, json, stderr) = dedupscan(&all);
+    assert!(code == 0 || code == 1, "dedupscan {args:?} exited {code}: {stderr}");
+    validate_report(&json);
+    json
+}
+
+/// `report[key]` as u64.
+pub fn num(report: &serde_json::Value, key: &str) -> u64 {
+    report[key].as_u64().unwrap_or_else(|| panic!("{key} missing or not a number in {report:#}"))
+}
