@@ -115,32 +115,31 @@ ensure_tree() {
 }
 
 # select_files SRC BUDGET > LIST: regular files and symlinks of SRC (paths
-# relative to SRC, NUL-separated), all of them if they fit in BUDGET bytes,
-# otherwise the subset whose path hash falls in the fraction BUDGET/total, so
-# the same relative paths are picked in every tree. Prints the selected bytes
-# on stderr as "selected N".
+# relative to SRC, NUL-separated): all of them if they fit in BUDGET bytes,
+# otherwise files taken in the order of a hash of their relative path while
+# they fit, so that trees of the same layout keep mostly the same paths and
+# every directory is sampled. Prints "selected N of TOTAL" on stderr.
 select_files() {
     python3 - "$1" "$2" <<'EOF'
 import os, sys, zlib
 root, budget = sys.argv[1], int(sys.argv[2])
 entries = []
 for d, dirs, files in os.walk(root):
-    dirs.sort()
-    for n in sorted(files):
+    for n in files:
         p = os.path.join(d, n)
-        st = os.lstat(p)
-        if os.path.islink(p) or os.path.isfile(p):
-            rel = os.path.relpath(p, root)
-            entries.append((rel, st.st_size if not os.path.islink(p) else 0))
-total = sum(s for _, s in entries) or 1
-frac = min(1.0, budget / total)
-sel = 0
-out = sys.stdout.buffer
+        if os.path.islink(p):
+            entries.append((os.fsencode(os.path.relpath(p, root)), 0))
+        elif os.path.isfile(p):
+            entries.append((os.fsencode(os.path.relpath(p, root)), os.lstat(p).st_size))
+total = sum(s for _, s in entries)
+entries.sort(key=lambda e: (zlib.crc32(e[0]), e[0]))
+sel, keep = 0, []
 for rel, size in entries:
-    key = os.fsencode(rel)
-    if frac >= 1.0 or (zlib.crc32(key) % 100000) < frac * 100000:
-        out.write(key + b"\0")
+    if sel + size <= budget:
+        keep.append(rel)
         sel += size
+# Path order, as a copy of the tree would lay the files out.
+sys.stdout.buffer.write(b"".join(rel + b"\0" for rel in sorted(keep)))
 print(f"selected {sel} of {total}", file=sys.stderr)
 EOF
 }
@@ -159,11 +158,9 @@ read -r -a rels <<<"$RELEASES"
 for rel in "${rels[@]}"; do ensure_tree "$rel"; done
 
 tree_budget=$((SIZE * 8 / 100))
-tree_total=0
 for rel in "${rels[@]}"; do
-    log "trees/debian-$rel (budget $(numfmt --to=iec $tree_budget))"
     got=$(copy_selected "$CACHE/trees/debian-$rel" "$tree_budget" "$DIR/trees/debian-$rel")
-    tree_total=$((tree_total + got))
+    log "trees/debian-$rel: $(numfmt --to=iec "$got") (budget $(numfmt --to=iec $tree_budget))"
 done
 
 mkdir -p "$DIR/tarballs" "$DIR/images" "$DIR/vm"
@@ -176,7 +173,7 @@ for rel in "${rels[@]}"; do
     # Fixed UUID and hash seed: the same tree gives the same image.
     uuid=$(python3 -c "import uuid,sys; print(uuid.uuid5(uuid.NAMESPACE_DNS, sys.argv[1]))" "$rel.$SEED")
     mkfs.ext4 -q -F -b 4096 -U "$uuid" -E "hash_seed=$uuid" -L "$rel" \
-        -d "$DIR/trees/debian-$rel" "$DIR/images/debian-$rel.img" "${img_mib}M"
+        -d "$DIR/trees/debian-$rel" "$DIR/images/debian-$rel.img" "${img_mib}M" >&2
 done
 
 # The VM image pair: images/debian-<first>.img and a copy with 1% of its
@@ -203,7 +200,7 @@ done <"$TMP/blocks"
 # Toolchain copies: whatever is left of the budget, split in two.
 src=${TOOLCHAIN_SRC:-$(du -s /root/.rustup/toolchains/*/ 2>/dev/null | sort -n | tail -1 | cut -f2)}
 if [[ -n $src && -d $src ]]; then
-    used=$(du -sb "$DIR" | cut -f1)
+    used=$(du -sB1 "$DIR" | cut -f1) # allocated, not apparent: images are sparse
     left=$((SIZE > used ? (SIZE - used) / 2 : 0))
     log "toolchain/a and toolchain/b from $src (budget $(numfmt --to=iec $left) each)"
     copy_selected "$src" "$left" "$DIR/toolchain/a" >/dev/null

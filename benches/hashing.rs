@@ -12,7 +12,7 @@
 //! - `sparse/4K`: a file that is mostly a hole (`SEEK_DATA` skips it; the
 //!   throughput is per logical byte).
 //!
-//! Kept short (10 samples, ~3 s each) so that `cargo bench` stays under two
+//! Kept short (10 samples, ~5 s each) so that `cargo bench` stays under two
 //! minutes on a 2-core machine. Run one group with
 //! `cargo bench --bench hashing -- random`.
 
@@ -31,7 +31,13 @@ const SIZE: u64 = 64 << 20;
 /// `parts`, holes elsewhere. Read once so it is in the page cache.
 fn make_file(dir: &tempfile::TempDir, name: &str, parts: &[(u64, &[u8])]) -> File {
     let path = dir.path().join(name);
-    let mut f = File::options().create(true).truncate(true).read(true).write(true).open(path).unwrap();
+    let mut f = File::options()
+        .create(true)
+        .truncate(true)
+        .read(true)
+        .write(true)
+        .open(path)
+        .unwrap();
     for (off, data) in parts {
         f.seek(SeekFrom::Start(*off)).unwrap();
         f.write_all(data).unwrap();
@@ -56,14 +62,16 @@ fn hashing(c: &mut Criterion) {
     let f_random = make_file(&dir, "random.bin", &[(0, &random)]);
     let f_zeros = make_file(&dir, "zeros.bin", &[(0, &zeros)]);
     // 1 MiB of data every 16 MiB, holes in between.
-    let islands: Vec<(u64, &[u8])> = (0..4).map(|i| (i * (16 << 20), island.as_slice())).collect();
+    let islands: Vec<(u64, &[u8])> = (0..4)
+        .map(|i| (i * (16 << 20), island.as_slice()))
+        .collect();
     let f_sparse = make_file(&dir, "sparse.bin", &islands);
     drop((random, zeros));
 
     let mut g = c.benchmark_group("hash_file");
     g.sample_size(10)
         .warm_up_time(Duration::from_millis(500))
-        .measurement_time(Duration::from_secs(3))
+        .measurement_time(Duration::from_secs(5))
         .throughput(Throughput::Bytes(SIZE));
     let mut buf = Vec::new();
     for (name, file, block) in [

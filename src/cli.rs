@@ -93,6 +93,20 @@ pub struct ScanArgs {
     #[arg(long, value_name = "GLOB")]
     pub exclude: Vec<String>,
 
+    /// Read more exclude globs from FILE, one per line ('#' starts a comment).
+    #[arg(long, value_name = "FILE")]
+    pub exclude_from: Vec<PathBuf>,
+
+    /// Also share into read-only btrfs snapshots (left alone by default:
+    /// sharing into many snapshots can grow metadata instead of freeing space).
+    #[arg(long)]
+    pub include_readonly_snapshots: bool,
+
+    /// Stop cleanly when this much time is spent (e.g. 90m, 2h); work done
+    /// is committed and the next --incremental run carries on.
+    #[arg(long, value_name = "DURATION", value_parser = humantime::parse_duration)]
+    pub max_runtime: Option<std::time::Duration>,
+
     /// After the run, write its figures in the Prometheus text format to
     /// this file (replaced atomically), e.g. for node_exporter's textfile
     /// collector: /var/lib/prometheus/node-exporter/dedupscan-srv.prom.
@@ -194,6 +208,17 @@ mod tests {
             assert!(parse(&["/srv", "--block-size", bad]).is_err(), "{bad}");
         }
         assert!(parse(&["/srv", "--block-size", "1M"]).is_ok());
+    }
+
+    #[test]
+    fn metrics_file_on_run_and_scan() {
+        let c = parse(&["/srv", "--metrics-file", "/m/d.prom"]).unwrap();
+        assert_eq!(c.run.scan.metrics_file, Some(PathBuf::from("/m/d.prom")));
+        match parse(&["scan", "/srv", "--metrics-file", "/m/d.prom"]).unwrap().command {
+            Some(Command::Scan(s)) => assert_eq!(s.metrics_file, Some(PathBuf::from("/m/d.prom"))),
+            other => panic!("{other:?}"),
+        }
+        assert!(parse(&["report", "--metrics-file", "/m/d.prom"]).is_err());
     }
 
     #[test]

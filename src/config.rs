@@ -42,6 +42,10 @@ pub struct Config {
     pub json: bool,
     pub verbosity: Verbosity,
     pub bars: bool,
+    /// Share into read-only btrfs snapshots too.
+    pub include_readonly_snapshots: bool,
+    /// Time budget of the run.
+    pub max_runtime: Option<std::time::Duration>,
     /// Where to write the run's figures for Prometheus (`--metrics-file`).
     pub metrics_file: Option<PathBuf>,
 }
@@ -83,11 +87,29 @@ impl Config {
                     json: g.json,
                     verbosity,
                     bars: false,
+                    include_readonly_snapshots: false,
+                    max_runtime: None,
                     metrics_file: None,
                 });
             }
         };
-        let ScanArgs { paths, incremental, block_size, threads, exclude, metrics_file } = scan;
+        let ScanArgs {
+            paths,
+            incremental,
+            block_size,
+            threads,
+            mut exclude,
+            exclude_from,
+            include_readonly_snapshots,
+            max_runtime,
+            metrics_file,
+        } = scan;
+        for f in &exclude_from {
+            let text = std::fs::read_to_string(f).with_context(|| format!("--exclude-from {}", display_path(f)))?;
+            exclude.extend(
+                text.lines().map(str::trim).filter(|l| !l.is_empty() && !l.starts_with('#')).map(str::to_owned),
+            );
+        }
         if paths.is_empty() {
             bail!("no path given: name the directories to scan, e.g. `dedupscan /srv`");
         }
@@ -127,6 +149,8 @@ impl Config {
             json: g.json,
             verbosity,
             bars,
+            include_readonly_snapshots,
+            max_runtime,
             metrics_file,
         })
     }

@@ -31,6 +31,14 @@ fn dispatch(cfg: &Config) -> ExitCode {
         let _ = signal_hook::flag::register_conditional_shutdown(sig, 130, Arc::clone(&stop));
         let _ = signal_hook::flag::register(sig, Arc::clone(&stop));
     }
+    if let Some(budget) = cfg.max_runtime {
+        // The time budget stops the run the same clean way a signal does.
+        let stop = Arc::clone(&stop);
+        std::thread::spawn(move || {
+            std::thread::sleep(budget);
+            stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        });
+    }
     let progress: Box<dyn Progress> = if cfg.bars {
         Box::new(Bars::new(cfg.verbosity))
     } else {

@@ -52,6 +52,8 @@ pub enum SkipReason {
     Realtime,
     /// DAX file.
     Dax,
+    /// Inside a read-only btrfs snapshot (see `--include-readonly-snapshots`).
+    ReadonlySnapshot,
     /// btrfs keeps small files inline in metadata: nothing to share.
     Inline,
     /// The tool's own database, WAL or lock file.
@@ -81,6 +83,7 @@ impl SkipReason {
             SkipReason::Swapfile => "swapfile",
             SkipReason::Realtime => "realtime",
             SkipReason::Dax => "dax",
+            SkipReason::ReadonlySnapshot => "readonly_snapshot",
             SkipReason::Inline => "inline",
             SkipReason::OwnDatabase => "own_database",
             SkipReason::ChangedDuringScan => "changed_during_scan",
@@ -96,6 +99,8 @@ pub struct Policy {
     /// (dev, inode) of files never to touch: our database files, swap files.
     own_files: HashSet<(u64, u64)>,
     swap_files: HashSet<(u64, u64)>,
+    /// Enter read-only btrfs snapshots too.
+    pub include_readonly_snapshots: bool,
 }
 
 impl Policy {
@@ -121,7 +126,7 @@ impl Policy {
             .filter_map(|p| std::fs::symlink_metadata(p).ok())
             .map(|m| (m.dev(), m.ino()))
             .collect();
-        Ok(Policy { excludes: b.build()?, own_files, swap_files })
+        Ok(Policy { excludes: b.build()?, own_files, swap_files, include_readonly_snapshots: false })
     }
 
     /// Whether the walk may descend into directory `dir`.

@@ -59,12 +59,13 @@ pub fn run(cfg: &Config, progress: &dyn Progress, stop: &AtomicBool) -> Result<R
         db.forget_all_hashes()?;
         db.set_meta("block_size", &cfg.block_size.to_string())?;
     }
-    let policy = Policy::new(&cfg.excludes, Some(&cfg.db_path)).context("invalid --exclude glob")?;
+    let mut policy = Policy::new(&cfg.excludes, Some(&cfg.db_path)).context("invalid --exclude glob")?;
+    policy.include_readonly_snapshots = cfg.include_readonly_snapshots;
 
     // 1. crawl
     progress.phase("1/5 crawl", None, false);
     let t = Instant::now();
-    let walked = walk::walk(&cfg.paths, fs.kind, &policy, progress);
+    let walked = walk::walk(&cfg.paths, fs.kind, &policy, progress, stop);
     for (r, n) in &walked.skipped {
         report.skip(*r, *n);
     }
@@ -75,6 +76,13 @@ pub fn run(cfg: &Config, progress: &dyn Progress, stop: &AtomicBool) -> Result<R
     progress.finish_phase(&format!("1/5 crawl: {} files", walked.files.len()));
 
     // 2. change detection + hash
+    if stop.load(Ordering::Relaxed) {
+        // Stopped during the crawl: what was not seen must not be pruned.
+        report.interrupted = true;
+        report.timings.total_ms = ms(t0);
+        db.finish_run(run_id, &serde_json::to_string(&report)?)?;
+        return Ok(report);
+    }
     let index = db.load_index()?;
     let work = classify(cfg, &walked.files, &index);
     report.files_scanned = walked.files.len() as u64;
@@ -90,8 +98,8 @@ pub fn run(cfg: &Config, progress: &dyn Progress, stop: &AtomicBool) -> Result<R
         .name("db-writer".into())
         .spawn(move || writer::run(db, run_id, rx))
         .context("cannot start the database writer")?;
-    for (id, path) in work.renamed {
-        tx.send(WriteOp::Renamed { id, path }).ok();
+    for (id, path, ctime_ns) in work.renamed {
+        tx.send(WriteOp::Renamed { id, path, ctime_ns }).ok();
     }
     for id in &work.removed {
         tx.send(WriteOp::Removed { id: *id }).ok();
@@ -135,10 +143,23 @@ pub fn run(cfg: &Config, progress: &dyn Progress, stop: &AtomicBool) -> Result<R
 /// Files hashed before it were matched and shared then.
 const LAST_SHARE_RUN: &str = "last_complete_share_run";
 
+/// Whether a known file can be trusted without reading it.
+///
+/// Size, mtime and ctime equal: unchanged. A rename changes the ctime too
+/// (on XFS and btrfs), so a file found under a *new* path with its size and
+/// mtime intact counts as moved, not rewritten. At the same path any ctime
+/// change means a rehash: that is how a rewrite with its mtime set back is
+/// caught. A wrong belief can only cost a missed match, never data: the
+/// kernel compares every byte before sharing.
+fn unchanged(k: &Known, c: &Candidate) -> bool {
+    k.size == c.size && k.mtime_ns == c.mtime_ns && (k.ctime_ns == c.ctime_ns || k.path != c.path)
+}
+
 /// Files sorted into what must be hashed and what is known.
 struct Work {
     to_hash: Vec<(Candidate, Option<FileId>)>,
-    renamed: Vec<(FileId, PathBuf)>,
+    /// Known files seen under a new path (id, new path, new ctime).
+    renamed: Vec<(FileId, PathBuf, i64)>,
     removed: Vec<FileId>,
     unchanged: u64,
 }
@@ -152,10 +173,10 @@ fn classify(cfg: &Config, files: &[Candidate], index: &HashMap<(u64, u64), Known
             seen.insert(k.id);
         }
         match known {
-            Some(k) if cfg.incremental && k.size == c.size && k.mtime_ns == c.mtime_ns && k.ctime_ns == c.ctime_ns => {
+            Some(k) if cfg.incremental && unchanged(k, c) => {
                 w.unchanged += 1;
                 if k.path != c.path {
-                    w.renamed.push((k.id, c.path.clone()));
+                    w.renamed.push((k.id, c.path.clone(), c.ctime_ns));
                 }
             }
             _ => w.to_hash.push((c.clone(), known.map(|k| k.id))),

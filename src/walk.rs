@@ -15,6 +15,7 @@ use std::collections::{BTreeMap, HashSet};
 use std::io;
 use std::os::unix::fs::{FileTypeExt, MetadataExt};
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
 
 use walkdir::WalkDir;
 
@@ -58,7 +59,8 @@ pub struct WalkResult {
 }
 
 /// Crawl `roots` (canonical paths on one filesystem of kind `fs`).
-pub fn walk(roots: &[PathBuf], fs: FsKind, policy: &Policy, progress: &dyn Progress) -> WalkResult {
+/// `stop` ends the crawl early (the run then stops before hashing).
+pub fn walk(roots: &[PathBuf], fs: FsKind, policy: &Policy, progress: &dyn Progress, stop: &AtomicBool) -> WalkResult {
     let mounts = crate::sys::fs::mount_points();
     let result = RefCell::new(WalkResult::default());
     let mut seen_inodes: HashSet<(u64, u64)> = HashSet::new();
@@ -91,6 +93,9 @@ pub fn walk(roots: &[PathBuf], fs: FsKind, policy: &Policy, progress: &dyn Progr
                 ok.is_ok()
             });
         for entry in walker {
+            if stop.load(Ordering::Relaxed) {
+                break;
+            }
             let entry = match entry {
                 Ok(e) => e,
                 Err(e) => {
@@ -147,6 +152,9 @@ pub fn walk(roots: &[PathBuf], fs: FsKind, policy: &Policy, progress: &dyn Progr
     result.into_inner()
 }
 
+/// Inode number of every btrfs subvolume's root directory.
+const BTRFS_FIRST_FREE_OBJECTID: u64 = 256;
+
 fn dir_allowed(
     e: &walkdir::DirEntry,
     root_dev: u64,
@@ -163,6 +171,14 @@ fn dir_allowed(
         if dev != root_dev && fs != FsKind::Btrfs {
             return Err(SkipReason::MountPoint);
         }
+    }
+    // A btrfs subvolume's root directory is inode 256.
+    if fs == FsKind::Btrfs
+        && !policy.include_readonly_snapshots
+        && e.metadata().is_ok_and(|m| m.ino() == BTRFS_FIRST_FREE_OBJECTID)
+        && crate::sys::inode::is_readonly_subvolume(e.path())
+    {
+        return Err(SkipReason::ReadonlySnapshot);
     }
     policy.check_dir(e.path())
 }

@@ -11,7 +11,7 @@ use std::path::PathBuf;
 
 use clap::CommandFactory;
 use clap_complete::Shell;
-use roff::{bold, italic, roman, Inline, Roff};
+use roff::{bold, italic, line_break, roman, Inline, Roff};
 
 use dedupscan::cli::Cli;
 use dedupscan::exit::ExitCode;
@@ -34,41 +34,74 @@ pub fn generate() -> Vec<Generated> {
     out
 }
 
-/// dedupscan(1): clap_mangen's sections for what clap knows (synopsis,
-/// description, options, version), and hand-written ones for what it does
-/// not (commands, exit status, markers, files, environment, examples).
+/// dedupscan(1): clap_mangen's sections for what clap knows (name,
+/// description, options, version), and hand-written ones for the rest.
 pub fn man_page() -> String {
-    let man = clap_mangen::Man::new(Cli::command()).manual("User Commands");
-    let mut page = String::new();
-    type Piece = fn(&clap_mangen::Man, &mut dyn std::io::Write) -> std::io::Result<()>;
-    let pieces: [Piece; 5] = [
-        clap_mangen::Man::render_title,
-        clap_mangen::Man::render_name_section,
-        clap_mangen::Man::render_synopsis_section,
-        clap_mangen::Man::render_description_section,
-        clap_mangen::Man::render_options_section,
-    ];
-    for piece in pieces {
-        let mut buf = Vec::new();
-        piece(&man, &mut buf).expect("rendering to memory");
-        push_piece(&mut page, String::from_utf8(buf).expect("roff is UTF-8"));
-    }
-    push_piece(&mut page, hand_written().render());
-    let mut buf = Vec::new();
-    man.render_version_section(&mut buf).expect("rendering to memory");
-    push_piece(&mut page, String::from_utf8(buf).expect("roff is UTF-8"));
+    let cmd = Cli::command();
+    let version = cmd.get_version().unwrap_or_default().to_owned();
+    let man = clap_mangen::Man::new(cmd);
+    let mut page = Roff::new().render(); // roff's apostrophe preamble
+                                         // Not `render_title`: clap_mangen drops an empty date argument from `.TH`,
+                                         // which shifts the source and manual into the wrong fields (and a real
+                                         // date would make the file change on every regeneration).
+    page.push_str(&format!(".TH DEDUPSCAN 1 \"\" \"dedupscan {version}\" \"User Commands\"\n"));
+    push_piece(&mut page, &man, clap_mangen::Man::render_name_section);
+    page.push_str(&strip_preamble(synopsis().render()));
+    push_piece(&mut page, &man, clap_mangen::Man::render_description_section);
+    push_piece(&mut page, &man, clap_mangen::Man::render_options_section);
+    page.push_str(&strip_preamble(hand_written().render()));
+    push_piece(&mut page, &man, clap_mangen::Man::render_version_section);
     page
 }
 
-/// Append a rendered piece, keeping roff's apostrophe preamble (which every
-/// rendering starts with) only once, at the top.
-fn push_piece(page: &mut String, piece: String) {
+type Piece = fn(&clap_mangen::Man, &mut dyn std::io::Write) -> std::io::Result<()>;
+
+/// Append one of clap_mangen's sections.
+fn push_piece(page: &mut String, man: &clap_mangen::Man, piece: Piece) {
+    let mut buf = Vec::new();
+    piece(man, &mut buf).expect("rendering to memory");
+    page.push_str(&strip_preamble(String::from_utf8(buf).expect("roff is UTF-8")));
+}
+
+/// Every rendering starts with roff's apostrophe preamble; the page keeps
+/// only the first.
+fn strip_preamble(piece: String) -> String {
     let preamble = Roff::new().render();
-    if page.is_empty() {
-        page.push_str(&piece);
-    } else {
-        page.push_str(piece.strip_prefix(preamble.as_str()).unwrap_or(&piece));
+    piece.strip_prefix(preamble.as_str()).map(str::to_owned).unwrap_or(piece)
+}
+
+/// One usage line per command, from clap (clap_mangen's synopsis lists
+/// every flag without its value and ends in a bare `[subcommands]`).
+fn synopsis() -> Roff {
+    let mut r = Roff::new();
+    r.control("SH", ["SYNOPSIS"]);
+    let mut line = Vec::new();
+    for (i, (name, rest)) in usages().into_iter().enumerate() {
+        if i > 0 {
+            line.push(line_break());
+        }
+        line.extend([bold(name), roman(format!(" {rest}"))]);
     }
+    r.text(line);
+    r
+}
+
+/// (`dedupscan scan`, `[OPTIONS] [PATH]...`) for the default command and
+/// each subcommand.
+fn usages() -> Vec<(String, String)> {
+    let cmd = Cli::command();
+    let mut out = Vec::new();
+    let mut default = cmd.clone().disable_help_subcommand(true).subcommand_required(false);
+    let u = usage(&mut default);
+    // clap adds a second line, `dedupscan <COMMAND>`, for the subcommands.
+    let first = u.lines().next().unwrap_or_default();
+    out.push(("dedupscan".to_owned(), first.trim_start_matches("dedupscan").trim().to_owned()));
+    for sub in cmd.get_subcommands().filter(|s| s.get_name() != "help") {
+        let name = format!("dedupscan {}", sub.get_name());
+        let u = usage(&mut sub.clone().bin_name(&name));
+        out.push((name.clone(), u.trim_start_matches(name.as_str()).trim().to_owned()));
+    }
+    out
 }
 
 /// A tagged paragraph: `tag` in bold, then `text`.
@@ -88,23 +121,21 @@ fn example(r: &mut Roff, lines: &[&str]) {
 fn hand_written() -> Roff {
     let mut r = Roff::new();
 
-    // The commands, from clap: usage line and summary of each.
+    // The commands, from clap's summaries.
     r.control("SH", ["COMMANDS"]);
-    let cmd = Cli::command();
-    let default_usage = usage(&mut cmd.clone().disable_help_subcommand(true).subcommand_required(false));
     tagged(
         &mut r,
-        default_usage.replace(" [COMMAND]", ""),
+        "dedupscan PATH...",
         [
             roman("Scan the paths, then share the duplicate ranges found (or, with "),
             bold("--dry-run"),
-            roman(", only show them)."),
+            roman(", only show and verify them)."),
         ],
     );
-    for sub in cmd.get_subcommands().filter(|s| s.get_name() != "help") {
-        let mut sub = sub.clone().bin_name(format!("dedupscan {}", sub.get_name()));
+    for sub in Cli::command().get_subcommands().filter(|s| s.get_name() != "help") {
         let about = sub.get_about().map(|a| a.to_string()).unwrap_or_default();
-        tagged(&mut r, usage(&mut sub), [roman(about)]);
+        let tag = format!("dedupscan {}", sub.get_name());
+        tagged(&mut r, tag, [roman(format!("{about}."))]);
     }
     r.control("PP", []).text([roman(
         "scan takes the options of the default command except --dry-run and --min-range; \

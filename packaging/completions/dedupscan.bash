@@ -41,7 +41,7 @@ _dedupscan() {
 
     case "${cmd}" in
         dedupscan)
-            opts="-n -v -q -h -V --incremental --block-size --threads --exclude --metrics-file --dry-run --min-range --db --json --verbose --quiet --progress --help --version scan report help"
+            opts="-n -v -q -h -V --incremental --block-size --threads --exclude --exclude-from --include-readonly-snapshots --max-runtime --metrics-file --dry-run --min-range --db --json --verbose --quiet --progress --help --version scan report help"
             if [[ ${cur} == -* || ${COMP_CWORD} -eq 1 ]] ; then
                 COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
                 return 0
@@ -56,6 +56,14 @@ _dedupscan() {
                     return 0
                     ;;
                 --exclude)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                --exclude-from)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                --max-runtime)
                     COMPREPLY=($(compgen -f "${cur}"))
                     return 0
                     ;;
@@ -161,7 +169,7 @@ _dedupscan() {
             return 0
             ;;
         dedupscan__subcmd__scan)
-            opts="-v -q -h --incremental --block-size --threads --exclude --metrics-file --db --json --verbose --quiet --progress --help"
+            opts="-v -q -h --incremental --block-size --threads --exclude --exclude-from --include-readonly-snapshots --max-runtime --metrics-file --db --json --verbose --quiet --progress --help"
             if [[ ${cur} == -* || ${COMP_CWORD} -eq 2 ]] ; then
                 COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
                 return 0
@@ -176,6 +184,14 @@ _dedupscan() {
                     return 0
                     ;;
                 --exclude)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                --exclude-from)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                --max-runtime)
                     COMPREPLY=($(compgen -f "${cur}"))
                     return 0
                     ;;

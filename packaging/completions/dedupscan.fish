@@ -1,6 +1,6 @@
 # Print an optspec for argparse to handle cmd's options that are independent of any subcommand.
 function __fish_dedupscan_global_optspecs
-    string join \n incremental block-size= threads= exclude= metrics-file= n/dry-run min-range= db= json v/verbose q/quiet progress= h/help V/version
+    string join \n incremental block-size= threads= exclude= exclude-from= include-readonly-snapshots max-runtime= metrics-file= n/dry-run min-range= db= json v/verbose q/quiet progress= h/help V/version
 end
 
 function __fish_dedupscan_needs_command
@@ -27,6 +27,8 @@ end
 complete -c dedupscan -n "__fish_dedupscan_needs_command" -l block-size -d 'Block size for fingerprints: a power of two from 4K to 1M (suffixes K, M)' -r
 complete -c dedupscan -n "__fish_dedupscan_needs_command" -l threads -d 'Hashing threads [default: number of CPUs]' -r
 complete -c dedupscan -n "__fish_dedupscan_needs_command" -l exclude -d 'Leave out paths matching this glob (repeatable; matched on the full path, e.g. \'**/*.qcow2\' or \'/srv/tmp/**\')' -r
+complete -c dedupscan -n "__fish_dedupscan_needs_command" -l exclude-from -d 'Read more exclude globs from FILE, one per line (\'#\' starts a comment)' -r -F
+complete -c dedupscan -n "__fish_dedupscan_needs_command" -l max-runtime -d 'Stop cleanly when this much time is spent (e.g. 90m, 2h); work done is committed and the next --incremental run carries on' -r
 complete -c dedupscan -n "__fish_dedupscan_needs_command" -l metrics-file -d 'After the run, write its figures in the Prometheus text format to this file (replaced atomically), e.g. for node_exporter\'s textfile collector: /var/lib/prometheus/node-exporter/dedupscan-srv.prom' -r -F
 complete -c dedupscan -n "__fish_dedupscan_needs_command" -l min-range -d 'Shortest range worth sharing, in bytes (rounded down to blocks; whole small files are always shared)' -r
 complete -c dedupscan -n "__fish_dedupscan_needs_command" -l db -d 'Database file [default: /var/lib/dedupscan/<filesystem-uuid>.sqlite as root, $XDG_STATE_HOME/dedupscan/<filesystem-uuid>.sqlite otherwise]' -r -F
@@ -34,6 +36,7 @@ complete -c dedupscan -n "__fish_dedupscan_needs_command" -l progress -d 'Progre
 always\t''
 never\t''"
 complete -c dedupscan -n "__fish_dedupscan_needs_command" -l incremental -d 'Rehash only files whose size, mtime or ctime changed since the last run'
+complete -c dedupscan -n "__fish_dedupscan_needs_command" -l include-readonly-snapshots -d 'Also share into read-only btrfs snapshots (left alone by default: sharing into many snapshots can grow metadata instead of freeing space)'
 complete -c dedupscan -n "__fish_dedupscan_needs_command" -s n -l dry-run -d 'Show what would be shared, verified byte for byte, and change nothing on the volume'
 complete -c dedupscan -n "__fish_dedupscan_needs_command" -l json -d 'Print the report as one JSON document on stdout'
 complete -c dedupscan -n "__fish_dedupscan_needs_command" -s v -l verbose -d 'More detail (repeatable)'
@@ -46,12 +49,15 @@ complete -c dedupscan -n "__fish_dedupscan_needs_command" -a "help" -d 'Print th
 complete -c dedupscan -n "__fish_dedupscan_using_subcommand scan" -l block-size -d 'Block size for fingerprints: a power of two from 4K to 1M (suffixes K, M)' -r
 complete -c dedupscan -n "__fish_dedupscan_using_subcommand scan" -l threads -d 'Hashing threads [default: number of CPUs]' -r
 complete -c dedupscan -n "__fish_dedupscan_using_subcommand scan" -l exclude -d 'Leave out paths matching this glob (repeatable; matched on the full path, e.g. \'**/*.qcow2\' or \'/srv/tmp/**\')' -r
+complete -c dedupscan -n "__fish_dedupscan_using_subcommand scan" -l exclude-from -d 'Read more exclude globs from FILE, one per line (\'#\' starts a comment)' -r -F
+complete -c dedupscan -n "__fish_dedupscan_using_subcommand scan" -l max-runtime -d 'Stop cleanly when this much time is spent (e.g. 90m, 2h); work done is committed and the next --incremental run carries on' -r
 complete -c dedupscan -n "__fish_dedupscan_using_subcommand scan" -l metrics-file -d 'After the run, write its figures in the Prometheus text format to this file (replaced atomically), e.g. for node_exporter\'s textfile collector: /var/lib/prometheus/node-exporter/dedupscan-srv.prom' -r -F
 complete -c dedupscan -n "__fish_dedupscan_using_subcommand scan" -l db -d 'Database file [default: /var/lib/dedupscan/<filesystem-uuid>.sqlite as root, $XDG_STATE_HOME/dedupscan/<filesystem-uuid>.sqlite otherwise]' -r -F
 complete -c dedupscan -n "__fish_dedupscan_using_subcommand scan" -l progress -d 'Progress display on stderr: bars on a terminal (auto), always, or never' -r -f -a "auto\t''
 always\t''
 never\t''"
 complete -c dedupscan -n "__fish_dedupscan_using_subcommand scan" -l incremental -d 'Rehash only files whose size, mtime or ctime changed since the last run'
+complete -c dedupscan -n "__fish_dedupscan_using_subcommand scan" -l include-readonly-snapshots -d 'Also share into read-only btrfs snapshots (left alone by default: sharing into many snapshots can grow metadata instead of freeing space)'
 complete -c dedupscan -n "__fish_dedupscan_using_subcommand scan" -l json -d 'Print the report as one JSON document on stdout'
 complete -c dedupscan -n "__fish_dedupscan_using_subcommand scan" -s v -l verbose -d 'More detail (repeatable)'
 complete -c dedupscan -n "__fish_dedupscan_using_subcommand scan" -s q -l quiet -d 'Less output: no per-path warnings, no progress'

@@ -35,8 +35,9 @@ pub enum WriteOp {
         ctime_ns: i64,
         hash: FileHash,
     },
-    /// A known, unchanged file seen under a new name.
-    Renamed { id: FileId, path: std::path::PathBuf },
+    /// A known, unchanged file seen under a new name (whose ctime the
+    /// rename moved).
+    Renamed { id: FileId, path: std::path::PathBuf, ctime_ns: i64 },
     /// A known file that is gone (or no longer eligible).
     Removed { id: FileId },
 }
@@ -146,9 +147,9 @@ fn apply(conn: &Connection, run_id: i64, op: WriteOp) -> rusqlite::Result<()> {
                 ins.execute(params![hash.blocks[i as usize] as i64, id, i as i64])?;
             }
         }
-        WriteOp::Renamed { id, path } => {
-            conn.prepare_cached("UPDATE files SET path = ?2 WHERE id = ?1")?
-                .execute(params![id, path_bytes(&path)])?;
+        WriteOp::Renamed { id, path, ctime_ns } => {
+            conn.prepare_cached("UPDATE files SET path = ?2, ctime_ns = ?3 WHERE id = ?1")?
+                .execute(params![id, path_bytes(&path), ctime_ns])?;
         }
         WriteOp::Removed { id } => {
             delete_anchors(conn, id)?;

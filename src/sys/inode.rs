@@ -93,6 +93,21 @@ pub fn inode_flags(fd: BorrowedFd<'_>) -> Result<InodeFlags, Errno> {
     })
 }
 
+nix::ioctl_read!(ioctl_btrfs_subvol_getflags, 0x94, 25, u64);
+const BTRFS_SUBVOL_RDONLY: u64 = 1 << 1;
+
+/// Whether `dir` is the root of a read-only btrfs subvolume (a read-only
+/// snapshot). Not btrfs, or not a subvolume root: `false`.
+pub fn is_readonly_subvolume(dir: &Path) -> bool {
+    let Ok(f) = open_path_readonly(dir) else { return false };
+    let mut flags: u64 = 0;
+    // SAFETY: `flags` is a valid u64 the kernel writes the subvolume flags into.
+    match unsafe { ioctl_btrfs_subvol_getflags(f.as_raw_fd(), &mut flags) } {
+        Ok(_) => flags & BTRFS_SUBVOL_RDONLY != 0,
+        Err(_) => false,
+    }
+}
+
 /// Whether `path` (not followed if a symlink) carries the extended attribute
 /// `name`. Filesystems without xattrs, and unreadable paths, answer `false`.
 pub fn has_xattr(path: &Path, name: &str) -> bool {

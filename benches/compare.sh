@@ -1,0 +1,345 @@
+#!/usr/bin/env bash
+# benches/compare.sh [--size SMALL|FULL|BYTES] [--fs btrfs|xfs|both] [--out FILE]
+#                    [--bin PATH] [--no-verify]
+#
+# Side-by-side benchmark of dedupscan and duperemove on a loop-mounted btrfs
+# and/or XFS volume holding the corpus of benches/corpus.sh (SMALL = 400M,
+# FULL = 4G). See docs/BENCHMARKS.md for what each step measures and why.
+#
+# How the volumes are made: the corpus is built once into a staging
+# directory, copied into a freshly made filesystem on a sparse image (the
+# *pristine* image), which is then unmounted. Every tool starts from its own
+# byte-identical copy of that image (cp --sparse=always; cheaper than
+# building the corpus again, and the data and its on-disk layout are exactly
+# the same for every tool):
+#
+#   copy A  (1) cold raw read: find | xargs -P N cat, N = 4, 16, 64; fastest
+#           (2) dedupscan scan
+#   copy B  (3) dedupscan full run (scan, plan, share), new database
+#           (5) find -printf of size/mtime/ctime/inode (cold), then
+#               dedupscan scan --incremental and dedupscan --incremental
+#               on the unchanged volume
+#           (6) a second full dedupscan run (same command as (3))
+#   copy C  (4) duperemove -dr --hashfile=FILE
+#           (5) the same duperemove command again (hashfile rerun)
+#
+# Page cache, dentries and inodes are dropped (sync; echo 3 >
+# /proc/sys/vm/drop_caches) before every timed step. Each step records wall
+# time, peak RSS (/usr/bin/time -v), exit status and the load average; tool
+# runs also record free space before/after (statfs, after sync), database or
+# hashfile size and, unless --no-verify, that every file's SHA-256 is
+# unchanged afterwards. The ideal duplicate bytes come from
+# ideal-dup.py (IDEAL_DUP, default ../shared/tools/ideal-dup.py).
+#
+# Prints a Markdown table with ratios and writes every raw number as JSON to
+# --out FILE (default ./compare-results.json); the logs of every step go
+# next to it in FILE.logs/. Needs root, loop devices, /usr/bin/time,
+# mkfs.btrfs / mkfs.xfs, duperemove, python3. Everything it mounts or
+# creates is removed on exit, also on error or Ctrl-C.
+
+set -euo pipefail
+
+HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+ROOT=$(dirname "$HERE")
+
+usage() {
+    sed -n '2,3p' "$0" | sed 's/^# \{0,1\}//' >&2
+    exit 2
+}
+
+size_arg=SMALL
+fs_arg=both
+out=compare-results.json
+bin=${DEDUPSCAN_BIN:-$ROOT/target/release/dedupscan}
+verify=1
+while [[ $# -gt 0 ]]; do
+    case $1 in
+    --size) size_arg=${2:?}; shift 2 ;;
+    --size=*) size_arg=${1#*=}; shift ;;
+    --fs) fs_arg=${2:?}; shift 2 ;;
+    --fs=*) fs_arg=${1#*=}; shift ;;
+    --out) out=${2:?}; shift 2 ;;
+    --out=*) out=${1#*=}; shift ;;
+    --bin) bin=${2:?}; shift 2 ;;
+    --bin=*) bin=${1#*=}; shift ;;
+    --no-verify) verify=0; shift ;;
+    -h | --help) usage ;;
+    *) echo "compare.sh: unknown argument '$1'" >&2; usage ;;
+    esac
+done
+case ${size_arg^^} in
+SMALL) size_name=SMALL; size=$(numfmt --from=iec 400M) ;;
+FULL) size_name=FULL; size=$(numfmt --from=iec 4G) ;;
+*) size_name=custom; size=$(numfmt --from=iec "$size_arg") || usage ;;
+esac
+case $fs_arg in
+btrfs | xfs) filesystems=("$fs_arg") ;;
+both) filesystems=(btrfs xfs) ;;
+*) usage ;;
+esac
+IDEAL=${IDEAL_DUP:-$ROOT/../shared/tools/ideal-dup.py}
+DUPEREMOVE=${DUPEREMOVE:-duperemove}
+# Extra duperemove flags, e.g. DUPEREMOVE_ARGS="-b 4k --dedupe-options=partial"
+# (default: none, i.e. what `duperemove -dr --hashfile=FILE` does out of the box).
+read -r -a DUPEREMOVE_ARGS <<<"${DUPEREMOVE_ARGS:-}"
+
+log() { printf '[compare %s] %s\n' "$(date +%T)" "$*" >&2; }
+die() { printf 'compare.sh: %s\n' "$*" >&2; exit 1; }
+
+[[ $EUID -eq 0 ]] || die "must run as root (loop devices, mount, drop_caches)"
+[[ -x $bin ]] || die "$bin: no dedupscan binary (cargo build --release, or --bin PATH)"
+[[ -r $IDEAL ]] || die "$IDEAL: ideal-dup.py not found (set IDEAL_DUP)"
+[[ -x /usr/bin/time ]] || die "/usr/bin/time not found (apt-get install time)"
+for tool in losetup mount umount python3 "$DUPEREMOVE" numfmt; do
+    command -v "$tool" >/dev/null || die "$tool not found"
+done
+for fs in "${filesystems[@]}"; do
+    command -v "mkfs.$fs" >/dev/null || die "mkfs.$fs not found"
+done
+out=$(realpath -m "$out")
+mkdir -p "$(dirname "$out")"
+
+WORK=$(mktemp -d "${BENCH_WORK:-/var/tmp}/dedupscan-compare.XXXXXX")
+LOGS=$WORK/logs
+STEPS=$WORK/steps.jsonl
+MNT=$WORK/mnt
+DATA=$MNT/data
+LOOP=
+mkdir -p "$LOGS" "$MNT"
+: >"$STEPS"
+
+cleanup() {
+    local rc=$?
+    set +e
+    trap - EXIT INT TERM HUP
+    if mountpoint -q "$MNT"; then
+        umount "$MNT" 2>/dev/null || { sleep 2; umount "$MNT"; } || umount -l "$MNT"
+    fi
+    [[ -n $LOOP ]] && losetup -d "$LOOP"
+    if [[ -d $LOGS ]]; then
+        rm -rf "$out.logs"
+        mkdir -p "$out.logs"
+        local f
+        for f in "$LOGS"/*; do
+            [[ -e $f ]] || continue
+            # duperemove's log can be long: keep its end.
+            tail -c 4M "$f" >"$out.logs/$(basename "$f")"
+        done
+    fi
+    rm -rf "$WORK"
+    [[ $rc -ne 0 ]] && log "failed (exit $rc); partial logs in $out.logs"
+    exit "$rc"
+}
+trap cleanup EXIT
+trap 'exit 130' INT TERM HUP
+
+# --- helpers -------------------------------------------------------------------
+
+# record KEY=VALUE...: one JSON object per line in $STEPS; numbers stay numbers.
+record() {
+    python3 - "$@" >>"$STEPS" <<'EOF'
+import json, sys
+d = {}
+for a in sys.argv[1:]:
+    k, v = a.split("=", 1)
+    for conv in (int, float):
+        try:
+            v = conv(v)
+            break
+        except ValueError:
+            pass
+    d[k] = v
+print(json.dumps(d))
+EOF
+}
+
+cold() {
+    sync
+    echo 3 >/proc/sys/vm/drop_caches
+}
+
+attach() {
+    LOOP=$(losetup --find --show "$1")
+    # Direct I/O on the backing file: no second copy of the data in the host
+    # page cache (drop_caches would drop it anyway).
+    losetup --direct-io=on "$LOOP" 2>/dev/null || true
+}
+
+mount_vol() { # FS IMAGE
+    attach "$2"
+    local opts=()
+    [[ $1 == xfs ]] && opts=(-o nouuid) # every copy has the pristine's UUID
+    mount "${opts[@]}" "$LOOP" "$MNT"
+}
+
+umount_vol() {
+    if mountpoint -q "$MNT"; then umount "$MNT"; fi
+    if [[ -n $LOOP ]]; then losetup -d "$LOOP"; LOOP=; fi
+}
+
+# free_bytes FS: statfs free bytes of the mounted volume, after committing
+# everything (btrfs releases freed extents at transaction commit).
+free_bytes() {
+    sync -f "$MNT"
+    if [[ $1 == btrfs ]]; then
+        btrfs filesystem sync "$MNT" >/dev/null
+        sleep 1
+        btrfs filesystem sync "$MNT" >/dev/null
+    fi
+    sync -f "$MNT"
+    stat -f -c '%f %S' "$MNT" | awk '{printf "%d\n", $1 * $2}'
+}
+
+# step FS NAME CMD...: drop caches, run CMD under /usr/bin/time -v with stdout
+# in $LOGS/FS-NAME.out, record wall time, peak RSS, exit status.
+step() {
+    local fs=$1 name=$2
+    shift 2
+    local base=$LOGS/$fs-$name rc=0 t0 t1 rss load
+    cold
+    load=$(cut -d' ' -f1 /proc/loadavg)
+    t0=$(date +%s%N)
+    /usr/bin/time -v -o "$base.time" "$@" >"$base.out" 2>"$base.err" || rc=$?
+    t1=$(date +%s%N)
+    rss=$(awk -F': ' '/Maximum resident set size/ {print $2}' "$base.time")
+    record fs="$fs" step="$name" wall_s="$(awk -v a="$t0" -v b="$t1" 'BEGIN {printf "%.3f", (b - a) / 1e9}')" \
+        max_rss_kb="${rss:-0}" rc="$rc" load1="$load"
+    log "$fs $name: $(awk -v a="$t0" -v b="$t1" 'BEGIN {printf "%.2f", (b - a) / 1e9}') s, peak RSS ${rss:-?} KiB, exit $rc"
+    if [[ $rc -ne 0 ]]; then
+        log "  stderr: $(tail -3 "$base.err" | tr '\n' ' ')"
+    fi
+}
+
+# Steps that change the volume: free space before and after.
+tool_step() { # FS NAME CMD...
+    local fs=$1 name=$2 before after
+    before=$(free_bytes "$fs")
+    step "$@"
+    after=$(free_bytes "$fs")
+    record fs="$fs" step="$name" free_before="$before" free_after="$after" freed="$((after - before))"
+    log "$fs $name: freed $(numfmt --to=iec $((after - before))) (statfs)"
+}
+
+db_bytes() { # FILE: the database and its WAL
+    local n=0 f
+    for f in "$1" "$1-wal"; do
+        [[ -e $f ]] && n=$((n + $(stat -c %s "$f")))
+    done
+    echo "$n"
+}
+
+manifest() { # > list of SHA-256 of every file, in path order
+    (cd "$DATA" && find . -type f -print0 | sort -z | xargs -0 -r sha256sum)
+}
+
+check_unchanged() { # FS NAME
+    [[ $verify -eq 1 ]] || return 0
+    if manifest | cmp -s - "$WORK/manifest-$1"; then
+        record fs="$1" step="$2" content_unchanged=1
+    else
+        record fs="$1" step="$2" content_unchanged=0
+        log "ERROR: $1 $2: file contents changed! (diff in $1-$2.manifest-diff)"
+        manifest | diff "$WORK/manifest-$1" - >"$LOGS/$1-$2.manifest-diff" || true
+    fi
+}
+
+fresh_copy() { # FS LABEL
+    umount_vol
+    rm -f "$WORK/work.img"
+    local t0
+    t0=$(date +%s%N)
+    cp --sparse=always --reflink=never "$WORK/pristine-$1.img" "$WORK/work.img"
+    mount_vol "$1" "$WORK/work.img"
+    log "$1: fresh copy $2 of the pristine volume ($(awk -v a="$t0" -v b="$(date +%s%N)" 'BEGIN {printf "%.1f", (b - a) / 1e9}') s)"
+}
+
+# --- run -------------------------------------------------------------------------
+
+t_start=$(date +%s)
+cp "$bin" "$WORK/dedupscan" # the build must not change under the run
+BIN=$WORK/dedupscan
+vol_bytes=$((size * 3 > 2 * 1024 ** 3 ? size * 3 : 2 * 1024 ** 3))
+record step=meta started="$(date -u +%FT%TZ)" size_name="$size_name" size_bytes="$size" \
+    volume_bytes="$vol_bytes" kernel="$(uname -r)" nproc="$(nproc)" \
+    cpu="$(awk -F': ' '/model name/ {print $2; exit}' /proc/cpuinfo)" \
+    mem_kb="$(awk '/MemTotal/ {print $2}' /proc/meminfo)" \
+    dedupscan_version="$("$BIN" --version)" dedupscan_sha256="$(sha256sum "$BIN" | cut -c1-16)" \
+    git_head="$(git -C "$ROOT" rev-parse --short HEAD 2>/dev/null || echo unknown)" \
+    git_dirty_files="$(git -C "$ROOT" status --short 2>/dev/null | wc -l)" \
+    git_src_diff_sha256="$(git -C "$ROOT" diff HEAD -- src schema Cargo.toml 2>/dev/null | sha256sum | cut -c1-12)" \
+    duperemove_version="$("$DUPEREMOVE" --version 2>&1 | head -1)" duperemove_args="${DUPEREMOVE_ARGS[*]}" \
+    btrfs_progs="$(mkfs.btrfs --version 2>&1 | head -1)" xfsprogs="$(mkfs.xfs -V 2>&1 | head -1)"
+
+log "building the corpus ($size_name, $(numfmt --to=iec "$size"))"
+t0=$(date +%s)
+"$HERE/corpus.sh" "$WORK/corpus" "$size" 2>"$LOGS/corpus.log" || { cat "$LOGS/corpus.log" >&2; die "corpus.sh failed"; }
+record step=meta corpus_build_s="$(($(date +%s) - t0))"
+tail -7 "$LOGS/corpus.log" >&2
+
+for fs in "${filesystems[@]}"; do
+    log "=== $fs ==="
+    img=$WORK/pristine-$fs.img
+    truncate -s "$vol_bytes" "$img"
+    attach "$img"
+    case $fs in
+    btrfs) mkfs.btrfs -q -f "$LOOP" >"$LOGS/$fs-mkfs.log" 2>&1 ;;
+    xfs) mkfs.xfs -q -f -m reflink=1 "$LOOP" >"$LOGS/$fs-mkfs.log" 2>&1 ;;
+    esac
+    losetup -d "$LOOP"
+    LOOP=
+    mount_vol "$fs" "$img"
+    mkdir "$DATA"
+    cp -a --sparse=always --reflink=never "$WORK/corpus/." "$DATA/"
+    sync -f "$MNT"
+    # Corpus facts on this volume, and the yardstick.
+    read -r files logical < <(find "$DATA" -type f -printf '%s\n' | awk '{n++; s += $1} END {print n, s}')
+    python3 "$IDEAL" "$DATA" >"$LOGS/$fs-ideal.json"
+    record fs="$fs" step=corpus files="$files" logical_bytes="$logical" \
+        allocated_bytes="$(du -sB1 "$DATA" | cut -f1)" \
+        "$(python3 -c 'import json,sys; d=json.load(open(sys.argv[1])); print("ideal_dup_block_bytes_4k=%d" % d["dup_block_bytes_4k"])' "$LOGS/$fs-ideal.json")" \
+        "$(python3 -c 'import json,sys; d=json.load(open(sys.argv[1])); print("ideal_dup_file_bytes=%d" % d["dup_file_bytes"])' "$LOGS/$fs-ideal.json")" \
+        "$(python3 -c 'import json,sys; d=json.load(open(sys.argv[1])); print("ideal_zero_block_bytes=%d" % d["zero_block_bytes"])' "$LOGS/$fs-ideal.json")"
+    log "$fs: corpus $files files, $(numfmt --to=iec "$logical") logical; ideal: $(cat "$LOGS/$fs-ideal.json")"
+    [[ $verify -eq 1 ]] && manifest >"$WORK/manifest-$fs"
+    umount_vol
+
+    # Copy A: raw read and scan only (nothing on the volume changes).
+    fresh_copy "$fs" A
+    for n in 4 16 64; do
+        # -n 32: a few files per cat, so that N readers really run at once.
+        step "$fs" "raw_read_P$n" sh -c 'cd "$1" && find . -type f -print0 | xargs -0 -n 32 -P "$2" cat >/dev/null' \
+            sh "$DATA" "$n"
+    done
+    step "$fs" ds_scan "$BIN" scan "$DATA" --db "$WORK/scan-$fs.db" --json --progress never
+    record fs="$fs" step=ds_scan db_bytes="$(db_bytes "$WORK/scan-$fs.db")"
+
+    # Copy B: full runs of dedupscan.
+    fresh_copy "$fs" B
+    db=$WORK/run-$fs.db
+    tool_step "$fs" ds_run "$BIN" "$DATA" --db "$db" --json --progress never
+    record fs="$fs" step=ds_run db_bytes="$(db_bytes "$db")"
+    check_unchanged "$fs" ds_run
+    step "$fs" find_meta sh -c 'find "$1" -type f -printf "%s %T@ %C@ %i\n" >/dev/null' sh "$DATA"
+    step "$fs" ds_scan_incr "$BIN" scan "$DATA" --incremental --db "$db" --json --progress never
+    tool_step "$fs" ds_run_incr "$BIN" "$DATA" --incremental --db "$db" --json --progress never
+    tool_step "$fs" ds_run2 "$BIN" "$DATA" --db "$db" --json --progress never
+    record fs="$fs" step=ds_run2 db_bytes="$(db_bytes "$db")"
+    check_unchanged "$fs" ds_run2
+
+    # Copy C: duperemove.
+    fresh_copy "$fs" C
+    hf=$WORK/dupe-$fs.hash
+    tool_step "$fs" dupe "$DUPEREMOVE" -dr "${DUPEREMOVE_ARGS[@]}" --hashfile="$hf" "$DATA"
+    record fs="$fs" step=dupe db_bytes="$(db_bytes "$hf")"
+    check_unchanged "$fs" dupe
+    tool_step "$fs" dupe_rerun "$DUPEREMOVE" -dr "${DUPEREMOVE_ARGS[@]}" --hashfile="$hf" "$DATA"
+    check_unchanged "$fs" dupe_rerun
+    umount_vol
+    rm -f "$WORK/work.img" "$img"
+done
+record step=meta finished="$(date -u +%FT%TZ)" total_s="$(($(date +%s) - t_start))"
+
+# --- results -------------------------------------------------------------------
+
+python3 "$HERE/compare_report.py" "$STEPS" "$LOGS" "$out"
+log "results: $out (logs: $out.logs/); total $(($(date +%s) - t_start)) s"

@@ -1,0 +1,198 @@
+//! The database's life: incremental runs, rename, delete, mtime rollback,
+//! locking, interruption and resume, migration, corrupt and foreign
+//! databases.
+
+mod common;
+
+use std::io::{BufRead, BufReader, Write};
+use std::path::Path;
+use std::process::Stdio;
+
+use common::*;
+use dedupscan::corpus::Rng;
+
+fn s(p: &Path) -> &str {
+    p.to_str().unwrap()
+}
+
+#[test]
+fn twenty_thousand_files_rehash_only_what_changed() {
+    let Some(vol) = Volume::new(Fs::Xfs, 512) else { return };
+    let data = vol.path("tree");
+    let mut rng = Rng::new(3);
+    for i in 0..20_000 {
+        let dir = data.join(format!("d{:03}", i % 100));
+        if i < 100 {
+            std::fs::create_dir_all(&dir).unwrap();
+        }
+        let len = 500 + rng.below(3000) as usize;
+        std::fs::write(dir.join(format!("f{i:05}")), rng.bytes(len)).unwrap();
+    }
+    let first = run_json(&vol, &["scan", s(&data)]);
+    assert_eq!(num(&first, "files_hashed"), 20_000);
+    let again = run_json(&vol, &["scan", s(&data), "--incremental"]);
+    assert_eq!(num(&again, "bytes_hashed"), 0);
+    assert_eq!(num(&again, "files_unchanged"), 20_000);
+
+    // Rewrite one file in place (same size), append to another, rewrite a
+    // third and set its mtime back into the past: ctime still moves.
+    let f = |i: usize| data.join(format!("d{:03}/f{i:05}", i % 100));
+    let (a, b, c) = (f(10), f(2_000), f(15_000));
+    let a_len = std::fs::metadata(&a).unwrap().len() as usize;
+    std::fs::write(&a, rng.bytes(a_len)).unwrap();
+    std::fs::OpenOptions::new().append(true).open(&b).unwrap().write_all(&rng.bytes(777)).unwrap();
+    let old_mtime = std::fs::metadata(&c).unwrap().modified().unwrap();
+    let c_new = rng.bytes(1234);
+    std::fs::write(&c, &c_new).unwrap();
+    std::fs::File::options().write(true).open(&c).unwrap().set_modified(old_mtime).unwrap();
+    // A rename hashes nothing; a deletion is pruned.
+    std::fs::rename(f(500), data.join("d000/renamed")).unwrap();
+    std::fs::remove_file(f(501)).unwrap();
+
+    let third = run_json(&vol, &["scan", s(&data), "--incremental"]);
+    let expect: u64 = [&a, &b, &c].iter().map(|p| std::fs::metadata(p).unwrap().len()).sum();
+    assert_eq!(num(&third, "files_hashed"), 3, "{third:#}");
+    assert_eq!(num(&third, "bytes_hashed"), expect);
+    assert_eq!(num(&third, "files_renamed"), 1);
+    assert_eq!(num(&third, "files_removed"), 1);
+    assert_eq!(num(&third, "files_unchanged"), 20_000 - 1 - 3);
+
+    // The report from the database agrees.
+    let db = vol.db();
+    let (code, sum, err) = dedupscan(&["report".as_ref(), "--json".as_ref(), "--db".as_ref(), db.as_os_str()]);
+    assert_eq!(code, 0, "{err}");
+    assert_eq!(sum["files"].as_u64(), Some(19_999));
+}
+
+#[test]
+fn a_second_run_on_a_locked_database_exits_at_once_with_code_4() {
+    let Some(vol) = Volume::new(Fs::Xfs, 320) else { return };
+    let data = vol.path("d");
+    std::fs::create_dir(&data).unwrap();
+    std::fs::write(data.join("x"), b"hello").unwrap();
+    let db = vol.db();
+    let mut lock_path = db.as_os_str().to_owned();
+    lock_path.push(".lock");
+    let lock = std::fs::File::create(&lock_path).unwrap();
+    let _held = nix::fcntl::Flock::lock(lock, nix::fcntl::FlockArg::LockExclusiveNonblock).unwrap();
+    let t = std::time::Instant::now();
+    let (code, _, err) = dedupscan(&[data.as_os_str(), "--db".as_ref(), db.as_os_str()]);
+    assert_eq!(code, 4, "{err}");
+    assert!(err.contains("locked by another dedupscan run"), "{err}");
+    assert!(t.elapsed().as_secs() < 5, "waited for the lock instead of exiting");
+}
+
+#[test]
+fn sigterm_mid_scan_commits_and_the_next_run_carries_on() {
+    let Some(vol) = Volume::new(Fs::Xfs, 1024) else { return };
+    let data = vol.path("big");
+    std::fs::create_dir(&data).unwrap();
+    let mut rng = Rng::new(9);
+    let n = 500;
+    for i in 0..n {
+        std::fs::write(data.join(format!("f{i:03}")), rng.bytes(1 << 20)).unwrap();
+    }
+    vol.remount(); // cold cache: reading takes time
+    let db = vol.db();
+    let mut child = std::process::Command::new(assert_cmd::cargo::cargo_bin("dedupscan"))
+        .args(["scan", s(&data), "--threads", "1", "-v", "--progress", "never", "--json", "--db", s(&db)])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut err = BufReader::new(child.stderr.take().unwrap());
+    let mut line = String::new();
+    while err.read_line(&mut line).unwrap() > 0 && !line.contains("2/5 hash: started") {
+        line.clear();
+    }
+    std::thread::sleep(std::time::Duration::from_millis(100));
+    nix::sys::signal::kill(nix::unistd::Pid::from_raw(child.id() as i32), nix::sys::signal::SIGTERM).unwrap();
+    let out = child.wait_with_output().unwrap();
+    assert!(out.status.code().is_some(), "killed by the signal instead of stopping cleanly");
+    let first: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    validate_report(&first);
+    assert!(first["interrupted"].as_bool().unwrap(), "{first:#}");
+    let done = num(&first, "files_hashed");
+    assert!(done < n, "the scan finished before the signal: make the test data larger");
+    let ok: String = rusqlite::Connection::open(&db)
+        .unwrap()
+        .query_row("PRAGMA integrity_check", [], |r| r.get(0))
+        .unwrap();
+    assert_eq!(ok, "ok");
+    // The next incremental run hashes exactly the rest.
+    let second = run_json(&vol, &["scan", s(&data), "--incremental"]);
+    assert!(!second["interrupted"].as_bool().unwrap());
+    assert_eq!(num(&second, "files_hashed"), n - done, "{second:#}");
+    assert_eq!(num(&second, "files_unchanged"), done);
+}
+
+#[test]
+fn max_runtime_stops_cleanly() {
+    let Some(vol) = Volume::new(Fs::Xfs, 1024) else { return };
+    let data = vol.path("big");
+    std::fs::create_dir(&data).unwrap();
+    let mut rng = Rng::new(10);
+    for i in 0..400 {
+        std::fs::write(data.join(format!("f{i:03}")), rng.bytes(1 << 20)).unwrap();
+    }
+    vol.remount();
+    let r = run_json(&vol, &["scan", s(&data), "--threads", "1", "--max-runtime", "1ms"]);
+    assert!(r["interrupted"].as_bool().unwrap(), "{r:#}");
+    assert!(num(&r, "files_hashed") < 400);
+    let r2 = run_json(&vol, &["scan", s(&data), "--incremental"]);
+    assert_eq!(num(&r2, "files_hashed") + num(&r, "files_hashed"), 400);
+}
+
+#[test]
+fn version_1_database_is_migrated_and_used() {
+    let Some(vol) = Volume::new(Fs::Xfs, 320) else { return };
+    let data = vol.path("d");
+    std::fs::create_dir(&data).unwrap();
+    std::fs::write(data.join("a"), vec![7u8; 40_000]).unwrap();
+    std::fs::write(data.join("b"), vec![7u8; 40_000]).unwrap();
+    // A database as the previous release left it (schema version 1).
+    let db = vol.db();
+    {
+        let c = rusqlite::Connection::open(&db).unwrap();
+        c.execute_batch(dedupscan::db::migrate::MIGRATIONS[0]).unwrap();
+        c.pragma_update(None, "user_version", 1).unwrap();
+    }
+    let r = run_json(&vol, &[s(&data)]);
+    assert_eq!(num(&r, "files_hashed"), 2);
+    assert!(num(&r, "deduped_bytes") > 0);
+    let v: i64 = rusqlite::Connection::open(&db).unwrap().query_row("PRAGMA user_version", [], |r| r.get(0)).unwrap();
+    assert_eq!(v, dedupscan::db::migrate::CURRENT);
+}
+
+#[test]
+fn corrupt_database_is_refused_and_left_untouched() {
+    let Some(vol) = Volume::new(Fs::Xfs, 320) else { return };
+    let data = vol.path("d");
+    std::fs::create_dir(&data).unwrap();
+    std::fs::write(data.join("a"), b"x").unwrap();
+    let db = vol.db();
+    let garbage: Vec<u8> = Rng::new(4).bytes(65536);
+    std::fs::write(&db, &garbage).unwrap();
+    let (code, _, err) = dedupscan(&[data.as_os_str(), "--db".as_ref(), db.as_os_str()]);
+    assert_eq!(code, 3, "{err}");
+    assert!(err.contains("not readable as a dedupscan database") && err.contains(s(&db)), "{err}");
+    assert!(err.contains("rebuild"), "the message must say what to do: {err}");
+    assert_eq!(std::fs::read(&db).unwrap(), garbage, "the corrupt database was modified");
+}
+
+#[test]
+fn database_of_another_filesystem_is_refused() {
+    let (Some(x), Some(b)) = (Volume::new(Fs::Xfs, 320), Volume::new(Fs::Btrfs, 256)) else { return };
+    for v in [&x, &b] {
+        std::fs::write(v.path("f"), b"data").unwrap();
+    }
+    let db = x.db();
+    let (code, _, err) = dedupscan(&[x.mnt.as_os_str(), "--db".as_ref(), db.as_os_str()]);
+    assert_eq!(code, 0, "{err}");
+    let (code, _, err) = dedupscan(&[b.mnt.as_os_str(), "--db".as_ref(), db.as_os_str()]);
+    assert_eq!(code, 3, "{err}");
+    assert!(err.contains("describes filesystem"), "{err}");
+    // Paths on two filesystems in one run are a usage error.
+    let (code, _, err) = dedupscan(&[x.mnt.as_os_str(), b.mnt.as_os_str()]);
+    assert_eq!(code, 2, "{err}");
+}

@@ -1,0 +1,289 @@
+//! Packaging checks: the systemd units pass `systemd-analyze verify`, the
+//! generated man page and completions match the CLI, and the Debian
+//! package's assets exist.
+//!
+//! Tools that may be missing (`systemd-analyze`, `man`) make a test skip
+//! loudly; with `DEDUPSCAN_REQUIRE_FS_TESTS=1` (as in CI) a skip is a failure.
+//! `packaging/ci-check.sh` installs them.
+
+#[path = "../examples/gen_docs/docs.rs"]
+mod docs;
+
+use std::io::Write as _;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+use clap::Parser;
+use dedupscan::cli::Cli;
+
+fn root() -> &'static Path {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+}
+
+fn read(rel: &str) -> String {
+    std::fs::read_to_string(root().join(rel)).unwrap_or_else(|e| panic!("{rel}: {e}"))
+}
+
+/// Whether `tool` can be run; if not, skip loudly, or fail when the
+/// environment requires these tests.
+fn have_tool(tool: &str, test: &str) -> bool {
+    if Command::new(tool).arg("--version").output().is_ok() {
+        return true;
+    }
+    let msg = format!("{tool} is not installed (apt-get install systemd man-db, or run packaging/ci-check.sh)");
+    if std::env::var("DEDUPSCAN_REQUIRE_FS_TESTS").as_deref() == Ok("1") {
+        panic!("{test}: {msg}, and DEDUPSCAN_REQUIRE_FS_TESTS=1 forbids skipping");
+    }
+    // Straight to stderr, not eprintln!: libtest would swallow that for a
+    // test that passes, and a skip must be seen.
+    let _ = writeln!(
+        std::io::stderr(),
+        "\n*** SKIPPED {test}: {msg}; set DEDUPSCAN_REQUIRE_FS_TESTS=1 to fail instead ***\n"
+    );
+    false
+}
+
+fn text(o: &Output) -> String {
+    format!("{}{}", String::from_utf8_lossy(&o.stdout), String::from_utf8_lossy(&o.stderr))
+}
+
+#[test]
+fn generated_docs_are_up_to_date() {
+    let mut stale = Vec::new();
+    for file in docs::generate() {
+        let committed = std::fs::read(root().join(&file.path)).unwrap_or_default();
+        if committed != file.contents {
+            stale.push(file.path.display().to_string());
+        }
+    }
+    assert!(
+        stale.is_empty(),
+        "generated files differ from the CLI definitions: {}\nrun `cargo run --example gen_docs` and commit the result",
+        stale.join(", ")
+    );
+}
+
+#[test]
+fn man_page_documents_what_clap_does_not_know() {
+    let page = docs::man_page();
+    for needle in [
+        ".SH \"EXIT STATUS\"",
+        ".SH FILES",
+        ".SH ENVIRONMENT",
+        "user.nodedup",
+        "\\fB.nodedup\\fR",
+        "/var/lib/dedupscan/<filesystem\\-uuid>.sqlite",
+        "<database>.lock",
+        "DEDUPSCAN_DB",
+        "\\-\\-metrics\\-file",
+    ] {
+        assert!(page.contains(needle), "man page lacks {needle:?}");
+    }
+    for code in 0..=4 {
+        assert!(page.contains(&format!(".TP\n\\fB{code}\\fR\n")), "man page lacks exit status {code}");
+    }
+}
+
+#[test]
+fn man_page_renders_without_warnings() {
+    if !have_tool("man", "man_page_renders_without_warnings") {
+        return;
+    }
+    let out = Command::new("man")
+        .args(["--warnings", "-l"])
+        .arg(root().join("man/dedupscan.1"))
+        .env("MANWIDTH", "80")
+        .env("MAN_KEEP_FORMATTING", "0")
+        .output()
+        .expect("run man");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success() && stderr.trim().is_empty(), "man -l man/dedupscan.1:\n{stderr}");
+    let shown = strip_overstrike(&String::from_utf8_lossy(&out.stdout));
+    for section in ["SYNOPSIS", "OPTIONS", "COMMANDS", "EXIT STATUS", "EXCLUDING FILES", "FILES", "ENVIRONMENT"] {
+        assert!(shown.lines().any(|l| l == section), "rendered page lacks section {section}");
+    }
+    for text in ["user.nodedup", "       .nodedup", "DEDUPSCAN_DB", "<database>.lock"] {
+        assert!(shown.contains(text), "rendered page lacks {text:?}");
+    }
+}
+
+/// `man` into a pipe still makes bold text as `X\bX`: keep the last of each.
+fn strip_overstrike(s: &str) -> String {
+    let mut out = String::with_capacity(s.len());
+    for c in s.chars() {
+        if c == '\u{8}' {
+            out.pop();
+        } else {
+            out.push(c);
+        }
+    }
+    out
+}
+
+#[test]
+fn bash_completion_is_valid_shell() {
+    let out = Command::new("bash").arg("-n").arg(root().join("packaging/completions/dedupscan.bash")).output();
+    let out = out.expect("bash is installed");
+    assert!(out.status.success(), "bash -n: {}", text(&out));
+}
+
+/// `Key=Value` lines of one unit file section (later lines win, as systemd
+/// reads them, except for list settings which the caller handles).
+fn unit_values(unit: &str, section: &str) -> Vec<(String, String)> {
+    let mut current = String::new();
+    let mut out = Vec::new();
+    for line in unit.lines().map(str::trim) {
+        if line.is_empty() || line.starts_with('#') || line.starts_with(';') {
+            continue;
+        }
+        if line.starts_with('[') {
+            current = line.to_owned();
+        } else if current == format!("[{section}]") {
+            let (k, v) = line.split_once('=').unwrap_or_else(|| panic!("not Key=Value: {line}"));
+            out.push((k.to_owned(), v.to_owned()));
+        }
+    }
+    out
+}
+
+fn get<'a>(values: &'a [(String, String)], key: &str) -> Option<&'a str> {
+    values.iter().rev().find(|(k, _)| k == key).map(|(_, v)| v.as_str())
+}
+
+#[test]
+fn service_unit_settings() {
+    let unit = read("packaging/systemd/dedupscan@.service");
+    let s = unit_values(&unit, "Service");
+    for (key, want) in [
+        ("Type", "oneshot"),
+        ("ExecStart", "/usr/bin/dedupscan %f --incremental --progress never"),
+        ("IOSchedulingClass", "idle"),
+        ("Nice", "19"),
+        ("CPUWeight", "20"),
+        ("ProtectSystem", "strict"),
+        ("StateDirectory", "dedupscan"),
+        // FIDEDUPERANGE needs the destination's mount writable (EROFS otherwise).
+        ("ReadWritePaths", "%f"),
+        ("PrivateNetwork", "yes"),
+        ("NoNewPrivileges", "yes"),
+        ("CapabilityBoundingSet", "CAP_DAC_READ_SEARCH CAP_SYS_ADMIN CAP_FOWNER"),
+    ] {
+        assert_eq!(get(&s, key), Some(want), "dedupscan@.service: {key}");
+    }
+    // ProtectHome=yes/tmpfs would hide a volume under /home, read-only would
+    // make sharing fail there with EROFS.
+    assert_eq!(get(&s, "ProtectHome"), None, "dedupscan@.service must not set ProtectHome=");
+    assert_eq!(get(&unit_values(&unit, "Unit"), "RequiresMountsFor"), Some("%f"));
+
+    // The command line is one the CLI accepts.
+    let exec = get(&s, "ExecStart").unwrap().replace("%f", "/srv");
+    let cli = Cli::try_parse_from(exec.split_whitespace()).unwrap_or_else(|e| panic!("ExecStart: {e}"));
+    assert!(cli.command.is_none() && cli.run.scan.incremental && !cli.run.dry_run);
+    assert_eq!(cli.run.scan.paths, vec![PathBuf::from("/srv")]);
+}
+
+#[test]
+fn timer_unit_settings() {
+    let t = unit_values(&read("packaging/systemd/dedupscan@.timer"), "Timer");
+    assert_eq!(get(&t, "OnCalendar"), Some("daily"));
+    assert_eq!(get(&t, "Persistent"), Some("true"));
+    assert_eq!(get(&t, "RandomizedDelaySec"), Some("1h"));
+    let i = unit_values(&read("packaging/systemd/dedupscan@.timer"), "Install");
+    assert_eq!(get(&i, "WantedBy"), Some("timers.target"));
+}
+
+/// Instance name of `path` as `systemd-escape --path` makes it.
+fn escape_path(path: &str) -> String {
+    let out = Command::new("systemd-escape").args(["--path", path]).output().expect("systemd-escape");
+    assert!(out.status.success(), "systemd-escape: {}", text(&out));
+    String::from_utf8(out.stdout).unwrap().trim().to_owned()
+}
+
+#[test]
+fn systemd_units_verify() {
+    if !have_tool("systemd-analyze", "systemd_units_verify") {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let instance = escape_path("/srv/data");
+    assert_eq!(instance, "srv-data");
+    // `verify` checks that ExecStart's binary exists: use the one just built.
+    let service = read("packaging/systemd/dedupscan@.service");
+    assert!(service.contains("ExecStart=/usr/bin/dedupscan %f "), "ExecStart changed; update this test");
+    let service =
+        service.replace("ExecStart=/usr/bin/dedupscan", &format!("ExecStart={}", env!("CARGO_BIN_EXE_dedupscan")));
+    let timer = read("packaging/systemd/dedupscan@.timer");
+    let mut units = Vec::new();
+    for (name, body) in [
+        (format!("dedupscan@{instance}.service"), &service),
+        (format!("dedupscan@{instance}.timer"), &timer),
+        ("dedupscan@.service".to_owned(), &service),
+    ] {
+        let p = dir.path().join(name);
+        std::fs::write(&p, body).unwrap();
+        units.push(p);
+    }
+    // `verify` also looks up Documentation=man:dedupscan(1) with man(1):
+    // point it at the page from this tree.
+    let man1 = dir.path().join("man/man1");
+    std::fs::create_dir_all(&man1).unwrap();
+    std::fs::copy(root().join("man/dedupscan.1"), man1.join("dedupscan.1")).unwrap();
+    let mut cmd = Command::new("systemd-analyze");
+    cmd.arg("verify").env("MANPATH", dir.path().join("man")).env("SYSTEMD_LOG_COLOR", "0");
+    if Command::new("man").arg("--version").output().is_err() {
+        eprintln!("note: man is not installed; verifying without checking Documentation=");
+        cmd.arg("--man=no");
+    }
+    let out = cmd.args(&units).output().expect("run systemd-analyze verify");
+    // A clean verify prints nothing. Unknown keys and bad values are only
+    // warnings (exit status 0), so any line about our units is a failure;
+    // lines about the host's own units are shown but not held against us.
+    let report = text(&out);
+    let ours: Vec<&str> =
+        report.lines().filter(|l| l.contains("dedupscan") || l.contains(dir.path().to_str().unwrap())).collect();
+    if !report.trim().is_empty() && ours.is_empty() {
+        eprintln!("note: systemd-analyze verify said, about other units:\n{report}");
+    }
+    assert!(out.status.success() && ours.is_empty(), "systemd-analyze verify found problems:\n{report}");
+
+    // The hardening stays at systemd's "OK" exposure level or better (the
+    // units scored 1.5 when written; 2.5 leaves room for systemd's scoring
+    // to change). `--offline` needs systemd 250.
+    let sec = Command::new("systemd-analyze")
+        .args(["security", "--offline=true", "--threshold=25", "--no-pager"])
+        .arg(&units[0])
+        .env("MANPATH", dir.path().join("man"))
+        .output()
+        .expect("run systemd-analyze security");
+    let sec_text = text(&sec);
+    if sec_text.contains("unrecognized option") || sec_text.contains("Unknown option") {
+        eprintln!("note: this systemd-analyze has no `security --offline`; exposure not checked");
+    } else {
+        let last = sec_text.lines().rev().find(|l| l.contains("Overall exposure")).unwrap_or("(no score)");
+        assert!(sec.status.success(), "dedupscan@.service exposure above 2.5: {last}\n{sec_text}");
+    }
+}
+
+#[test]
+fn debian_assets_exist() {
+    let manifest = read("Cargo.toml");
+    let deb = manifest.split("[package.metadata.deb]").nth(1).expect("Cargo.toml has [package.metadata.deb]");
+    let assets = deb.split("assets = [").nth(1).expect("deb metadata lists assets");
+    let mut n = 0;
+    for line in assets.lines().take_while(|l| l.trim() != "]") {
+        let Some(src) = line.trim().strip_prefix("[\"").and_then(|l| l.split('"').next()) else { continue };
+        n += 1;
+        if src.starts_with("target/release/") {
+            continue; // built by cargo-deb
+        }
+        assert!(root().join(src).is_file(), "deb asset {src} does not exist");
+    }
+    assert!(n >= 8, "expected the binary, units, man page and completions in the deb assets");
+    for script in ["postinst", "prerm", "postrm"] {
+        let path = root().join("packaging/debian").join(script);
+        let out = Command::new("sh").arg("-n").arg(&path).output().expect("sh");
+        assert!(out.status.success(), "{script}: {}", text(&out));
+        use std::os::unix::fs::PermissionsExt;
+        assert!(std::fs::metadata(&path).unwrap().permissions().mode() & 0o111 != 0, "{script} is not executable");
+    }
+}
