@@ -119,6 +119,14 @@ pub fn execute(
     ex.out
 }
 
+/// Why sharing stops when the filesystem cannot share extents at all.
+const REFUSED: &str = "the filesystem does not support sharing extents (FIDEDUPERANGE: operation not supported); on XFS this needs a filesystem made with reflink=1";
+
+/// Statuses that mean "this filesystem cannot share", not "this file".
+fn unsupported(s: DedupeStatus) -> bool {
+    matches!(s, DedupeStatus::Error(Errno::EOPNOTSUPP | Errno::ENOTTY))
+}
+
 fn same_source(a: &Range, b: &Range) -> bool {
     (a.src, a.src_off, a.len) == (b.src, b.src_off, b.len)
 }
@@ -243,6 +251,10 @@ impl Executor<'_> {
                         idx.iter().map(|&k| (dests[k].file.as_fd(), dests[k].off + done)).collect();
                     self.out.duplicate_bytes += chunk * idx.len() as u64;
                     match sys::dedupe_range(src.as_fd(), off + done, chunk, &fds) {
+                        Ok(results) if results.iter().any(|r| unsupported(r.status)) => {
+                            self.out.duplicate_bytes -= chunk * idx.len() as u64;
+                            self.out.refused = Some(REFUSED.to_owned());
+                        }
                         Ok(results) => {
                             for (res, &k) in results.iter().zip(&idx) {
                                 if !self.record(dests[k].id, res.status, res.bytes_deduped) {
@@ -256,12 +268,9 @@ impl Executor<'_> {
                                 }
                             }
                         }
-                        Err(e @ (Errno::EOPNOTSUPP | Errno::ENOTTY | Errno::EXDEV)) => {
+                        Err(Errno::EOPNOTSUPP | Errno::ENOTTY | Errno::EXDEV) => {
                             self.out.duplicate_bytes -= chunk * idx.len() as u64;
-                            self.out.refused = Some(format!(
-                                "the filesystem does not support sharing extents (FIDEDUPERANGE: {}); on XFS this needs reflink=1",
-                                e.desc()
-                            ));
+                            self.out.refused = Some(REFUSED.to_owned());
                         }
                         Err(e) => {
                             for &k in &idx {

@@ -234,7 +234,7 @@ mod tests {
     /// (no timestamps); panics with the line on anything else.
     fn parse_sample(line: &str) -> Sample {
         let bad = |why: &str| -> ! { panic!("{why}: {line:?}") };
-        let name_end = line.find(|c: char| c == '{' || c == ' ').unwrap_or_else(|| bad("no value"));
+        let name_end = line.find(['{', ' ']).unwrap_or_else(|| bad("no value"));
         let name = &line[..name_end];
         if !is_metric_name(name) {
             bad("bad metric name");

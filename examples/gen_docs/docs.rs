@@ -40,10 +40,11 @@ pub fn man_page() -> String {
     let cmd = Cli::command();
     let version = cmd.get_version().unwrap_or_default().to_owned();
     let man = clap_mangen::Man::new(cmd);
-    let mut page = Roff::new().render(); // roff's apostrophe preamble
-                                         // Not `render_title`: clap_mangen drops an empty date argument from `.TH`,
-                                         // which shifts the source and manual into the wrong fields (and a real
-                                         // date would make the file change on every regeneration).
+    // roff's apostrophe preamble, then the title line. Not `render_title`:
+    // clap_mangen drops an empty date argument from `.TH`, which shifts the
+    // source and manual into the wrong fields (and a real date would make the
+    // file change on every regeneration).
+    let mut page = Roff::new().render();
     page.push_str(&format!(".TH DEDUPSCAN 1 \"\" \"dedupscan {version}\" \"User Commands\"\n"));
     push_piece(&mut page, &man, clap_mangen::Man::render_name_section);
     page.push_str(&strip_preamble(synopsis().render()));
@@ -150,8 +151,8 @@ fn hand_written() -> Roff {
             "Finished, but some paths or ranges had errors (unreadable, removed while read, refused by the kernel, ...): \
              they are counted in the report and the rest of the run went on. Also when --metrics-file could not be written.",
         ),
-        (ExitCode::Usage, "Usage error: bad command line or paths (e.g. paths on two filesystems)."),
-        (ExitCode::Fatal, "Fatal error: could not run at all (database unreadable, path missing, ...)."),
+        (ExitCode::Usage, "Usage error: a bad command line, or paths that cannot be used (missing, unreadable, on two filesystems)."),
+        (ExitCode::Fatal, "Fatal error: could not run at all (e.g. the database cannot be opened, read or migrated)."),
         (ExitCode::Locked, "Another dedupscan run holds the database's lock; nothing was done."),
     ] {
         tagged(&mut r, code.code().to_string(), [roman(text)]);

@@ -1,0 +1,197 @@
+//! Crash safety and concurrent writers: SIGKILL at many points of scanning
+//! and sharing, files rewritten while they are shared, a full disk under the
+//! database. After each: every file as its writer left it, the database
+//! intact, and the next run completes.
+
+mod common;
+
+use std::collections::HashMap;
+use std::io::{Seek, SeekFrom, Write};
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use common::*;
+use dedupscan::corpus::Rng;
+
+fn integrity_ok(db: &Path) {
+    let c = rusqlite::Connection::open(db).unwrap();
+    let ok: String = c.query_row("PRAGMA integrity_check", [], |r| r.get(0)).unwrap();
+    assert_eq!(ok, "ok", "database {} damaged", db.display());
+}
+
+fn start(vol: &Volume, data: &Path) -> std::process::Child {
+    Command::new(assert_cmd::cargo::cargo_bin("dedupscan"))
+        .arg(data)
+        .args(["--progress", "never", "-q", "--db"])
+        .arg(vol.db())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap()
+}
+
+fn sigkill_many_times(fs: Fs) {
+    let Some(vol) = Volume::new(fs, 1024) else { return };
+    let data = vol.path("data");
+    dedupscan::corpus::build(&data, 3, 1).unwrap();
+    // How long an uninterrupted full run takes (on a copy of the work).
+    let t = Instant::now();
+    let mut calib = start(&vol, &data);
+    assert!(calib.wait().unwrap().success());
+    let full = t.elapsed();
+    let mut rng = Rng::new(42);
+    for i in 0..20u32 {
+        // New duplicated data every round, so there is always hashing and
+        // sharing to interrupt.
+        let blob = rng.bytes(3 << 20);
+        std::fs::write(data.join(format!("round{i}-a")), &blob).unwrap();
+        std::fs::write(data.join(format!("round{i}-b")), &blob).unwrap();
+        let before = Snapshot::take(&data);
+        let mut child = start(&vol, &data);
+        std::thread::sleep(full * i / 20 + Duration::from_millis(5));
+        let _ = child.kill(); // SIGKILL
+        let _ = child.wait();
+        before.assert_same(&Snapshot::take(&data));
+        integrity_ok(&vol.db());
+    }
+    let before = Snapshot::take(&data);
+    let r = run_json(&vol, &[data.to_str().unwrap()]);
+    assert_eq!(r["errors"].as_u64(), Some(0), "{r:#}");
+    before.assert_same(&Snapshot::take(&data));
+    integrity_ok(&vol.db());
+    for i in 0..20 {
+        let (a, b) = (data.join(format!("round{i}-a")), data.join(format!("round{i}-b")));
+        assert!(same_physical(&a, 0, &b, 0, 3 << 20), "round {i} pair not shared after recovery");
+    }
+}
+
+#[test]
+fn xfs_survives_sigkill_at_twenty_points() {
+    sigkill_many_times(Fs::Xfs);
+}
+
+#[test]
+fn btrfs_survives_sigkill_at_twenty_points() {
+    sigkill_many_times(Fs::Btrfs);
+}
+
+#[test]
+fn files_rewritten_while_shared_hold_what_their_writer_wrote() {
+    let Some(vol) = Volume::new(Fs::Xfs, 1024) else { return };
+    let data = vol.path("live");
+    std::fs::create_dir(&data).unwrap();
+    let mut rng = Rng::new(8);
+    let mut expect: HashMap<PathBuf, Vec<u8>> = HashMap::new();
+    for i in 0..40 {
+        let blob = rng.bytes(1 << 20);
+        for side in ["a", "b"] {
+            let p = data.join(format!("{i:02}{side}"));
+            std::fs::write(&p, &blob).unwrap();
+            expect.insert(p, blob.clone());
+        }
+    }
+    let stop = Arc::new(AtomicBool::new(false));
+    let writer = {
+        let stop = Arc::clone(&stop);
+        let mut expect = expect.clone();
+        std::thread::spawn(move || {
+            let mut rng = Rng::new(99);
+            let paths: Vec<PathBuf> = {
+                let mut v: Vec<_> = expect.keys().cloned().collect();
+                v.sort();
+                v
+            };
+            while !stop.load(Ordering::Relaxed) {
+                let p = &paths[rng.below(paths.len() as u64) as usize];
+                let content = expect.get_mut(p).unwrap();
+                let mut f = std::fs::OpenOptions::new().write(true).open(p).unwrap();
+                match rng.below(3) {
+                    // Overwrite a block in place.
+                    0 => {
+                        let blk = rng.below(content.len() as u64 / 4096) as usize;
+                        let new = rng.bytes(4096);
+                        f.seek(SeekFrom::Start((blk * 4096) as u64)).unwrap();
+                        f.write_all(&new).unwrap();
+                        content[blk * 4096..(blk + 1) * 4096].copy_from_slice(&new);
+                    }
+                    // Append.
+                    1 => {
+                        let len = 4096 + rng.below(8192) as usize;
+                        let new = rng.bytes(len);
+                        f.seek(SeekFrom::End(0)).unwrap();
+                        f.write_all(&new).unwrap();
+                        content.extend_from_slice(&new);
+                    }
+                    // Make it a copy of its twin again (new duplicate work).
+                    _ => {
+                        let twin = if p.to_str().unwrap().ends_with('a') { "b" } else { "a" };
+                        let tp = PathBuf::from(format!("{}{twin}", &p.to_str().unwrap()[..p.to_str().unwrap().len() - 1]));
+                        let tc = std::fs::read(&tp).unwrap();
+                        f.set_len(0).unwrap();
+                        f.write_all(&tc).unwrap();
+                        *content = tc;
+                    }
+                }
+                std::thread::sleep(Duration::from_millis(2));
+            }
+            expect
+        })
+    };
+    let mut shared = 0;
+    for _ in 0..6 {
+        let r = run_json(&vol, &[data.to_str().unwrap()]);
+        shared += num(&r, "deduped_bytes");
+    }
+    stop.store(true, Ordering::Relaxed);
+    let expect = writer.join().unwrap();
+    for (p, want) in &expect {
+        let got = std::fs::read(p).unwrap();
+        assert!(got == *want, "{} does not hold what its writer last wrote", p.display());
+    }
+    assert!(shared > 0, "nothing was shared while the writer ran: the test proved nothing");
+    integrity_ok(&vol.db());
+}
+
+#[test]
+fn full_disk_under_the_database_stops_cleanly_and_keeps_it_intact() {
+    let Some(vol) = Volume::new(Fs::Xfs, 320) else { return };
+    let data = vol.path("many");
+    let mut rng = Rng::new(12);
+    for i in 0..3000 {
+        let d = data.join(format!("d{}", i % 30));
+        std::fs::create_dir_all(&d).unwrap();
+        let len = 4096 + rng.below(20_000) as usize;
+        std::fs::write(d.join(format!("f{i}")), rng.bytes(len)).unwrap();
+    }
+    // A tiny filesystem for the database.
+    let dbdir = vol.db().with_extension("d");
+    std::fs::create_dir(&dbdir).unwrap();
+    let mount = |opts: &str| {
+        let st = Command::new("mount").args(["-t", "tmpfs", "-o", opts, "tmpfs"]).arg(&dbdir).status().unwrap();
+        assert!(st.success());
+    };
+    mount("size=192k");
+    let db = dbdir.join("db.sqlite");
+    let (code, _, err) =
+        dedupscan(&["scan".as_ref(), data.as_os_str(), "--db".as_ref(), db.as_os_str(), "--progress=never".as_ref()]);
+    let remount = Command::new("mount").args(["-o", "remount,size=64m"]).arg(&dbdir).status().unwrap();
+    assert!(remount.success());
+    assert_eq!(code, 3, "{err}");
+    assert!(err.contains("full"), "the message must say the disk is full: {err}");
+    integrity_ok(&db);
+    // With space again, the next run completes.
+    let (code, json, err) = dedupscan(&[
+        "scan".as_ref(),
+        data.as_os_str(),
+        "--db".as_ref(),
+        db.as_os_str(),
+        "--json".as_ref(),
+        "--incremental".as_ref(),
+    ]);
+    let _ = Command::new("umount").arg(&dbdir).status();
+    assert_eq!(code, 0, "{err}");
+    assert_eq!(json["files_scanned"].as_u64(), Some(3000));
+}

@@ -1,0 +1,244 @@
+//! Never touch what must not be touched: the nodedup policy and hostile
+//! input on real btrfs and XFS volumes, unsupported filesystems, and least
+//! privilege (no write opens, non-root users).
+
+mod common;
+
+use std::ffi::OsStr;
+use std::os::unix::ffi::OsStrExt;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use common::*;
+use dedupscan::corpus::Rng;
+
+fn sh(cmd: &str, args: &[&OsStr]) {
+    let st = Command::new(cmd).args(args).status().unwrap_or_else(|e| panic!("{cmd}: {e}"));
+    assert!(st.success(), "{cmd} {args:?} failed");
+}
+
+fn os(p: &Path) -> &OsStr {
+    p.as_os_str()
+}
+
+/// A tree with ordinary duplicates plus one copy of the same data behind
+/// every protection and every kind of hostile entry. Returns (ordinary
+/// duplicate paths, protected paths).
+fn hostile_tree(vol: &Volume) -> (Vec<PathBuf>, Vec<PathBuf>, std::os::unix::net::UnixListener) {
+    let t = vol.path("t");
+    let payload = Rng::new(77).bytes(256 * 1024);
+    let mk = |rel: &str| -> PathBuf {
+        let p = t.join(rel);
+        std::fs::create_dir_all(p.parent().unwrap()).unwrap();
+        std::fs::write(&p, &payload).unwrap();
+        p
+    };
+    let ordinary = vec![mk("plain/a"), mk("plain/b")];
+    // A name that is not UTF-8, holding the same data: must be shared.
+    let weird = t.join(OsStr::from_bytes(b"plain/caf\xe9-\xff.bin"));
+    std::fs::write(&weird, &payload).unwrap();
+    let mut ordinary = ordinary;
+    ordinary.push(weird);
+    // Hard link to an ordinary file: one inode, counted once.
+    std::fs::hard_link(t.join("plain/a"), t.join("plain/a-link")).unwrap();
+
+    let mut protected = Vec::new();
+    let p = mk("xattr-file/f");
+    sh("setfattr", &[OsStr::new("-n"), OsStr::new("user.nodedup"), OsStr::new("-v"), OsStr::new("1"), os(&p)]);
+    protected.push(p);
+    let p = mk("xattr-dir/sub/f");
+    sh("setfattr", &[OsStr::new("-n"), OsStr::new("user.nodedup"), OsStr::new("-v"), OsStr::new("1"), os(&t.join("xattr-dir"))]);
+    protected.push(p);
+    let p = mk("marker/deep/f");
+    std::fs::write(t.join("marker/.nodedup"), b"").unwrap();
+    protected.push(p);
+    protected.push(mk("excluded/f.iso"));
+    let p = mk("flags/immutable");
+    sh("chattr", &[OsStr::new("+i"), os(&p)]);
+    protected.push(p);
+    let p = mk("flags/append");
+    sh("chattr", &[OsStr::new("+a"), os(&p)]);
+    protected.push(p);
+    if vol.fs == Fs::Btrfs {
+        // NOCOW must be set while the file is empty.
+        let p = t.join("flags/nocow");
+        std::fs::File::create(&p).unwrap();
+        sh("chattr", &[OsStr::new("+C"), os(&p)]);
+        std::fs::write(&p, &payload).unwrap();
+        protected.push(p);
+        // A read-only snapshot of a subvolume holding the data.
+        sh("btrfs", &[OsStr::new("-q"), OsStr::new("subvolume"), OsStr::new("create"), os(&t.join("sv"))]);
+        std::fs::write(t.join("sv/f"), &payload).unwrap();
+        ordinary.push(t.join("sv/f"));
+        sh(
+            "btrfs",
+            &[OsStr::new("-q"), OsStr::new("subvolume"), OsStr::new("snapshot"), OsStr::new("-r"), os(&t.join("sv")), os(&t.join("snap"))],
+        );
+        protected.push(t.join("snap/f"));
+    }
+    // Things that are not regular files: never opened, never followed.
+    std::fs::create_dir_all(t.join("odd")).unwrap();
+    nix::unistd::mkfifo(&t.join("odd/fifo"), nix::sys::stat::Mode::from_bits_truncate(0o644)).unwrap();
+    let sock = std::os::unix::net::UnixListener::bind(t.join("odd/socket")).unwrap();
+    nix::sys::stat::mknod(
+        &t.join("odd/null"),
+        nix::sys::stat::SFlag::S_IFCHR,
+        nix::sys::stat::Mode::from_bits_truncate(0o666),
+        nix::sys::stat::makedev(1, 3),
+    )
+    .unwrap();
+    std::os::unix::fs::symlink("loop-b", t.join("odd/loop-a")).unwrap();
+    std::os::unix::fs::symlink("loop-a", t.join("odd/loop-b")).unwrap();
+    std::os::unix::fs::symlink("/etc/passwd", t.join("odd/outside")).unwrap();
+    std::os::unix::fs::symlink("/", t.join("odd/root-dir")).unwrap();
+    std::fs::write(t.join("odd/empty"), b"").unwrap();
+    // Another filesystem mounted inside the tree: not crossed.
+    std::fs::create_dir_all(t.join("mnt-inside")).unwrap();
+    sh("mount", &[OsStr::new("-t"), OsStr::new("tmpfs"), OsStr::new("-o"), OsStr::new("size=4m"), OsStr::new("tmpfs"), os(&t.join("mnt-inside"))]);
+    std::fs::write(t.join("mnt-inside/f"), &payload).unwrap();
+    (ordinary, protected, sock)
+}
+
+fn cleanup_tree(vol: &Volume) {
+    let t = vol.path("t");
+    let _ = Command::new("umount").arg(t.join("mnt-inside")).status();
+    for f in ["flags/immutable", "flags/append"] {
+        let _ = Command::new("chattr").args(["-i", "-a"]).arg(t.join(f)).status();
+    }
+}
+
+fn hostile_run(fs: Fs) {
+    let Some(vol) = Volume::new(fs, 512) else { return };
+    let (ordinary, protected, sock) = hostile_tree(&vol);
+    let t = vol.path("t");
+    let before = Snapshot::take(&t);
+    let exclude_file = vol.mnt.join("excludes.txt");
+    std::fs::write(&exclude_file, "# isos are left alone\n**/*.iso\n").unwrap();
+    let r = run_json(&vol, &[t.to_str().unwrap(), "--exclude-from", exclude_file.to_str().unwrap()]);
+    let after = Snapshot::take(&t);
+    cleanup_tree(&vol);
+    drop(sock);
+    before.assert_same(&after);
+
+    let skipped = r["skipped"].as_object().unwrap();
+    let mut want = vec![
+        "fifo", "socket", "device", "symlink", "hardlink", "empty", "nodedup", "excluded", "immutable", "append_only",
+        "mount_point",
+    ];
+    if fs == Fs::Btrfs {
+        want.extend(["nocow", "readonly_snapshot"]);
+    }
+    for reason in want {
+        assert!(skipped.contains_key(reason), "no skip reason {reason} in {r:#}");
+    }
+    assert_eq!(skipped["nodedup"].as_u64(), Some(3), "xattr on file, xattr on dir, marker file");
+    for p in &protected {
+        assert_eq!(shared_bytes(p), 0, "protected file {} was shared", p.display());
+    }
+    let len = 256 * 1024;
+    for p in &ordinary[1..] {
+        assert!(same_physical(&ordinary[0], 0, p, 0, len), "{} not shared with {}", p.display(), ordinary[0].display());
+    }
+    // The non-UTF-8 name is shown escaped, losslessly.
+    let (_, _, err) = dedupscan(&[os(&t), OsStr::new("-v"), OsStr::new("--dry-run"), OsStr::new("--db"), os(&vol.db())]);
+    assert!(!err.contains('\u{fffd}'), "a name was shown lossily: {err}");
+    assert_eq!(r["errors"].as_u64(), Some(0), "{r:#}");
+}
+
+#[test]
+fn xfs_hostile_tree_shares_only_what_it_may() {
+    hostile_run(Fs::Xfs);
+}
+
+#[test]
+fn btrfs_hostile_tree_shares_only_what_it_may() {
+    hostile_run(Fs::Btrfs);
+}
+
+#[test]
+fn unsupported_filesystems_scan_and_report_but_refuse_to_share() {
+    for fs in [Fs::Ext4, Fs::XfsNoReflink] {
+        let Some(vol) = Volume::new(fs, 320) else { return };
+        let d = vol.path("d");
+        std::fs::create_dir(&d).unwrap();
+        let payload = Rng::new(5).bytes(100_000);
+        std::fs::write(d.join("a"), &payload).unwrap();
+        std::fs::write(d.join("b"), &payload).unwrap();
+        let before = Snapshot::take(&d);
+        let dry = run_json(&vol, &[d.to_str().unwrap(), "--dry-run"]);
+        assert!(num(&dry, "duplicate_bytes") >= 98_304, "{fs:?}: preview still works: {dry:#}");
+        let r = run_json(&vol, &[d.to_str().unwrap()]);
+        let why = r["sharing_refused"].as_str().unwrap_or_else(|| panic!("{fs:?}: no refusal in {r:#}"));
+        assert!(why.contains("btrfs or XFS") || why.contains("reflink"), "{why}");
+        assert_eq!(num(&r, "deduped_bytes"), 0);
+        before.assert_same(&Snapshot::take(&d));
+    }
+}
+
+#[test]
+fn volume_files_are_never_opened_for_writing() {
+    let Some(vol) = Volume::new(Fs::Xfs, 512) else { return };
+    let data = vol.path("data");
+    dedupscan::corpus::build(&data, 2, 1).unwrap();
+    let trace = vol.db().with_extension("trace");
+    let bin = assert_cmd::cargo::cargo_bin("dedupscan");
+    let st = Command::new("strace")
+        .args(["-f", "-qq", "-e", "trace=open,openat,openat2,creat,truncate", "-o"])
+        .arg(&trace)
+        .arg(&bin)
+        .arg(&data)
+        .arg("--db")
+        .arg(vol.db())
+        .arg("--progress=never")
+        .arg("-q")
+        .output()
+        .unwrap();
+    assert!(st.status.success(), "{}", String::from_utf8_lossy(&st.stderr));
+    let text = std::fs::read_to_string(&trace).unwrap();
+    let vol_prefix = format!("\"{}", vol.mnt.display());
+    let mut volume_opens = 0;
+    for line in text.lines().filter(|l| l.contains(&vol_prefix)) {
+        volume_opens += 1;
+        for bad in ["O_WRONLY", "O_RDWR", "O_CREAT", "O_TRUNC", "O_APPEND", "truncate(", "creat("] {
+            assert!(!line.contains(bad), "opened for writing: {line}");
+        }
+    }
+    assert!(volume_opens > 100, "the trace saw only {volume_opens} opens on the volume: is strace working?");
+    // And it did share.
+    assert!(shared_bytes(&data.join("whole/b/file0.bin")) > 0);
+}
+
+#[test]
+fn a_non_root_user_can_dedupe_their_own_files() {
+    let Some(vol) = Volume::new(Fs::Xfs, 320) else { return };
+    let home = vol.path("home");
+    std::fs::create_dir(&home).unwrap();
+    let payload = Rng::new(6).bytes(512 * 1024);
+    std::fs::write(home.join("a"), &payload).unwrap();
+    std::fs::write(home.join("b"), &payload).unwrap();
+    sh("chown", &[OsStr::new("-R"), OsStr::new("65534:65534"), os(&home)]);
+    let db = home.join("state/db.sqlite");
+    // The binary must be reachable for the user: copy it next to the data.
+    let bin = vol.path("dedupscan");
+    std::fs::copy(assert_cmd::cargo::cargo_bin("dedupscan"), &bin).unwrap();
+    let out = Command::new("setpriv")
+        .args(["--reuid=65534", "--regid=65534", "--clear-groups", "--inh-caps=-all"])
+        .arg(&bin)
+        .arg(&home.join("."))
+        .arg("--db")
+        .arg(&db)
+        .arg("--json")
+        .arg("--exclude")
+        .arg("**/state/**")
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{err}");
+    let r: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    validate_report(&r);
+    assert_eq!(num(&r, "deduped_bytes"), 512 * 1024, "{r:#}");
+    assert!(same_physical(&home.join("a"), 0, &home.join("b"), 0, 512 * 1024));
+    let m = std::fs::metadata(&db).unwrap();
+    assert_eq!(std::os::unix::fs::PermissionsExt::mode(&m.permissions()) & 0o777, 0o600);
+    assert_eq!(std::os::unix::fs::MetadataExt::uid(&m), 65534);
+}
