@@ -31,13 +31,7 @@ const SIZE: u64 = 64 << 20;
 /// `parts`, holes elsewhere. Read once so it is in the page cache.
 fn make_file(dir: &tempfile::TempDir, name: &str, parts: &[(u64, &[u8])]) -> File {
     let path = dir.path().join(name);
-    let mut f = File::options()
-        .create(true)
-        .truncate(true)
-        .read(true)
-        .write(true)
-        .open(path)
-        .unwrap();
+    let mut f = File::options().create(true).truncate(true).read(true).write(true).open(path).unwrap();
     for (off, data) in parts {
         f.seek(SeekFrom::Start(*off)).unwrap();
         f.write_all(data).unwrap();
@@ -62,9 +56,7 @@ fn hashing(c: &mut Criterion) {
     let f_random = make_file(&dir, "random.bin", &[(0, &random)]);
     let f_zeros = make_file(&dir, "zeros.bin", &[(0, &zeros)]);
     // 1 MiB of data every 16 MiB, holes in between.
-    let islands: Vec<(u64, &[u8])> = (0..4)
-        .map(|i| (i * (16 << 20), island.as_slice()))
-        .collect();
+    let islands: Vec<(u64, &[u8])> = (0..4).map(|i| (i * (16 << 20), island.as_slice())).collect();
     let f_sparse = make_file(&dir, "sparse.bin", &islands);
     drop((random, zeros));
 

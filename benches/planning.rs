@@ -46,11 +46,7 @@ fn fp(rng: &mut Rng) -> u64 {
 }
 
 fn plan_file(id: i64, blocks: Vec<u64>) -> PlanFile {
-    PlanFile {
-        id: FileId(id),
-        size: blocks.len() as u64 * BS,
-        blocks,
-    }
+    PlanFile { id: FileId(id), size: blocks.len() as u64 * BS, blocks }
 }
 
 /// Group files the way the database does: whole-file groups by content,
@@ -59,54 +55,31 @@ fn plan_file(id: i64, blocks: Vec<u64>) -> PlanFile {
 fn input(files: Vec<PlanFile>) -> Input {
     let mut by_content: BTreeMap<(u64, &[u64]), Vec<FileId>> = BTreeMap::new();
     for f in &files {
-        by_content
-            .entry((f.size, f.blocks.as_slice()))
-            .or_default()
-            .push(f.id);
+        by_content.entry((f.size, f.blocks.as_slice())).or_default().push(f.id);
     }
     let whole: Vec<Vec<FileId>> = by_content.into_values().filter(|g| g.len() > 1).collect();
-    let covered: std::collections::HashSet<FileId> =
-        whole.iter().flat_map(|g| g[1..].iter().copied()).collect();
+    let covered: std::collections::HashSet<FileId> = whole.iter().flat_map(|g| g[1..].iter().copied()).collect();
     let mut by_fp: HashMap<u64, Vec<(FileId, u64)>> = HashMap::new();
     for f in files.iter().filter(|f| !covered.contains(&f.id)) {
         for b in anchors(&f.blocks) {
-            by_fp
-                .entry(f.blocks[b as usize])
-                .or_default()
-                .push((f.id, b));
+            by_fp.entry(f.blocks[b as usize]).or_default().push((f.id, b));
         }
     }
     // The database returns groups ordered by fingerprint (as i64).
-    let mut anchor_groups: Vec<(i64, Vec<(FileId, u64)>)> = by_fp
-        .into_iter()
-        .filter(|(_, g)| g.len() > 1)
-        .map(|(k, g)| (k as i64, g))
-        .collect();
+    let mut anchor_groups: Vec<(i64, Vec<(FileId, u64)>)> =
+        by_fp.into_iter().filter(|(_, g)| g.len() > 1).map(|(k, g)| (k as i64, g)).collect();
     anchor_groups.sort_unstable_by_key(|(k, _)| *k);
     let anchor_groups = anchor_groups.into_iter().map(|(_, mut g)| {
         g.sort_unstable();
         g
     });
-    Input {
-        whole,
-        anchor_groups: anchor_groups.collect(),
-        files,
-    }
+    Input { whole, anchor_groups: anchor_groups.collect(), files }
 }
 
 fn vm_pair(n: usize, changed_per_mille: u64) -> Input {
     let mut rng = Rng::new(7);
     let a: Vec<u64> = (0..n).map(|_| fp(&mut rng)).collect();
-    let b: Vec<u64> = a
-        .iter()
-        .map(|&x| {
-            if rng.below(1000) < changed_per_mille {
-                fp(&mut rng)
-            } else {
-                x
-            }
-        })
-        .collect();
+    let b: Vec<u64> = a.iter().map(|&x| if rng.below(1000) < changed_per_mille { fp(&mut rng) } else { x }).collect();
     input(vec![plan_file(1, a), plan_file(2, b)])
 }
 
@@ -136,19 +109,9 @@ fn small_files(n: usize) -> Input {
 
 fn planning(c: &mut Criterion) {
     let mut g = c.benchmark_group("plan");
-    g.sample_size(10)
-        .warm_up_time(Duration::from_millis(500))
-        .measurement_time(Duration::from_secs(3));
-    for (name, inp) in [
-        ("vm_pair_200k_2pct", vm_pair(200_000, 20)),
-        ("small_files_50k", small_files(50_000)),
-    ] {
-        let once = plan(
-            &inp.files,
-            &inp.whole,
-            &inp.anchor_groups,
-            PlanOptions::default(),
-        );
+    g.sample_size(10).warm_up_time(Duration::from_millis(500)).measurement_time(Duration::from_secs(3));
+    for (name, inp) in [("vm_pair_200k_2pct", vm_pair(200_000, 20)), ("small_files_50k", small_files(50_000))] {
+        let once = plan(&inp.files, &inp.whole, &inp.anchor_groups, PlanOptions::default());
         eprintln!(
             "{name}: {} files, {} blocks, {} whole-file groups, {} anchor groups -> {} ranges, {} blocks shared",
             inp.files.len(),
@@ -161,14 +124,7 @@ fn planning(c: &mut Criterion) {
         // Throughput in blocks (of 4 KiB) considered, so cases compare.
         g.throughput(Throughput::Elements(inp.blocks()));
         g.bench_function(name, |b| {
-            b.iter(|| {
-                black_box(plan(
-                    &inp.files,
-                    &inp.whole,
-                    &inp.anchor_groups,
-                    PlanOptions::default(),
-                ))
-            })
+            b.iter(|| black_box(plan(&inp.files, &inp.whole, &inp.anchor_groups, PlanOptions::default())))
         });
     }
     let mut rng = Rng::new(9);

@@ -274,7 +274,11 @@ impl Executor<'_> {
                         }
                         Err(e) => {
                             for &k in &idx {
-                                self.dest_error(dests[k].id, e.desc(), e.to_string().split(':').next().unwrap_or("errno"));
+                                self.dest_error(
+                                    dests[k].id,
+                                    e.desc(),
+                                    e.to_string().split(':').next().unwrap_or("errno"),
+                                );
                                 alive[k] = false;
                             }
                         }

@@ -94,15 +94,10 @@ pub fn hash_file(file: &File, size: u64, block_size: u64, buf: &mut Vec<u8>) -> 
         }
         // Read the data region in chunks, block by block.
         while pos < data_end {
-            let want = ((data_end - pos).div_ceil(block_size) * block_size)
-                .min(CHUNK as u64)
-                .min(size - pos) as usize;
+            let want = ((data_end - pos).div_ceil(block_size) * block_size).min(CHUNK as u64).min(size - pos) as usize;
             let got = read_full_at(file, &mut buf[..want], pos)?;
             if got < want {
-                return Err(io::Error::new(
-                    io::ErrorKind::UnexpectedEof,
-                    "file shrank while it was read",
-                ));
+                return Err(io::Error::new(io::ErrorKind::UnexpectedEof, "file shrank while it was read"));
             }
             bytes_read += got as u64;
             for blk in buf[..got].chunks(block_size as usize) {

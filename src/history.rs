@@ -44,9 +44,8 @@ pub fn summarize(path: &Path) -> Result<DbSummary> {
         anyhow::bail!("no database at {}: run `dedupscan PATH` or `dedupscan scan PATH` first", display_path(path));
     }
     let conn = Db::open_readonly(path)?;
-    let meta = |k: &str| -> Option<String> {
-        conn.query_row("SELECT value FROM meta WHERE key = ?1", [k], |r| r.get(0)).ok()
-    };
+    let meta =
+        |k: &str| -> Option<String> { conn.query_row("SELECT value FROM meta WHERE key = ?1", [k], |r| r.get(0)).ok() };
     let (files, logical): (i64, i64) =
         conn.query_row("SELECT count(*), coalesce(sum(size), 0) FROM files", [], |r| Ok((r.get(0)?, r.get(1)?)))?;
     let (dup_files, dup_bytes): (i64, i64) = conn.query_row(
@@ -69,10 +68,7 @@ pub fn summarize(path: &Path) -> Result<DbSummary> {
             })
         })?
         .collect::<rusqlite::Result<Vec<_>>>()?;
-    let freed = runs
-        .iter()
-        .filter_map(|r| r.report.as_ref()?.get("freed_bytes")?.as_i64())
-        .sum();
+    let freed = runs.iter().filter_map(|r| r.report.as_ref()?.get("freed_bytes")?.as_i64()).sum();
     Ok(DbSummary {
         database: display_path(path),
         filesystem_uuid: meta("filesystem"),

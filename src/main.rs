@@ -39,11 +39,8 @@ fn dispatch(cfg: &Config) -> ExitCode {
             stop.store(true, std::sync::atomic::Ordering::Relaxed);
         });
     }
-    let progress: Box<dyn Progress> = if cfg.bars {
-        Box::new(Bars::new(cfg.verbosity))
-    } else {
-        Box::new(LogLines::new(cfg.verbosity))
-    };
+    let progress: Box<dyn Progress> =
+        if cfg.bars { Box::new(Bars::new(cfg.verbosity)) } else { Box::new(LogLines::new(cfg.verbosity)) };
     let result = match cfg.action {
         Action::Report => history::summarize(&cfg.db_path).and_then(|s| {
             print_out(cfg.json, &s, || s.to_text())?;

@@ -330,7 +330,7 @@ mod tests {
     fn value(samples: &[Sample], name: &str, label: Option<(&str, &str)>) -> f64 {
         let found: Vec<&Sample> = samples
             .iter()
-            .filter(|s| s.name == name && label.map_or(true, |(k, v)| s.labels.get(k).map(String::as_str) == Some(v)))
+            .filter(|s| s.name == name && label.is_none_or(|(k, v)| s.labels.get(k).map(String::as_str) == Some(v)))
             .collect();
         assert_eq!(found.len(), 1, "{name} {label:?}: {found:?}");
         found[0].value

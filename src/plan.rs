@@ -242,7 +242,7 @@ impl Planner<'_> {
                 Some((df, db, sf, sb, n))
                     if df == d.0 && db + n == d.1 && sf == r.0 && sb + n == r.1
                         // within one file, source and destination must not overlap
-                        && (sf != df || (db + n + 1 <= sb || sb + n + 1 <= db)) =>
+                        && (sf != df || (db + n < sb || sb + n < db)) =>
                 {
                     Some((df, db, sf, sb, n + 1))
                 }
@@ -400,7 +400,8 @@ mod tests {
         a.size = BS + 100;
         let mut b = file(2, &[1, 2]);
         b.size = BS + 100;
-        let got = plan(&[a.clone(), b], &[], &all_blocks_groups(&[a.clone(), file(2, &[1, 2])]), PlanOptions::default());
+        let got =
+            plan(&[a.clone(), b], &[], &all_blocks_groups(&[a.clone(), file(2, &[1, 2])]), PlanOptions::default());
         assert_eq!(got.ranges, vec![Range { src: FileId(1), src_off: 0, len: BS + 100, dest: FileId(2), dest_off: 0 }]);
         // Same fingerprint but a full block on one side: only block 0 matches.
         let c = file(3, &[1, 2]);

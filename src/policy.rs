@@ -143,10 +143,12 @@ impl Policy {
     /// Whether any directory above `path` (up to `/`) carries a nodedup
     /// marker: a starting path inside a protected tree is protected too.
     pub fn check_ancestors(&self, path: &Path) -> Result<(), SkipReason> {
-        path.ancestors().skip(1).try_for_each(|a| self.check_dir(a).or_else(|r| match r {
-            SkipReason::Excluded => Ok(()),
-            other => Err(other),
-        }))
+        path.ancestors().skip(1).try_for_each(|a| {
+            self.check_dir(a).or_else(|r| match r {
+                SkipReason::Excluded => Ok(()),
+                other => Err(other),
+            })
+        })
     }
 
     /// Checks on a regular file that need no open descriptor.

@@ -252,8 +252,15 @@ mod tests {
     fn json_has_the_documented_keys() {
         let v = serde_json::to_value(Report::default()).unwrap();
         for k in [
-            "dry_run", "files_scanned", "files_hashed", "bytes_hashed", "duplicate_bytes",
-            "deduped_bytes", "freed_bytes", "skipped", "errors",
+            "dry_run",
+            "files_scanned",
+            "files_hashed",
+            "bytes_hashed",
+            "duplicate_bytes",
+            "deduped_bytes",
+            "freed_bytes",
+            "skipped",
+            "errors",
         ] {
             assert!(v.get(k).is_some(), "missing {k}");
         }

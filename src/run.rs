@@ -105,10 +105,7 @@ pub fn run(cfg: &Config, progress: &dyn Progress, stop: &AtomicBool) -> Result<R
         tx.send(WriteOp::Removed { id: *id }).ok();
     }
     let stats = hash_all(cfg, &policy, work.to_hash, tx, progress, stop)?;
-    let db = writer
-        .join()
-        .map_err(|_| anyhow::anyhow!("database writer panicked"))?
-        .context("writing the database")?;
+    let db = writer.join().map_err(|_| anyhow::anyhow!("database writer panicked"))?.context("writing the database")?;
     report.files_hashed = stats.files.load(Ordering::Relaxed);
     report.bytes_hashed = stats.bytes.load(Ordering::Relaxed);
     let HashTally { skipped, errors, failed } = stats.tally.into_inner().unwrap();
@@ -120,11 +117,7 @@ pub fn run(cfg: &Config, progress: &dyn Progress, stop: &AtomicBool) -> Result<R
         report.error(k, n);
     }
     report.timings.hash_ms = ms(t);
-    progress.finish_phase(&format!(
-        "2/5 hash: {} files, {} read",
-        report.files_hashed,
-        human(report.bytes_hashed)
-    ));
+    progress.finish_phase(&format!("2/5 hash: {} files, {} read", report.files_hashed, human(report.bytes_hashed)));
     report.interrupted = stop.load(Ordering::Relaxed);
 
     if cfg.action == Action::Run && !report.interrupted {
@@ -190,7 +183,7 @@ fn classify(cfg: &Config, files: &[Candidate], index: &HashMap<(u64, u64), Known
         .map(|k| k.id)
         .collect();
     // Largest first, so one huge file does not end the run on one thread.
-    w.to_hash.sort_by(|a, b| b.0.size.cmp(&a.0.size));
+    w.to_hash.sort_by_key(|c| std::cmp::Reverse(c.0.size));
     w
 }
 
@@ -301,7 +294,9 @@ fn hash_one(c: &Candidate, block_size: u64, buf: &mut Vec<u8>) -> Result<(Candid
     }
     let h = match hash::hash_file(&file, now.size, block_size, buf) {
         Ok(h) => h,
-        Err(e) if e.kind() == std::io::ErrorKind::UnexpectedEof => return Err(HashFail::Skip(SkipReason::ChangedDuringScan)),
+        Err(e) if e.kind() == std::io::ErrorKind::UnexpectedEof => {
+            return Err(HashFail::Skip(SkipReason::ChangedDuringScan))
+        }
         Err(e) => return Err(HashFail::Error("read", e)),
     };
     let after = file.metadata().map_err(|e| HashFail::Error("stat", e))?;
@@ -361,12 +356,8 @@ fn share(
         anchor_groups.retain(|g| g.iter().any(|(id, _)| fresh.contains(id)));
         progress.info(&format!("incremental: {} files new since run {last}", fresh.len()));
     }
-    let mut involved: Vec<FileId> = whole
-        .iter()
-        .flatten()
-        .copied()
-        .chain(anchor_groups.iter().flatten().map(|(id, _)| *id))
-        .collect();
+    let mut involved: Vec<FileId> =
+        whole.iter().flatten().copied().chain(anchor_groups.iter().flatten().map(|(id, _)| *id)).collect();
     involved.sort_unstable();
     involved.dedup();
     let plan_files = db.plan_files(involved)?;

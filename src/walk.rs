@@ -78,20 +78,16 @@ pub fn walk(roots: &[PathBuf], fs: FsKind, policy: &Policy, progress: &dyn Progr
                 continue;
             }
         };
-        let walker = WalkDir::new(root)
-            .follow_links(false)
-            .sort_by_file_name()
-            .into_iter()
-            .filter_entry(|e| {
-                if !e.file_type().is_dir() {
-                    return true;
-                }
-                let ok = dir_allowed(e, root_dev, fs, &mounts, policy);
-                if let Err(r) = ok {
-                    skip(r);
-                }
-                ok.is_ok()
-            });
+        let walker = WalkDir::new(root).follow_links(false).sort_by_file_name().into_iter().filter_entry(|e| {
+            if !e.file_type().is_dir() {
+                return true;
+            }
+            let ok = dir_allowed(e, root_dev, fs, &mounts, policy);
+            if let Err(r) = ok {
+                skip(r);
+            }
+            ok.is_ok()
+        });
         for entry in walker {
             if stop.load(Ordering::Relaxed) {
                 break;

@@ -128,7 +128,8 @@ fn files_rewritten_while_shared_hold_what_their_writer_wrote() {
                     // Make it a copy of its twin again (new duplicate work).
                     _ => {
                         let twin = if p.to_str().unwrap().ends_with('a') { "b" } else { "a" };
-                        let tp = PathBuf::from(format!("{}{twin}", &p.to_str().unwrap()[..p.to_str().unwrap().len() - 1]));
+                        let tp =
+                            PathBuf::from(format!("{}{twin}", &p.to_str().unwrap()[..p.to_str().unwrap().len() - 1]));
                         let tc = std::fs::read(&tp).unwrap();
                         f.set_len(0).unwrap();
                         f.write_all(&tc).unwrap();

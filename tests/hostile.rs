@@ -47,7 +47,10 @@ fn hostile_tree(vol: &Volume) -> (Vec<PathBuf>, Vec<PathBuf>, std::os::unix::net
     sh("setfattr", &[OsStr::new("-n"), OsStr::new("user.nodedup"), OsStr::new("-v"), OsStr::new("1"), os(&p)]);
     protected.push(p);
     let p = mk("xattr-dir/sub/f");
-    sh("setfattr", &[OsStr::new("-n"), OsStr::new("user.nodedup"), OsStr::new("-v"), OsStr::new("1"), os(&t.join("xattr-dir"))]);
+    sh(
+        "setfattr",
+        &[OsStr::new("-n"), OsStr::new("user.nodedup"), OsStr::new("-v"), OsStr::new("1"), os(&t.join("xattr-dir"))],
+    );
     protected.push(p);
     let p = mk("marker/deep/f");
     std::fs::write(t.join("marker/.nodedup"), b"").unwrap();
@@ -72,7 +75,14 @@ fn hostile_tree(vol: &Volume) -> (Vec<PathBuf>, Vec<PathBuf>, std::os::unix::net
         ordinary.push(t.join("sv/f"));
         sh(
             "btrfs",
-            &[OsStr::new("-q"), OsStr::new("subvolume"), OsStr::new("snapshot"), OsStr::new("-r"), os(&t.join("sv")), os(&t.join("snap"))],
+            &[
+                OsStr::new("-q"),
+                OsStr::new("subvolume"),
+                OsStr::new("snapshot"),
+                OsStr::new("-r"),
+                os(&t.join("sv")),
+                os(&t.join("snap")),
+            ],
         );
         protected.push(t.join("snap/f"));
     }
@@ -94,7 +104,17 @@ fn hostile_tree(vol: &Volume) -> (Vec<PathBuf>, Vec<PathBuf>, std::os::unix::net
     std::fs::write(t.join("odd/empty"), b"").unwrap();
     // Another filesystem mounted inside the tree: not crossed.
     std::fs::create_dir_all(t.join("mnt-inside")).unwrap();
-    sh("mount", &[OsStr::new("-t"), OsStr::new("tmpfs"), OsStr::new("-o"), OsStr::new("size=4m"), OsStr::new("tmpfs"), os(&t.join("mnt-inside"))]);
+    sh(
+        "mount",
+        &[
+            OsStr::new("-t"),
+            OsStr::new("tmpfs"),
+            OsStr::new("-o"),
+            OsStr::new("size=4m"),
+            OsStr::new("tmpfs"),
+            os(&t.join("mnt-inside")),
+        ],
+    );
     std::fs::write(t.join("mnt-inside/f"), &payload).unwrap();
     (ordinary, protected, sock)
 }
@@ -122,7 +142,16 @@ fn hostile_run(fs: Fs) {
 
     let skipped = r["skipped"].as_object().unwrap();
     let mut want = vec![
-        "fifo", "socket", "device", "symlink", "hardlink", "empty", "nodedup", "excluded", "immutable", "append_only",
+        "fifo",
+        "socket",
+        "device",
+        "symlink",
+        "hardlink",
+        "empty",
+        "nodedup",
+        "excluded",
+        "immutable",
+        "append_only",
         "mount_point",
     ];
     if fs == Fs::Btrfs {
@@ -140,7 +169,8 @@ fn hostile_run(fs: Fs) {
         assert!(same_physical(&ordinary[0], 0, p, 0, len), "{} not shared with {}", p.display(), ordinary[0].display());
     }
     // The non-UTF-8 name is shown escaped, losslessly.
-    let (_, _, err) = dedupscan(&[os(&t), OsStr::new("-v"), OsStr::new("--dry-run"), OsStr::new("--db"), os(&vol.db())]);
+    let (_, _, err) =
+        dedupscan(&[os(&t), OsStr::new("-v"), OsStr::new("--dry-run"), OsStr::new("--db"), os(&vol.db())]);
     assert!(!err.contains('\u{fffd}'), "a name was shown lossily: {err}");
     assert_eq!(r["errors"].as_u64(), Some(0), "{r:#}");
 }
@@ -224,7 +254,7 @@ fn a_non_root_user_can_dedupe_their_own_files() {
     let out = Command::new("setpriv")
         .args(["--reuid=65534", "--regid=65534", "--clear-groups", "--inh-caps=-all"])
         .arg(&bin)
-        .arg(&home.join("."))
+        .arg(home.join("."))
         .arg("--db")
         .arg(&db)
         .arg("--json")

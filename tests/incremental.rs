@@ -114,10 +114,8 @@ fn sigterm_mid_scan_commits_and_the_next_run_carries_on() {
     assert!(first["interrupted"].as_bool().unwrap(), "{first:#}");
     let done = num(&first, "files_hashed");
     assert!(done < n, "the scan finished before the signal: make the test data larger");
-    let ok: String = rusqlite::Connection::open(&db)
-        .unwrap()
-        .query_row("PRAGMA integrity_check", [], |r| r.get(0))
-        .unwrap();
+    let ok: String =
+        rusqlite::Connection::open(&db).unwrap().query_row("PRAGMA integrity_check", [], |r| r.get(0)).unwrap();
     assert_eq!(ok, "ok");
     // The next incremental run hashes exactly the rest.
     let second = run_json(&vol, &["scan", s(&data), "--incremental"]);

@@ -7,10 +7,8 @@ use super::DbError;
 
 /// Every migration, in order: `MIGRATIONS[i]` takes the schema from version
 /// `i` to `i + 1`. Never edit a released entry; add a new file.
-pub const MIGRATIONS: &[&str] = &[
-    include_str!("../../schema/0001_initial.sql"),
-    include_str!("../../schema/0002_hashed_run.sql"),
-];
+pub const MIGRATIONS: &[&str] =
+    &[include_str!("../../schema/0001_initial.sql"), include_str!("../../schema/0002_hashed_run.sql")];
 
 /// The schema version this build writes.
 pub const CURRENT: i64 = MIGRATIONS.len() as i64;

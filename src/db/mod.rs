@@ -23,7 +23,9 @@ use crate::types::FileId;
 /// Why a database could not be used. Each message says what to do.
 #[derive(Debug, thiserror::Error)]
 pub enum DbError {
-    #[error("database {path} is locked by another dedupscan run (lock file {path}.lock); try again when it has finished")]
+    #[error(
+        "database {path} is locked by another dedupscan run (lock file {path}.lock); try again when it has finished"
+    )]
     Locked { path: PathBuf },
     #[error("database was written by a newer dedupscan (schema version {found}, this build knows up to {supported}); upgrade dedupscan or point --db at another file")]
     TooNew { found: i64, supported: i64 },
@@ -75,15 +77,11 @@ impl Db {
             .open(path)
             .map_err(|source| DbError::Create { path: path.to_owned(), source })?;
         let corrupt = |e: rusqlite::Error| DbError::Corrupt { path: path.to_owned(), reason: e.to_string() };
-        let mut conn = Connection::open_with_flags(
-            path,
-            OpenFlags::SQLITE_OPEN_READ_WRITE | OpenFlags::SQLITE_OPEN_NO_MUTEX,
-        )
-        .map_err(corrupt)?;
+        let mut conn =
+            Connection::open_with_flags(path, OpenFlags::SQLITE_OPEN_READ_WRITE | OpenFlags::SQLITE_OPEN_NO_MUTEX)
+                .map_err(corrupt)?;
         conn.busy_timeout(std::time::Duration::from_secs(5))?;
-        let mode: String = conn
-            .query_row("PRAGMA journal_mode=WAL", [], |r| r.get(0))
-            .map_err(corrupt)?;
+        let mode: String = conn.query_row("PRAGMA journal_mode=WAL", [], |r| r.get(0)).map_err(corrupt)?;
         debug_assert_eq!(mode.to_lowercase(), "wal");
         conn.pragma_update(None, "synchronous", "NORMAL")?;
         migrate::migrate(&mut conn).map_err(|e| match e {
@@ -93,11 +91,7 @@ impl Db {
         let db = Db { conn, path: path.to_owned(), _lock: lock };
         match db.meta("filesystem")? {
             Some(found) if found != fs_uuid => {
-                return Err(DbError::WrongFilesystem {
-                    path: path.to_owned(),
-                    found,
-                    expected: fs_uuid.to_owned(),
-                })
+                return Err(DbError::WrongFilesystem { path: path.to_owned(), found, expected: fs_uuid.to_owned() })
             }
             Some(_) => {}
             None => db.set_meta("filesystem", fs_uuid)?,
@@ -118,22 +112,16 @@ impl Db {
     }
 
     pub fn meta(&self, key: &str) -> rusqlite::Result<Option<String>> {
-        self.conn
-            .query_row("SELECT value FROM meta WHERE key = ?1", [key], |r| r.get(0))
-            .optional()
+        self.conn.query_row("SELECT value FROM meta WHERE key = ?1", [key], |r| r.get(0)).optional()
     }
 
     pub fn set_meta(&self, key: &str, value: &str) -> rusqlite::Result<()> {
-        self.conn
-            .execute("INSERT OR REPLACE INTO meta (key, value) VALUES (?1, ?2)", [key, value])
-            .map(drop)
+        self.conn.execute("INSERT OR REPLACE INTO meta (key, value) VALUES (?1, ?2)", [key, value]).map(drop)
     }
 
     /// Every known file, keyed by (dev, inode).
     pub fn load_index(&self) -> rusqlite::Result<HashMap<(u64, u64), Known>> {
-        let mut st = self
-            .conn
-            .prepare("SELECT id, dev, ino, path, size, mtime_ns, ctime_ns FROM files")?;
+        let mut st = self.conn.prepare("SELECT id, dev, ino, path, size, mtime_ns, ctime_ns FROM files")?;
         let rows = st.query_map([], |r| {
             let key = (r.get::<_, i64>(1)? as u64, r.get::<_, i64>(2)? as u64);
             Ok((
@@ -184,9 +172,8 @@ impl Db {
     /// Groups of files with the same size and whole-file digest, among
     /// `allowed`, each sorted by id (oldest first).
     pub fn whole_file_groups(&self, allowed: &HashSet<FileId>) -> rusqlite::Result<Vec<Vec<FileId>>> {
-        let mut st = self
-            .conn
-            .prepare("SELECT id, size, digest FROM files WHERE size > 0 ORDER BY size, digest, id")?;
+        let mut st =
+            self.conn.prepare("SELECT id, size, digest FROM files WHERE size > 0 ORDER BY size, digest, id")?;
         let mut rows = st.query([])?;
         let mut groups = Vec::new();
         let mut cur: Vec<FileId> = Vec::new();
@@ -251,8 +238,7 @@ impl Db {
         let mut st = self.conn.prepare_cached("SELECT size, blocks FROM files WHERE id = ?1")?;
         let mut out = Vec::new();
         for id in ids {
-            let row: Option<(i64, Vec<u8>)> =
-                st.query_row([id], |r| Ok((r.get(0)?, r.get(1)?))).optional()?;
+            let row: Option<(i64, Vec<u8>)> = st.query_row([id], |r| Ok((r.get(0)?, r.get(1)?))).optional()?;
             if let Some((size, blob)) = row {
                 out.push(PlanFile { id, size: size as u64, blocks: decode_blocks(&blob) });
             }
@@ -295,8 +281,5 @@ fn take_lock(path: &Path) -> Result<Flock<File>, DbError> {
 }
 
 fn unix_now() -> i64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| d.as_secs() as i64)
-        .unwrap_or(0)
+    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_secs() as i64).unwrap_or(0)
 }

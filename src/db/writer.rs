@@ -84,10 +84,8 @@ pub fn commit(conn: &Connection, run_id: i64, batch: &mut Vec<WriteOp>) -> rusql
 }
 
 fn delete_anchors(conn: &Connection, id: FileId) -> rusqlite::Result<()> {
-    let old: Option<Vec<u8>> = conn
-        .prepare_cached("SELECT blocks FROM files WHERE id = ?1")?
-        .query_row([id], |r| r.get(0))
-        .optional()?;
+    let old: Option<Vec<u8>> =
+        conn.prepare_cached("SELECT blocks FROM files WHERE id = ?1")?.query_row([id], |r| r.get(0)).optional()?;
     if let Some(blob) = old {
         let blocks = decode_blocks(&blob);
         let mut del = conn.prepare_cached("DELETE FROM anchors WHERE fp = ?1 AND file_id = ?2 AND blk = ?3")?;
@@ -142,14 +140,18 @@ fn apply(conn: &Connection, run_id: i64, op: WriteOp) -> rusqlite::Result<()> {
                     FileId(conn.last_insert_rowid())
                 }
             };
-            let mut ins = conn.prepare_cached("INSERT OR IGNORE INTO anchors (fp, file_id, blk) VALUES (?1, ?2, ?3)")?;
+            let mut ins =
+                conn.prepare_cached("INSERT OR IGNORE INTO anchors (fp, file_id, blk) VALUES (?1, ?2, ?3)")?;
             for i in anchors(&hash.blocks) {
                 ins.execute(params![hash.blocks[i as usize] as i64, id, i as i64])?;
             }
         }
         WriteOp::Renamed { id, path, ctime_ns } => {
-            conn.prepare_cached("UPDATE files SET path = ?2, ctime_ns = ?3 WHERE id = ?1")?
-                .execute(params![id, path_bytes(&path), ctime_ns])?;
+            conn.prepare_cached("UPDATE files SET path = ?2, ctime_ns = ?3 WHERE id = ?1")?.execute(params![
+                id,
+                path_bytes(&path),
+                ctime_ns
+            ])?;
         }
         WriteOp::Removed { id } => {
             delete_anchors(conn, id)?;

@@ -77,11 +77,7 @@ pub fn dedupe_range(
     dests: &[(BorrowedFd<'_>, u64)],
 ) -> Result<Vec<DestResult>, Errno> {
     assert!(len <= MAX_REQUEST_LEN, "request too long: {len}");
-    assert!(
-        !dests.is_empty() && dests.len() <= MAX_DESTS,
-        "bad destination count {}",
-        dests.len()
-    );
+    assert!(!dests.is_empty() && dests.len() <= MAX_DESTS, "bad destination count {}", dests.len());
     // The request is a header followed by `dests.len()` info records. Build it
     // in a u64 buffer so it is 8-byte aligned like the C structs.
     let header_words = std::mem::size_of::<FileDedupeRange>() / 8;
@@ -101,11 +97,8 @@ pub fn dedupe_range(
         };
         let infos = base.add(header_words) as *mut FileDedupeRangeInfo;
         for (i, (fd, off)) in dests.iter().enumerate() {
-            *infos.add(i) = FileDedupeRangeInfo {
-                dest_fd: fd.as_raw_fd() as i64,
-                dest_offset: *off,
-                ..Default::default()
-            };
+            *infos.add(i) =
+                FileDedupeRangeInfo { dest_fd: fd.as_raw_fd() as i64, dest_offset: *off, ..Default::default() };
         }
         // SAFETY: the pointer refers to a live, correctly sized request; the
         // kernel reads the header and writes only into the info records.
@@ -119,10 +112,7 @@ pub fn dedupe_range(
                     e if e < 0 => DedupeStatus::Error(Errno::from_raw(-e)),
                     other => DedupeStatus::Error(Errno::from_raw(other)),
                 };
-                DestResult {
-                    status,
-                    bytes_deduped: info.bytes_deduped,
-                }
+                DestResult { status, bytes_deduped: info.bytes_deduped }
             })
             .collect())
     }

@@ -97,12 +97,7 @@ pub fn fiemap(fd: BorrowedFd<'_>, start: u64, len: u64) -> Result<Vec<Extent>, E
         }
         let mut last = false;
         for e in &batch {
-            out.push(Extent {
-                logical: e.fe_logical,
-                physical: e.fe_physical,
-                length: e.fe_length,
-                flags: e.fe_flags,
-            });
+            out.push(Extent { logical: e.fe_logical, physical: e.fe_physical, length: e.fe_length, flags: e.fe_flags });
             last |= e.fe_flags & flags::LAST != 0;
         }
         let tail = batch.last().expect("mapped > 0");
@@ -127,9 +122,9 @@ pub fn physical_map(extents: &[Extent], start: u64, len: u64, step: u64) -> Vec<
         while i < extents.len() && extents[i].logical + extents[i].length <= off {
             i += 1;
         }
-        let phys = extents.get(i).and_then(|e| {
-            (e.logical <= off && e.flags & unstable == 0).then(|| e.physical + (off - e.logical))
-        });
+        let phys = extents
+            .get(i)
+            .and_then(|e| (e.logical <= off && e.flags & unstable == 0).then(|| e.physical + (off - e.logical)));
         out.push(phys);
         off += step;
     }
@@ -154,10 +149,7 @@ mod tests {
             Extent { logical: 0, physical: 1000, length: 8, flags: 0 },
             Extent { logical: 16, physical: 5000, length: 8, flags: flags::LAST },
         ];
-        assert_eq!(
-            physical_map(&ext, 0, 24, 4),
-            vec![Some(1000), Some(1004), None, None, Some(5000), Some(5004)]
-        );
+        assert_eq!(physical_map(&ext, 0, 24, 4), vec![Some(1000), Some(1004), None, None, Some(5000), Some(5004)]);
     }
 
     #[test]

@@ -26,6 +26,8 @@ pub enum FsKind {
 
 impl FsKind {
     fn from_magic(t: FsType) -> Self {
+        // `f_type` is a C long on every Linux target dedupscan builds for.
+        #[allow(clippy::unnecessary_cast)]
         match t.0 as i64 {
             BTRFS_SUPER_MAGIC => FsKind::Btrfs,
             XFS_SUPER_MAGIC => FsKind::Xfs,
@@ -159,7 +161,7 @@ fn unescape_octal(s: &[u8]) -> Vec<u8> {
     let mut out = Vec::with_capacity(s.len());
     let mut i = 0;
     while i < s.len() {
-        if s[i] == b'\\' && i + 3 < s.len() + 0 && s[i + 1..i + 4].iter().all(|c| (b'0'..=b'7').contains(c)) {
+        if s[i] == b'\\' && i + 3 < s.len() && s[i + 1..i + 4].iter().all(|c| (b'0'..=b'7').contains(c)) {
             out.push((s[i + 1] - b'0') * 64 + (s[i + 2] - b'0') * 8 + (s[i + 3] - b'0'));
             i += 4;
         } else {

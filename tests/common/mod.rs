@@ -172,7 +172,12 @@ impl Snapshot {
             };
             map.insert(
                 e.path().to_owned(),
-                FileState { sha256, size: m.size(), mode: m.mode(), mtime_ns: m.mtime() * 1_000_000_000 + m.mtime_nsec() },
+                FileState {
+                    sha256,
+                    size: m.size(),
+                    mode: m.mode(),
+                    mtime_ns: m.mtime() * 1_000_000_000 + m.mtime_nsec(),
+                },
             );
         }
         Snapshot(map)
@@ -261,8 +266,9 @@ pub fn dedupscan(args: &[&std::ffi::OsStr]) -> (i32, serde_json::Value, String) 
     let out = assert_cmd::Command::cargo_bin("dedupscan").unwrap().args(args).output().unwrap();
     let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
     let json = if args.iter().any(|a| *a == "--json") && !out.stdout.is_empty() {
-        serde_json::from_slice(&out.stdout)
-            .unwrap_or_else(|e| panic!("stdout is not JSON ({e}): {}\nstderr: {stderr}", String::from_utf8_lossy(&out.stdout)))
+        serde_json::from_slice(&out.stdout).unwrap_or_else(|e| {
+            panic!("stdout is not JSON ({e}): {}\nstderr: {stderr}", String::from_utf8_lossy(&out.stdout))
+        })
     } else {
         serde_json::Value::Null
     };
