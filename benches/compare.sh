@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # benches/compare.sh [--size SMALL|FULL|BYTES] [--fs btrfs|xfs|both] [--out FILE]
-#                    [--bin PATH] [--no-verify]
+#                    [--bin PATH] [--label TEXT] [--no-verify]
 #
 # Side-by-side benchmark of dedupscan and duperemove on a loop-mounted btrfs
 # and/or XFS volume holding the corpus of benches/corpus.sh (SMALL = 400M,
@@ -33,9 +33,15 @@
 #
 # Prints a Markdown table with ratios and writes every raw number as JSON to
 # --out FILE (default ./compare-results.json); the logs of every step go
-# next to it in FILE.logs/. Needs root, loop devices, /usr/bin/time,
-# mkfs.btrfs / mkfs.xfs, duperemove, python3. Everything it mounts or
-# creates is removed on exit, also on error or Ctrl-C.
+# next to it in FILE.logs/. --bin picks the dedupscan binary (default
+# target/release/dedupscan; it is copied first, so a rebuild during the run
+# does not matter); --label adds a note to the results (e.g. which commit the
+# binary was built from, when it is not the checkout's HEAD).
+# `benches/compare_report.py --table FILE` prints the table again.
+#
+# Needs root, loop devices, /usr/bin/time, mkfs.btrfs / mkfs.xfs, duperemove,
+# python3. Everything it mounts or creates is removed on exit, also on error
+# or Ctrl-C (after the step that is running finishes).
 
 set -euo pipefail
 
@@ -52,6 +58,7 @@ fs_arg=both
 out=compare-results.json
 bin=${DEDUPSCAN_BIN:-$ROOT/target/release/dedupscan}
 verify=1
+label=
 while [[ $# -gt 0 ]]; do
     case $1 in
     --size) size_arg=${2:?}; shift 2 ;;
@@ -62,6 +69,8 @@ while [[ $# -gt 0 ]]; do
     --out=*) out=${1#*=}; shift ;;
     --bin) bin=${2:?}; shift 2 ;;
     --bin=*) bin=${1#*=}; shift ;;
+    --label) label=${2:?}; shift 2 ;;
+    --label=*) label=${1#*=}; shift ;;
     --no-verify) verify=0; shift ;;
     -h | --help) usage ;;
     *) echo "compare.sh: unknown argument '$1'" >&2; usage ;;
@@ -259,7 +268,7 @@ t_start=$(date +%s)
 cp "$bin" "$WORK/dedupscan" # the build must not change under the run
 BIN=$WORK/dedupscan
 vol_bytes=$((size * 3 > 2 * 1024 ** 3 ? size * 3 : 2 * 1024 ** 3))
-record step=meta started="$(date -u +%FT%TZ)" size_name="$size_name" size_bytes="$size" \
+record step=meta started="$(date -u +%FT%TZ)" size_name="$size_name" size_bytes="$size" label="$label" \
     volume_bytes="$vol_bytes" kernel="$(uname -r)" nproc="$(nproc)" \
     cpu="$(awk -F': ' '/model name/ {print $2; exit}' /proc/cpuinfo)" \
     mem_kb="$(awk '/MemTotal/ {print $2}' /proc/meminfo)" \

@@ -198,6 +198,8 @@ for r in rows:
 print()
 m = meta
 loads = [v.get("load1") for s in fss.values() for v in s.values() if v.get("load1") is not None]
+if m.get("label"):
+    print(f"{m['label']}.")
 print(f"Run {m.get('started')} – {m.get('finished')} ({m.get('total_s')} s), corpus {m.get('size_name')} "
       f"({mib(m.get('size_bytes'))}), {m.get('nproc')} CPUs ({m.get('cpu')}), {int(m.get('mem_kb', 0)) // 1024} MiB RAM, "
       f"kernel {m.get('kernel')}; {m.get('dedupscan_version')} (git {m.get('git_head')}, "

@@ -129,6 +129,12 @@ pub struct RunArgs {
     /// small files are always shared).
     #[arg(long, value_name = "BYTES", default_value = "4K", value_parser = parse_size)]
     pub min_range: u64,
+
+    /// btrfs: where a destination extent is only partly shared, copy its
+    /// remainder into a fresh extent so the old one is freed — when the
+    /// remainder is at most RATIO times the shared part. 0 turns it off.
+    #[arg(long, value_name = "RATIO", default_value_t = 1.0)]
+    pub rewrite_ratio: f64,
 }
 
 #[derive(Debug, Subcommand)]

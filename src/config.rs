@@ -39,6 +39,8 @@ pub struct Config {
     pub incremental: bool,
     pub dry_run: bool,
     pub min_range: u64,
+    /// See `--rewrite-ratio`.
+    pub rewrite_ratio: f64,
     pub json: bool,
     pub verbosity: Verbosity,
     pub bars: bool,
@@ -63,9 +65,9 @@ impl Config {
             ProgressMode::Never => false,
             ProgressMode::Auto => std::io::stderr().is_terminal() && verbosity > Verbosity::Quiet,
         };
-        let (action, scan, dry_run, min_range) = match cli.command {
-            None => (Action::Run, cli.run.scan, cli.run.dry_run, cli.run.min_range),
-            Some(Command::Scan(s)) => (Action::Scan, s, false, 0),
+        let (action, scan, dry_run, min_range, rewrite_ratio) = match cli.command {
+            None => (Action::Run, cli.run.scan, cli.run.dry_run, cli.run.min_range, cli.run.rewrite_ratio),
+            Some(Command::Scan(s)) => (Action::Scan, s, false, 0, 0.0),
             Some(Command::Report(r)) => {
                 let fs = r.path.as_deref().map(resolve_fs).transpose()?;
                 let db_path = match (g.db, &fs) {
@@ -84,6 +86,7 @@ impl Config {
                     incremental: false,
                     dry_run: false,
                     min_range: 0,
+                    rewrite_ratio: 0.0,
                     json: g.json,
                     verbosity,
                     bars: false,
@@ -146,6 +149,7 @@ impl Config {
             incremental,
             dry_run,
             min_range,
+            rewrite_ratio,
             json: g.json,
             verbosity,
             bars,

@@ -15,14 +15,17 @@ use std::collections::{BTreeMap, HashMap, HashSet};
 use std::fs::File;
 use std::os::fd::{AsFd, BorrowedFd};
 use std::os::unix::fs::FileExt;
+use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
 
 use nix::errno::Errno;
 
+use crate::bookend::{self, DestExtent};
 use crate::plan::{Plan, Range};
 use crate::progress::Progress;
 use crate::report::{display_path, DedupeStatuses};
-use crate::sys::{self, dedupe::MAX_DESTS, dedupe::MAX_REQUEST_LEN, fiemap::physical_map, DedupeStatus};
+use crate::sys::fiemap::{flags as fiemap_flags, physical_map};
+use crate::sys::{self, dedupe::MAX_DESTS, dedupe::MAX_REQUEST_LEN, DedupeStatus, DestResult};
 use crate::types::FileId;
 use crate::walk::Candidate;
 
@@ -49,6 +52,9 @@ pub struct Outcome {
     pub changed_files: u64,
     /// Files whose data is inline in metadata (btrfs): nothing to share.
     pub inline_files: u64,
+    /// Bytes of partly covered extents copied into fresh extents so the old
+    /// ones can be freed (btrfs); in a dry run, what would be.
+    pub rewritten_bytes: u64,
     /// Files that could not be opened or mapped.
     pub errors: BTreeMap<String, u64>,
     /// Set when sharing was stopped because the filesystem refuses it.
@@ -76,12 +82,24 @@ struct Executor<'a> {
     buf_b: Vec<u8>,
 }
 
-/// Execute `plan`. `stop` is polled between source ranges.
+/// Rewriting remainders of partly covered extents (btrfs; see [`crate::bookend`]).
+#[derive(Debug, Clone)]
+pub struct Bookends {
+    /// A directory on the same filesystem for the unnamed temporary files.
+    pub tmp_dir: PathBuf,
+    /// Rewrite a remainder only when it is at most this many times the
+    /// covered part of its extent.
+    pub max_ratio: f64,
+}
+
+/// Execute `plan`. `stop` is polled between source ranges. With
+/// `bookends`, partly covered destination extents are freed first.
 pub fn execute(
     plan: &Plan,
     files: &HashMap<FileId, Candidate>,
     block_size: u64,
     mode: Mode,
+    bookends: Option<&Bookends>,
     progress: &dyn Progress,
     stop: &AtomicBool,
 ) -> Outcome {
@@ -96,6 +114,11 @@ pub fn execute(
         buf_a: vec![0; 1 << 20],
         buf_b: vec![0; 1 << 20],
     };
+    if let Some(b) = bookends {
+        // Before any range is shared: a rewritten remainder may be the
+        // source of other ranges, which must then share its new extent.
+        ex.free_bookends(plan, b, stop);
+    }
     let mut src_file: Option<(FileId, File)> = None;
     let mut i = 0;
     while i < plan.ranges.len() {
@@ -192,6 +215,83 @@ impl Executor<'_> {
                 self.submit(src, r.src_off + o, l, std::slice::from_ref(&one));
             }
         }
+    }
+
+    /// For every destination file, rewrite the uncovered remainders of its
+    /// partly covered extents (see [`crate::bookend`]).
+    fn free_bookends(&mut self, plan: &Plan, b: &Bookends, stop: &AtomicBool) {
+        let mut by_dest: BTreeMap<FileId, Vec<(u64, u64)>> = BTreeMap::new();
+        for r in &plan.ranges {
+            by_dest.entry(r.dest).or_default().push((r.dest_off, r.len));
+        }
+        for (id, ranges) in by_dest {
+            if stop.load(Ordering::Relaxed) || self.out.refused.is_some() {
+                return;
+            }
+            let Some(file) = self.open(id) else { continue };
+            let size = self.files[&id].size;
+            let Ok(extents) = sys::fiemap(file.as_fd(), 0, size) else { continue };
+            let unstable =
+                fiemap_flags::UNKNOWN | fiemap_flags::DELALLOC | fiemap_flags::ENCODED | fiemap_flags::DATA_INLINE;
+            let extents: Vec<DestExtent> = extents
+                .iter()
+                .map(|e| DestExtent {
+                    logical: e.logical,
+                    length: e.length,
+                    shared: e.is_shared(),
+                    unstable: e.flags & unstable != 0,
+                })
+                .collect();
+            let pieces = bookend::remainders(&extents, &bookend::union(ranges), size, b.max_ratio);
+            if pieces.is_empty() {
+                continue;
+            }
+            match self.mode {
+                Mode::DryRun => self.out.rewritten_bytes += pieces.iter().map(|p| p.1).sum::<u64>(),
+                Mode::Share => {
+                    if let Err(e) = self.rewrite(&file, size, &pieces, &b.tmp_dir) {
+                        let path = display_path(&self.files[&id].path);
+                        self.progress.warn(&format!("{path}: cannot rewrite partly shared extents: {e}"));
+                        *self.out.errors.entry("rewrite".to_owned()).or_default() += 1;
+                    }
+                }
+            }
+        }
+    }
+
+    /// Copy `pieces` of `dest` into an unnamed temporary file on the same
+    /// filesystem (at the same offsets, same size, so an unaligned tail ends
+    /// at both EOFs), then share them back into `dest`: the kernel compares
+    /// the bytes, and `dest` then references fresh extents there.
+    fn rewrite(&mut self, dest: &File, size: u64, pieces: &[(u64, u64)], dir: &std::path::Path) -> std::io::Result<()> {
+        let tmp = sys::inode::open_tmpfile(dir)?;
+        tmp.set_len(size)?;
+        for &(off, len) in pieces {
+            let mut pos = 0;
+            while pos < len {
+                let n = ((len - pos) as usize).min(self.buf_a.len());
+                dest.read_exact_at(&mut self.buf_a[..n], off + pos)?;
+                tmp.write_all_at(&self.buf_a[..n], off + pos)?;
+                pos += n as u64;
+            }
+        }
+        for &(off, len) in pieces {
+            let mut pos = 0;
+            while pos < len {
+                let n = (len - pos).min(MAX_REQUEST_LEN);
+                let r = sys::dedupe_range(tmp.as_fd(), off + pos, n, &[(dest.as_fd(), off + pos)])
+                    .map_err(std::io::Error::from)?;
+                match r[0] {
+                    DestResult { status: DedupeStatus::Same, bytes_deduped } if bytes_deduped > 0 => {
+                        self.out.rewritten_bytes += bytes_deduped;
+                        pos += bytes_deduped;
+                    }
+                    // Changed meanwhile, or refused: the file keeps its old extent.
+                    _ => break,
+                }
+            }
+        }
+        Ok(())
     }
 
     /// Physical address per block of a range (`None` where unknown), or

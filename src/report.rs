@@ -73,6 +73,9 @@ pub struct Report {
     pub deduped_bytes: u64,
     /// Bytes skipped because they already share the source's extents.
     pub already_shared_bytes: u64,
+    /// Bytes copied into fresh extents so that partly shared extents could
+    /// be freed (btrfs); in a dry run, what would be copied.
+    pub rewritten_bytes: u64,
     /// Free space after minus free space before, from statfs (0 in a dry run).
     pub freed_bytes: i64,
     pub dedupe_status: DedupeStatuses,
@@ -132,8 +135,9 @@ impl Report {
             if !self.dry_run {
                 let _ = writeln!(
                     s,
-                    "  shared: {} confirmed by the kernel; freed (statfs): {}",
+                    "  shared: {} confirmed by the kernel; rewritten: {}; freed (statfs): {}",
                     human(self.deduped_bytes),
+                    human(self.rewritten_bytes),
                     human_signed(self.freed_bytes)
                 );
             }

@@ -391,13 +391,18 @@ fn share(
     let root = cfg.paths.first().expect("a path");
     let before = if mode == Mode::Share { Some(free_bytes(root)?) } else { None };
     progress.phase(if cfg.dry_run { "4/5 verify" } else { "4/5 share" }, Some(plan.bytes()), true);
-    let out = dedupe::execute(&plan, &files, cfg.block_size, mode, progress, stop);
+    let bookends = (fs.kind == FsKind::Btrfs && cfg.rewrite_ratio > 0.0).then(|| dedupe::Bookends {
+        tmp_dir: if root.is_dir() { root.clone() } else { root.parent().unwrap_or(root).to_owned() },
+        max_ratio: cfg.rewrite_ratio,
+    });
+    let out = dedupe::execute(&plan, &files, cfg.block_size, mode, bookends.as_ref(), progress, stop);
     if let Some(before) = before {
         report.freed_bytes = free_bytes(root)? as i64 - before as i64;
     }
     report.duplicate_bytes = out.duplicate_bytes;
     report.deduped_bytes = out.deduped_bytes;
     report.already_shared_bytes = out.already_shared_bytes;
+    report.rewritten_bytes = out.rewritten_bytes;
     report.skip(SkipReason::ChangedDuringScan, out.changed_files);
     report.skip(SkipReason::Inline, out.inline_files);
     for (k, n) in &out.errors {

@@ -28,6 +28,7 @@ fn corpus_round_trip(fs: Fs) -> Option<(u64, i64)> {
     assert_eq!(dry["freed_bytes"].as_i64(), Some(0));
     assert_eq!(shared_bytes(&data.join("whole/b/file0.bin")), 0, "dry run shared something");
     let preview = num(&dry, "duplicate_bytes");
+    let preview_rewrite = num(&dry, "rewritten_bytes");
     assert!(preview * 10 >= ideal * 9, "dry run found {preview} of ideal {ideal}");
     assert_eq!(dry["dedupe_status"]["differs"].as_u64(), Some(0));
 
@@ -38,8 +39,12 @@ fn corpus_round_trip(fs: Fs) -> Option<(u64, i64)> {
     before.assert_same(&Snapshot::take(&data));
     assert_eq!(real["errors"].as_u64(), Some(0), "{real:#}");
     assert_eq!(num(&real, "deduped_bytes"), num(&real, "duplicate_bytes"));
-    // The dry run's preview is what the real run shared.
+    // The dry run's preview is what the real run shared and rewrote.
     assert_eq!(num(&real, "deduped_bytes"), preview);
+    assert_eq!(num(&real, "rewritten_bytes"), preview_rewrite);
+    if fs == Fs::Xfs {
+        assert_eq!(preview_rewrite, 0, "XFS frees per block and needs no rewriting");
+    }
     let reported = real["freed_bytes"].as_i64().unwrap();
     assert!(
         (reported - measured).abs() <= measured.abs() / 50 + (1 << 20),
@@ -85,9 +90,11 @@ fn xfs_frees_at_least_90_percent_of_ideal() {
 }
 
 #[test]
-fn btrfs_frees_at_least_half_of_ideal() {
+fn btrfs_frees_at_least_90_percent_of_ideal() {
+    // Needs the partly covered extents rewritten (the bookend problem):
+    // without it btrfs frees about 60% of this corpus.
     let Some((ideal, freed)) = corpus_round_trip(Fs::Btrfs) else { return };
-    assert!(freed * 2 >= ideal as i64, "btrfs freed {freed} of ideal {ideal}");
+    assert!(freed * 10 >= ideal as i64 * 9, "btrfs freed {freed} of ideal {ideal}");
 }
 
 #[test]

@@ -205,37 +205,55 @@ fn unsupported_filesystems_scan_and_report_but_refuse_to_share() {
     }
 }
 
-#[test]
-fn volume_files_are_never_opened_for_writing() {
-    let Some(vol) = Volume::new(Fs::Xfs, 512) else { return };
+/// Trace every open of a real run: no file of the volume is opened for
+/// writing. The one write-open allowed is an unnamed `O_TMPFILE` (a new
+/// inode no other file can see), used on btrfs to rewrite bookends.
+fn no_write_opens(fs: Fs) {
+    let Some(vol) = Volume::new(fs, 512) else { return };
     let data = vol.path("data");
     dedupscan::corpus::build(&data, 2, 1).unwrap();
     let trace = vol.db().with_extension("trace");
     let bin = assert_cmd::cargo::cargo_bin("dedupscan");
-    let st = Command::new("strace")
+    let out = Command::new("strace")
         .args(["-f", "-qq", "-e", "trace=open,openat,openat2,creat,truncate", "-o"])
         .arg(&trace)
         .arg(&bin)
         .arg(&data)
-        .arg("--db")
+        .args(["--json", "--progress=never", "--db"])
         .arg(vol.db())
-        .arg("--progress=never")
-        .arg("-q")
         .output()
         .unwrap();
-    assert!(st.status.success(), "{}", String::from_utf8_lossy(&st.stderr));
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let r: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
     let text = std::fs::read_to_string(&trace).unwrap();
     let vol_prefix = format!("\"{}", vol.mnt.display());
-    let mut volume_opens = 0;
+    let (mut volume_opens, mut tmpfiles) = (0, 0);
     for line in text.lines().filter(|l| l.contains(&vol_prefix)) {
         volume_opens += 1;
+        if line.contains("O_TMPFILE") {
+            tmpfiles += 1;
+            continue;
+        }
         for bad in ["O_WRONLY", "O_RDWR", "O_CREAT", "O_TRUNC", "O_APPEND", "truncate(", "creat("] {
             assert!(!line.contains(bad), "opened for writing: {line}");
         }
     }
     assert!(volume_opens > 100, "the trace saw only {volume_opens} opens on the volume: is strace working?");
+    if fs == Fs::Btrfs {
+        assert!(tmpfiles > 0 && num(&r, "rewritten_bytes") > 0, "the btrfs run rewrote nothing: {r:#}");
+    }
     // And it did share.
     assert!(shared_bytes(&data.join("whole/b/file0.bin")) > 0);
+}
+
+#[test]
+fn xfs_volume_files_are_never_opened_for_writing() {
+    no_write_opens(Fs::Xfs);
+}
+
+#[test]
+fn btrfs_volume_files_are_never_opened_for_writing() {
+    no_write_opens(Fs::Btrfs);
 }
 
 #[test]

@@ -41,7 +41,7 @@ _dedupscan() {
 
     case "${cmd}" in
         dedupscan)
-            opts="-n -v -q -h -V --incremental --block-size --threads --exclude --exclude-from --include-readonly-snapshots --max-runtime --metrics-file --dry-run --min-range --db --json --verbose --quiet --progress --help --version scan report help"
+            opts="-n -v -q -h -V --incremental --block-size --threads --exclude --exclude-from --include-readonly-snapshots --max-runtime --metrics-file --dry-run --min-range --rewrite-ratio --db --json --verbose --quiet --progress --help --version scan report help"
             if [[ ${cur} == -* || ${COMP_CWORD} -eq 1 ]] ; then
                 COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
                 return 0
@@ -72,6 +72,10 @@ _dedupscan() {
                     return 0
                     ;;
                 --min-range)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                --rewrite-ratio)
                     COMPREPLY=($(compgen -f "${cur}"))
                     return 0
                     ;;

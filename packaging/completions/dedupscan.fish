@@ -1,6 +1,6 @@
 # Print an optspec for argparse to handle cmd's options that are independent of any subcommand.
 function __fish_dedupscan_global_optspecs
-    string join \n incremental block-size= threads= exclude= exclude-from= include-readonly-snapshots max-runtime= metrics-file= n/dry-run min-range= db= json v/verbose q/quiet progress= h/help V/version
+    string join \n incremental block-size= threads= exclude= exclude-from= include-readonly-snapshots max-runtime= metrics-file= n/dry-run min-range= rewrite-ratio= db= json v/verbose q/quiet progress= h/help V/version
 end
 
 function __fish_dedupscan_needs_command
@@ -31,6 +31,7 @@ complete -c dedupscan -n "__fish_dedupscan_needs_command" -l exclude-from -d 'Re
 complete -c dedupscan -n "__fish_dedupscan_needs_command" -l max-runtime -d 'Stop cleanly when this much time is spent (e.g. 90m, 2h); work done is committed and the next --incremental run carries on' -r
 complete -c dedupscan -n "__fish_dedupscan_needs_command" -l metrics-file -d 'After the run, write its figures in the Prometheus text format to this file (replaced atomically), e.g. for node_exporter\'s textfile collector: /var/lib/prometheus/node-exporter/dedupscan-srv.prom' -r -F
 complete -c dedupscan -n "__fish_dedupscan_needs_command" -l min-range -d 'Shortest range worth sharing, in bytes (rounded down to blocks; whole small files are always shared)' -r
+complete -c dedupscan -n "__fish_dedupscan_needs_command" -l rewrite-ratio -d 'btrfs: where a destination extent is only partly shared, copy its remainder into a fresh extent so the old one is freed — when the remainder is at most RATIO times the shared part. 0 turns it off' -r
 complete -c dedupscan -n "__fish_dedupscan_needs_command" -l db -d 'Database file [default: /var/lib/dedupscan/<filesystem-uuid>.sqlite as root, $XDG_STATE_HOME/dedupscan/<filesystem-uuid>.sqlite otherwise]' -r -F
 complete -c dedupscan -n "__fish_dedupscan_needs_command" -l progress -d 'Progress display on stderr: bars on a terminal (auto), always, or never' -r -f -a "auto\t''
 always\t''

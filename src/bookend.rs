@@ -1,0 +1,162 @@
+//! Freeing partly shared extents on btrfs (the "bookend" problem).
+//!
+//! btrfs frees an extent only when no file references any part of it.
+//! Sharing 99% of a destination's extent frees nothing while the other 1%
+//! still points at it. This module decides, from a destination file's
+//! extents and the ranges the plan will share into it, which *remainders*
+//! (uncovered parts of partly covered extents) to rewrite into fresh
+//! extents so the old extent can go. Pure logic; the executor does the I/O
+//! (copy to an `O_TMPFILE`, then `FIDEDUPERANGE` back, so the kernel
+//! verifies every byte and the file never holds anything but its own data).
+//!
+//! XFS counts references per block and needs none of this.
+
+/// One extent of a destination file, as FIEMAP shows it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct DestExtent {
+    pub logical: u64,
+    pub length: u64,
+    /// Referenced by another file (or snapshot) already: it cannot be freed
+    /// by anything done to this file.
+    pub shared: bool,
+    /// Compressed, inline, delalloc or unknown: leave alone.
+    pub unstable: bool,
+}
+
+/// Parts of `extents` to rewrite, as `(offset, length)` in the file.
+///
+/// `covered` are the ranges the plan shares into this file (sorted by
+/// offset, not overlapping). An extent is worth its remainder when it is
+/// partly covered and the remainder is at most `max_ratio` times the covered
+/// part: then the whole extent is freed for writing the remainder, and the
+/// net gain is at least what is written.
+pub fn remainders(extents: &[DestExtent], covered: &[(u64, u64)], file_size: u64, max_ratio: f64) -> Vec<(u64, u64)> {
+    let mut out = Vec::new();
+    for e in extents.iter().filter(|e| !e.shared && !e.unstable) {
+        let start = e.logical;
+        let end = (e.logical + e.length).min(file_size);
+        if end <= start {
+            continue;
+        }
+        let mut gaps = Vec::new();
+        let mut pos = start;
+        let mut cov = 0;
+        for &(o, l) in covered {
+            let (cs, ce) = (o.max(start), (o + l).min(end));
+            if cs >= ce {
+                continue;
+            }
+            if cs > pos {
+                gaps.push((pos, cs - pos));
+            }
+            cov += ce - cs;
+            pos = pos.max(ce);
+        }
+        if pos < end {
+            gaps.push((pos, end - pos));
+        }
+        let uncovered: u64 = gaps.iter().map(|g| g.1).sum();
+        if cov == 0 || uncovered == 0 {
+            continue; // untouched, or freed anyway
+        }
+        if uncovered as f64 <= cov as f64 * max_ratio {
+            out.extend(gaps);
+        }
+    }
+    out
+}
+
+/// Merge `(offset, length)` ranges into sorted, non-overlapping ones.
+pub fn union(mut ranges: Vec<(u64, u64)>) -> Vec<(u64, u64)> {
+    ranges.sort_unstable();
+    let mut out: Vec<(u64, u64)> = Vec::with_capacity(ranges.len());
+    for (o, l) in ranges {
+        match out.last_mut() {
+            Some((po, pl)) if *po + *pl >= o => *pl = (*pl).max(o + l - *po),
+            _ => out.push((o, l)),
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const K: u64 = 4096;
+
+    fn ext(logical: u64, length: u64) -> DestExtent {
+        DestExtent { logical, length, shared: false, unstable: false }
+    }
+
+    #[test]
+    fn table() {
+        struct Case {
+            name: &'static str,
+            extents: Vec<DestExtent>,
+            covered: Vec<(u64, u64)>,
+            want: Vec<(u64, u64)>,
+        }
+        let cases = vec![
+            Case {
+                name: "shifted copy: one new block in front",
+                extents: vec![ext(0, 100 * K)],
+                covered: vec![(K, 99 * K)],
+                want: vec![(0, K)],
+            },
+            Case {
+                name: "fully covered: freed anyway",
+                extents: vec![ext(0, 8 * K)],
+                covered: vec![(0, 8 * K)],
+                want: vec![],
+            },
+            Case { name: "not covered: nothing to do", extents: vec![ext(0, 8 * K)], covered: vec![], want: vec![] },
+            Case {
+                name: "scattered changes (2%)",
+                extents: vec![ext(0, 100 * K)],
+                covered: vec![(0, 10 * K), (11 * K, 59 * K), (71 * K, 29 * K)],
+                want: vec![(10 * K, K), (70 * K, K)],
+            },
+            Case {
+                name: "remainder larger than covered: not worth it",
+                extents: vec![ext(0, 10 * K)],
+                covered: vec![(0, 4 * K)],
+                want: vec![],
+            },
+            Case {
+                name: "half covered: written equals saved, still worth it",
+                extents: vec![ext(0, 8 * K)],
+                covered: vec![(0, 4 * K)],
+                want: vec![(4 * K, 4 * K)],
+            },
+            Case {
+                name: "two extents judged apart",
+                extents: vec![ext(0, 4 * K), ext(4 * K, 4 * K)],
+                covered: vec![(K, 6 * K)],
+                want: vec![(0, K), (7 * K, K)],
+            },
+            Case {
+                name: "shared extent left alone",
+                extents: vec![DestExtent { shared: true, ..ext(0, 100 * K) }],
+                covered: vec![(K, 99 * K)],
+                want: vec![],
+            },
+        ];
+        for c in cases {
+            assert_eq!(remainders(&c.extents, &c.covered, 1 << 40, 1.0), c.want, "{}", c.name);
+        }
+    }
+
+    #[test]
+    fn file_size_clips_the_last_extent() {
+        // A 10-block extent of which the file uses 9 blocks and 100 bytes.
+        let size = 9 * K + 100;
+        assert_eq!(remainders(&[ext(0, 10 * K)], &[(K, 8 * K + 100)], size, 1.0), vec![(0, K)]);
+    }
+
+    #[test]
+    fn union_merges() {
+        assert_eq!(union(vec![(8, 4), (0, 4), (2, 4), (20, 1)]), vec![(0, 6), (8, 4), (20, 1)]);
+        assert_eq!(union(vec![(8, 4), (0, 4), (2, 4), (6, 2), (20, 1)]), vec![(0, 12), (20, 1)]);
+    }
+}

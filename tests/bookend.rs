@@ -1,0 +1,64 @@
+//! The bookend case: a file that shares all but a few blocks of another
+//! must free its extent, on btrfs (by rewriting the few blocks into a fresh
+//! extent) as on XFS (which frees per block).
+
+mod common;
+
+use common::*;
+use dedupscan::corpus::Rng;
+
+fn almost_identical_pair(fs: Fs) {
+    let Some(vol) = Volume::new(fs, 512) else { return };
+    let d = vol.path("pair");
+    std::fs::create_dir(&d).unwrap();
+    let mut rng = Rng::new(21);
+    let len = 16 << 20;
+    let a = rng.bytes(len);
+    let mut b = a.clone();
+    for blk in [5usize, 1000, 3000] {
+        b[blk * 4096..blk * 4096 + 4096].copy_from_slice(&rng.bytes(4096));
+    }
+    std::fs::write(d.join("a"), &a).unwrap();
+    std::fs::write(d.join("b"), &b).unwrap();
+    let before = Snapshot::take(&d);
+    let free0 = free_bytes(&vol.mnt);
+    let r = run_json(&vol, &[d.to_str().unwrap()]);
+    let freed = free_bytes(&vol.mnt) as i64 - free0 as i64;
+    before.assert_same(&Snapshot::take(&d));
+    let shared = (len - 3 * 4096) as i64;
+    assert!(freed >= shared * 98 / 100, "{fs:?}: freed {freed} of {shared}: {r:#}");
+    if fs == Fs::Btrfs {
+        assert_eq!(num(&r, "rewritten_bytes"), 3 * 4096, "{r:#}");
+    }
+    // Every block b has in common with a is a block of a now.
+    assert!(same_physical(&d.join("a"), 0, &d.join("b"), 0, 5 * 4096));
+    assert!(same_physical(&d.join("a"), 6 * 4096, &d.join("b"), 6 * 4096, 994 * 4096));
+    // A rerun does nothing.
+    let again = run_json(&vol, &[d.to_str().unwrap()]);
+    assert_eq!(num(&again, "duplicate_bytes") + num(&again, "rewritten_bytes"), 0, "{again:#}");
+}
+
+#[test]
+fn btrfs_frees_the_extent_of_an_almost_identical_file() {
+    almost_identical_pair(Fs::Btrfs);
+}
+
+#[test]
+fn xfs_frees_the_blocks_of_an_almost_identical_file() {
+    almost_identical_pair(Fs::Xfs);
+}
+
+#[test]
+fn rewrite_ratio_zero_leaves_bookends_alone() {
+    let Some(vol) = Volume::new(Fs::Btrfs, 256) else { return };
+    let d = vol.path("p");
+    std::fs::create_dir(&d).unwrap();
+    let a = Rng::new(1).bytes(4 << 20);
+    let mut b = a.clone();
+    b[0] ^= 1;
+    std::fs::write(d.join("a"), &a).unwrap();
+    std::fs::write(d.join("b"), &b).unwrap();
+    let r = run_json(&vol, &[d.to_str().unwrap(), "--rewrite-ratio", "0"]);
+    assert_eq!(num(&r, "rewritten_bytes"), 0);
+    assert!(num(&r, "deduped_bytes") > 0);
+}
