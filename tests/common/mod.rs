@@ -283,6 +283,8 @@ pub fn run_json(vol: &Volume, args: &[&str]) -> serde_json::Value {
     all.extend([std::ffi::OsStr::new("--json"), std::ffi::OsStr::new("--db"), db.as_os_str()]);
     let (code, json, stderr) = dedupscan(&all);
     assert!(code == 0 || code == 1, "dedupscan {args:?} exited {code}: {stderr}");
+    // stderr is a pipe here, as under systemd: plain lines, no bar drawing.
+    assert!(!stderr.contains('\x1b') && !stderr.contains('\r'), "control characters on a non-terminal: {stderr:?}");
     validate_report(&json);
     json
 }
