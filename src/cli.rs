@@ -102,6 +102,12 @@ pub struct ScanArgs {
     #[arg(long)]
     pub include_readonly_snapshots: bool,
 
+    /// Drop file data from the page cache once it is hashed, so a scan does
+    /// not evict the server's working set (used by the systemd unit; costs
+    /// rereads when ranges are shared).
+    #[arg(long)]
+    pub drop_cache: bool,
+
     /// Stop cleanly when this much time is spent (e.g. 90m, 2h); work done
     /// is committed and the next --incremental run carries on.
     #[arg(long, value_name = "DURATION", value_parser = humantime::parse_duration)]

@@ -46,6 +46,8 @@ pub struct Config {
     pub bars: bool,
     /// Share into read-only btrfs snapshots too.
     pub include_readonly_snapshots: bool,
+    /// Drop hashed data from the page cache (`--drop-cache`).
+    pub drop_cache: bool,
     /// Time budget of the run.
     pub max_runtime: Option<std::time::Duration>,
     /// Where to write the run's figures for Prometheus (`--metrics-file`).
@@ -91,6 +93,7 @@ impl Config {
                     verbosity,
                     bars: false,
                     include_readonly_snapshots: false,
+                    drop_cache: false,
                     max_runtime: None,
                     metrics_file: None,
                 });
@@ -104,6 +107,7 @@ impl Config {
             mut exclude,
             exclude_from,
             include_readonly_snapshots,
+            drop_cache,
             max_runtime,
             metrics_file,
         } = scan;
@@ -154,6 +158,7 @@ impl Config {
             verbosity,
             bars,
             include_readonly_snapshots,
+            drop_cache,
             max_runtime,
             metrics_file,
         })

@@ -12,11 +12,20 @@
 //! The whole-file digest is the SHA-256 of the size and of every block's
 //! full SHA-256 (holes count as zeros), so it identifies the content without
 //! hashing the data twice.
+//!
+//! I/O: `POSIX_FADV_SEQUENTIAL` on open, `WILLNEED` on the next chunk before
+//! hashing the current one (reading overlaps hashing), and with `--drop-cache`
+//! `DONTNEED` on chunks already hashed, so a nightly scan does not evict the
+//! server's working set. Off by default: the share phase rereads every
+//! duplicate range (the kernel compares both sides), and finds it cached.
 
 use std::fs::File;
 use std::io;
-use std::os::fd::AsRawFd;
 use std::os::unix::fs::FileExt;
+
+use nix::errno::Errno;
+use nix::fcntl::{posix_fadvise, PosixFadviseAdvice};
+use nix::unistd::{lseek, Whence};
 
 use sha2::{Digest, Sha256};
 
@@ -63,6 +72,18 @@ fn is_zero(b: &[u8]) -> bool {
 /// out shorter than `size` yields an `UnexpectedEof` error: the caller treats
 /// it as changed during the scan.
 pub fn hash_file(file: &File, size: u64, block_size: u64, buf: &mut Vec<u8>) -> io::Result<FileHash> {
+    hash_file_with(file, size, block_size, buf, false)
+}
+
+/// [`hash_file`], optionally dropping every chunk from the page cache once
+/// it is hashed (`drop_behind`, see `--drop-cache`).
+pub fn hash_file_with(
+    file: &File,
+    size: u64,
+    block_size: u64,
+    buf: &mut Vec<u8>,
+    drop_behind: bool,
+) -> io::Result<FileHash> {
     assert!(block_size.is_power_of_two() && block_size as usize <= CHUNK);
     let nblocks = size.div_ceil(block_size) as usize;
     let mut blocks = Vec::with_capacity(nblocks);
@@ -77,6 +98,8 @@ pub fn hash_file(file: &File, size: u64, block_size: u64, buf: &mut Vec<u8>) -> 
         }
     };
     buf.resize(CHUNK, 0);
+    // Sequential: the kernel doubles its read-ahead window.
+    advise(file, 0, 0, PosixFadviseAdvice::POSIX_FADV_SEQUENTIAL);
     let mut bytes_read = 0u64;
     let mut pos = 0u64; // next block-aligned offset to account for
     while pos < size {
@@ -96,6 +119,9 @@ pub fn hash_file(file: &File, size: u64, block_size: u64, buf: &mut Vec<u8>) -> 
         while pos < data_end {
             let want = ((data_end - pos).div_ceil(block_size) * block_size).min(CHUNK as u64).min(size - pos) as usize;
             let got = read_full_at(file, &mut buf[..want], pos)?;
+            // Ask for the next chunk now, so the disk reads it while this
+            // one is hashed.
+            advise(file, pos + got as u64, CHUNK as u64, PosixFadviseAdvice::POSIX_FADV_WILLNEED);
             if got < want {
                 return Err(io::Error::new(io::ErrorKind::UnexpectedEof, "file shrank while it was read"));
             }
@@ -110,6 +136,10 @@ pub fn hash_file(file: &File, size: u64, block_size: u64, buf: &mut Vec<u8>) -> 
                     blocks.push(fingerprint(&d));
                 }
             }
+            if drop_behind {
+                // A nightly scan must not evict the server's working set.
+                advise(file, pos, got as u64, PosixFadviseAdvice::POSIX_FADV_DONTNEED);
+            }
             pos += got as u64;
         }
     }
@@ -120,21 +150,20 @@ pub fn hash_file(file: &File, size: u64, block_size: u64, buf: &mut Vec<u8>) -> 
 /// Next data region at or after `pos`: `(start, end)` or `None` when the rest
 /// of the file is a hole. Filesystems without `SEEK_DATA` report all data.
 fn next_data(file: &File, pos: u64, size: u64) -> io::Result<Option<(u64, u64)>> {
-    let fd = file.as_raw_fd();
-    // SAFETY: lseek on a valid fd has no memory-safety preconditions.
-    let start = unsafe { libc::lseek(fd, pos as libc::off_t, libc::SEEK_DATA) };
-    if start < 0 {
-        let e = io::Error::last_os_error();
-        return match e.raw_os_error() {
-            Some(libc::ENXIO) => Ok(None),
-            Some(libc::EINVAL) | Some(libc::EOPNOTSUPP) => Ok(Some((pos, size))),
-            _ => Err(e),
-        };
-    }
-    // SAFETY: as above.
-    let end = unsafe { libc::lseek(fd, start, libc::SEEK_HOLE) };
-    let end = if end < 0 { size } else { end as u64 };
-    Ok(Some((start as u64, end)))
+    let start = match lseek(file, pos as i64, Whence::SeekData) {
+        Ok(s) => s as u64,
+        Err(Errno::ENXIO) => return Ok(None),
+        Err(Errno::EINVAL | Errno::EOPNOTSUPP) => return Ok(Some((pos, size))),
+        Err(e) => return Err(e.into()),
+    };
+    let end = lseek(file, start as i64, Whence::SeekHole).map_or(size, |e| e as u64);
+    Ok(Some((start, end)))
+}
+
+/// Page-cache courtesy and read-ahead. Advice is only advice: errors are
+/// ignored.
+fn advise(file: &File, off: u64, len: u64, advice: PosixFadviseAdvice) {
+    let _ = posix_fadvise(file, off as i64, len as i64, advice);
 }
 
 /// `pread` until `buf` is full or EOF; returns the bytes read.

@@ -225,7 +225,7 @@ fn hash_all(
                     return;
                 }
                 let key = (cand.dev, cand.ino);
-                match hash_one(&cand, cfg.block_size, buf) {
+                match hash_one(&cand, cfg.block_size, cfg.drop_cache, buf) {
                     Ok((now, h)) => {
                         stats.files.fetch_add(1, Ordering::Relaxed);
                         stats.bytes.fetch_add(h.bytes_read, Ordering::Relaxed);
@@ -274,7 +274,12 @@ enum HashFail {
 }
 
 /// Open, check and hash one file. Returns the facts it was hashed under.
-fn hash_one(c: &Candidate, block_size: u64, buf: &mut Vec<u8>) -> Result<(Candidate, hash::FileHash), HashFail> {
+fn hash_one(
+    c: &Candidate,
+    block_size: u64,
+    drop_cache: bool,
+    buf: &mut Vec<u8>,
+) -> Result<(Candidate, hash::FileHash), HashFail> {
     let file = sys::open_readonly(&c.path).map_err(|e| match e.raw_os_error() {
         Some(libc::ENOENT) => HashFail::Skip(SkipReason::Vanished),
         Some(libc::ELOOP) => HashFail::Skip(SkipReason::Symlink),
@@ -292,7 +297,7 @@ fn hash_one(c: &Candidate, block_size: u64, buf: &mut Vec<u8>) -> Result<(Candid
     if now.size == 0 {
         return Err(HashFail::Skip(SkipReason::Empty));
     }
-    let h = match hash::hash_file(&file, now.size, block_size, buf) {
+    let h = match hash::hash_file_with(&file, now.size, block_size, buf, drop_cache) {
         Ok(h) => h,
         Err(e) if e.kind() == std::io::ErrorKind::UnexpectedEof => {
             return Err(HashFail::Skip(SkipReason::ChangedDuringScan))

@@ -156,7 +156,7 @@ fn service_unit_settings() {
     let s = unit_values(&unit, "Service");
     for (key, want) in [
         ("Type", "oneshot"),
-        ("ExecStart", "/usr/bin/dedupscan %f --incremental --progress never"),
+        ("ExecStart", "/usr/bin/dedupscan %f --incremental --drop-cache --progress never"),
         ("IOSchedulingClass", "idle"),
         ("Nice", "19"),
         ("CPUWeight", "20"),

@@ -1,6 +1,6 @@
 # Print an optspec for argparse to handle cmd's options that are independent of any subcommand.
 function __fish_dedupscan_global_optspecs
-    string join \n incremental block-size= threads= exclude= exclude-from= include-readonly-snapshots max-runtime= metrics-file= n/dry-run min-range= rewrite-ratio= db= json v/verbose q/quiet progress= h/help V/version
+    string join \n incremental block-size= threads= exclude= exclude-from= include-readonly-snapshots drop-cache max-runtime= metrics-file= n/dry-run min-range= rewrite-ratio= db= json v/verbose q/quiet progress= h/help V/version
 end
 
 function __fish_dedupscan_needs_command
@@ -38,6 +38,7 @@ always\t''
 never\t''"
 complete -c dedupscan -n "__fish_dedupscan_needs_command" -l incremental -d 'Rehash only files whose size, mtime or ctime changed since the last run'
 complete -c dedupscan -n "__fish_dedupscan_needs_command" -l include-readonly-snapshots -d 'Also share into read-only btrfs snapshots (left alone by default: sharing into many snapshots can grow metadata instead of freeing space)'
+complete -c dedupscan -n "__fish_dedupscan_needs_command" -l drop-cache -d 'Drop file data from the page cache once it is hashed, so a scan does not evict the server\'s working set (used by the systemd unit; costs rereads when ranges are shared)'
 complete -c dedupscan -n "__fish_dedupscan_needs_command" -s n -l dry-run -d 'Show what would be shared, verified byte for byte, and change nothing on the volume'
 complete -c dedupscan -n "__fish_dedupscan_needs_command" -l json -d 'Print the report as one JSON document on stdout'
 complete -c dedupscan -n "__fish_dedupscan_needs_command" -s v -l verbose -d 'More detail (repeatable)'
@@ -59,6 +60,7 @@ always\t''
 never\t''"
 complete -c dedupscan -n "__fish_dedupscan_using_subcommand scan" -l incremental -d 'Rehash only files whose size, mtime or ctime changed since the last run'
 complete -c dedupscan -n "__fish_dedupscan_using_subcommand scan" -l include-readonly-snapshots -d 'Also share into read-only btrfs snapshots (left alone by default: sharing into many snapshots can grow metadata instead of freeing space)'
+complete -c dedupscan -n "__fish_dedupscan_using_subcommand scan" -l drop-cache -d 'Drop file data from the page cache once it is hashed, so a scan does not evict the server\'s working set (used by the systemd unit; costs rereads when ranges are shared)'
 complete -c dedupscan -n "__fish_dedupscan_using_subcommand scan" -l json -d 'Print the report as one JSON document on stdout'
 complete -c dedupscan -n "__fish_dedupscan_using_subcommand scan" -s v -l verbose -d 'More detail (repeatable)'
 complete -c dedupscan -n "__fish_dedupscan_using_subcommand scan" -s q -l quiet -d 'Less output: no per-path warnings, no progress'
