@@ -458,6 +458,24 @@ impl Executor<'_> {
     }
 }
 
+/// For every range of `plan`, how many of its bytes do not yet share the
+/// source's extents, from FIEMAP alone (no data is read). `None` where a
+/// file cannot be opened or mapped.
+pub fn unshared_bytes(plan: &Plan, files: &HashMap<FileId, Candidate>, block_size: u64) -> Vec<Option<u64>> {
+    let map = |id: FileId, off: u64, len: u64| -> Option<Vec<Option<u64>>> {
+        let f = sys::open_readonly(&files.get(&id)?.path).ok()?;
+        let ext = sys::fiemap(f.as_fd(), off, len).ok()?;
+        Some(physical_map(&ext, off, len, block_size))
+    };
+    plan.ranges
+        .iter()
+        .map(|r| {
+            let (s, d) = (map(r.src, r.src_off, r.len)?, map(r.dest, r.dest_off, r.len)?);
+            Some(unshared_parts(&s, &d, block_size, r.len).iter().map(|p| p.1).sum())
+        })
+        .collect()
+}
+
 /// The parts of a range (offset, length relative to its start) whose blocks
 /// do not already map to the same physical address in source and
 /// destination. Unknown addresses count as not shared.

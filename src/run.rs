@@ -23,7 +23,7 @@ use crate::db::writer::{self, WriteOp, CHANNEL_CAP};
 use crate::db::{Db, Known};
 use crate::dedupe::{self, Mode};
 use crate::hash;
-use crate::plan::{self, PlanOptions};
+use crate::plan::PlanOptions;
 use crate::policy::{Policy, SkipReason};
 use crate::progress::Progress;
 use crate::report::{display_path, human, Report};
@@ -349,37 +349,26 @@ fn share(
     }
     drop(index);
     let allowed: HashSet<FileId> = files.keys().copied().collect();
-    let mut whole = db.whole_file_groups(&allowed)?;
-    let covered: HashSet<FileId> = whole.iter().flat_map(|g| g[1..].iter().copied()).collect();
-    let mut anchor_groups = db.anchor_groups(&allowed, &covered)?;
     // Incremental: everything hashed before the last complete sharing run
     // was matched then; plan only the groups that hold a newer file.
     let last_share: Option<i64> = db.meta(LAST_SHARE_RUN)?.and_then(|v| v.parse().ok());
-    if let (true, Some(last)) = (cfg.incremental, last_share) {
-        let fresh = db.hashed_after(last)?;
-        whole.retain(|g| g.iter().any(|id| fresh.contains(id)));
-        anchor_groups.retain(|g| g.iter().any(|(id, _)| fresh.contains(id)));
-        progress.info(&format!("incremental: {} files new since run {last}", fresh.len()));
-    }
-    let mut involved: Vec<FileId> =
-        whole.iter().flatten().copied().chain(anchor_groups.iter().flatten().map(|(id, _)| *id)).collect();
-    involved.sort_unstable();
-    involved.dedup();
-    let plan_files = db.plan_files(involved)?;
+    let fresh = match (cfg.incremental, last_share) {
+        (true, Some(last)) => Some(db.hashed_after(last)?),
+        _ => None,
+    };
     let opts = PlanOptions {
         block_size: cfg.block_size,
         min_blocks: (cfg.min_range / cfg.block_size).max(1),
         ..Default::default()
     };
-    let plan = plan::plan(&plan_files, &whole, &anchor_groups, opts);
-    drop(plan_files);
+    let (plan, whole_groups) = db.plan(&allowed, fresh.as_ref(), opts)?;
     report.ranges_planned = plan.ranges.len() as u64;
     report.timings.plan_ms = ms(t);
     progress.finish_phase(&format!(
         "3/5 plan: {} ranges, {} duplicate ({} whole-file groups)",
         plan.ranges.len(),
         human(plan.bytes()),
-        whole.len()
+        whole_groups
     ));
 
     let t = Instant::now();

@@ -97,22 +97,39 @@ fn btrfs_frees_at_least_90_percent_of_ideal() {
     assert!(freed * 10 >= ideal as i64 * 9, "btrfs freed {freed} of ideal {ideal}");
 }
 
-#[test]
-fn report_subcommand_shows_history() {
-    let Some(vol) = Volume::new(Fs::Xfs, 320) else { return };
-    let data = vol.path("d");
-    std::fs::create_dir(&data).unwrap();
-    let payload: Vec<u8> = (0..200_000u32).map(|i| (i % 251) as u8).collect();
-    std::fs::write(data.join("a"), &payload).unwrap();
-    std::fs::write(data.join("b"), &payload).unwrap();
-    run_json(&vol, &[data.to_str().unwrap()]);
+fn db_report(vol: &Volume) -> serde_json::Value {
     let db = vol.db();
     let (code, json, err) = dedupscan(&["report".as_ref(), "--json".as_ref(), "--db".as_ref(), db.as_os_str()]);
     assert_eq!(code, 0, "{err}");
-    assert_eq!(json["files"].as_u64(), Some(2));
-    assert_eq!(json["runs"].as_array().unwrap().len(), 1);
-    assert!(json["freed_bytes_total"].as_i64().unwrap() > 0);
+    validate_db_report(&json);
+    json
+}
+
+#[test]
+fn report_subcommand_measures_what_is_shared_and_what_remains() {
+    let Some(vol) = Volume::new(Fs::Btrfs, 320) else { return };
+    let data = vol.path("d");
+    std::fs::create_dir_all(data.join("copies")).unwrap();
+    let payload = dedupscan::corpus::Rng::new(3).bytes(1 << 20);
+    std::fs::write(data.join("a"), &payload).unwrap();
+    std::fs::write(data.join("copies/b"), &payload).unwrap();
+    std::fs::write(data.join("copies/c"), &payload).unwrap();
+    run_json(&vol, &[data.to_str().unwrap(), "--dry-run"]);
+    let before = db_report(&vol);
+    assert_eq!(before["files"].as_u64(), Some(3));
+    assert_eq!(num(&before, "duplicate_bytes"), 2 << 20);
+    assert_eq!(num(&before, "unshared_bytes"), 2 << 20);
+    assert_eq!(num(&before, "shared_bytes"), 0);
+    assert_eq!(before["largest_remaining_groups"][0]["destinations"].as_u64(), Some(2));
+    assert!(before["top_directories"][0]["directory"].as_str().unwrap().ends_with("/d/copies"), "{before:#}");
+    run_json(&vol, &[data.to_str().unwrap()]);
+    let after = db_report(&vol);
+    assert_eq!(num(&after, "shared_bytes"), 2 << 20, "{after:#}");
+    assert_eq!(num(&after, "unshared_bytes"), 0);
+    assert!(after["largest_remaining_groups"].as_array().unwrap().is_empty());
+    assert_eq!(after["runs"].as_array().unwrap().len(), 2);
+    assert!(after["freed_bytes_total"].as_i64().unwrap() >= 2 << 20);
     // The database lists every path: only its owner may read it.
-    let mode = std::os::unix::fs::PermissionsExt::mode(&std::fs::metadata(&db).unwrap().permissions());
+    let mode = std::os::unix::fs::PermissionsExt::mode(&std::fs::metadata(vol.db()).unwrap().permissions());
     assert_eq!(mode & 0o777, 0o600);
 }

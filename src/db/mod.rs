@@ -17,7 +17,7 @@ use std::path::{Path, PathBuf};
 use nix::fcntl::{Flock, FlockArg};
 use rusqlite::{params, Connection, OpenFlags, OptionalExtension};
 
-use crate::plan::PlanFile;
+use crate::plan::{self, Plan, PlanFile, PlanOptions};
 use crate::types::FileId;
 
 /// Why a database could not be used. Each message says what to do.
@@ -53,7 +53,8 @@ pub struct Known {
 pub struct Db {
     pub conn: Connection,
     pub path: PathBuf,
-    _lock: Flock<File>,
+    /// The run lock; `None` for a read-only [`Db::open_for_report`].
+    _lock: Option<Flock<File>>,
 }
 
 impl Db {
@@ -88,7 +89,7 @@ impl Db {
             DbError::Sqlite(s) => corrupt(s),
             other => other,
         })?;
-        let db = Db { conn, path: path.to_owned(), _lock: lock };
+        let db = Db { conn, path: path.to_owned(), _lock: Some(lock) };
         match db.meta("filesystem")? {
             Some(found) if found != fs_uuid => {
                 return Err(DbError::WrongFilesystem { path: path.to_owned(), found, expected: fs_uuid.to_owned() })
@@ -99,8 +100,13 @@ impl Db {
         Ok(db)
     }
 
-    /// Open an existing database read-only for `report` (no lock needed:
-    /// WAL readers never block the writer).
+    /// Open an existing database read-only for `report`, without the lock
+    /// (WAL readers never block the writer, so a report works during a run).
+    pub fn open_for_report(path: &Path) -> Result<Db, DbError> {
+        Ok(Db { conn: Self::open_readonly(path)?, path: path.to_owned(), _lock: None })
+    }
+
+    /// A read-only connection to an existing database.
     pub fn open_readonly(path: &Path) -> Result<Connection, DbError> {
         let corrupt = |e: rusqlite::Error| DbError::Corrupt { path: path.to_owned(), reason: e.to_string() };
         let conn = Connection::open_with_flags(path, OpenFlags::SQLITE_OPEN_READ_ONLY).map_err(corrupt)?;
@@ -231,6 +237,31 @@ impl Db {
             groups.push(cur);
         }
         Ok(groups)
+    }
+
+    /// Build the plan over the `allowed` files: whole-file groups first,
+    /// then anchor groups. With `fresh`, only groups holding a fresh file are
+    /// planned (incremental runs). Returns the plan and the number of
+    /// whole-file groups.
+    pub fn plan(
+        &self,
+        allowed: &HashSet<FileId>,
+        fresh: Option<&HashSet<FileId>>,
+        opts: PlanOptions,
+    ) -> rusqlite::Result<(Plan, usize)> {
+        let mut whole = self.whole_file_groups(allowed)?;
+        let covered: HashSet<FileId> = whole.iter().flat_map(|g| g[1..].iter().copied()).collect();
+        let mut anchor_groups = self.anchor_groups(allowed, &covered)?;
+        if let Some(fresh) = fresh {
+            whole.retain(|g| g.iter().any(|id| fresh.contains(id)));
+            anchor_groups.retain(|g| g.iter().any(|(id, _)| fresh.contains(id)));
+        }
+        let mut involved: Vec<FileId> =
+            whole.iter().flatten().copied().chain(anchor_groups.iter().flatten().map(|(id, _)| *id)).collect();
+        involved.sort_unstable();
+        involved.dedup();
+        let files = self.plan_files(involved)?;
+        Ok((plan::plan(&files, &whole, &anchor_groups, opts), whole.len()))
     }
 
     /// Block maps of the given files.

@@ -251,13 +251,21 @@ pub fn ideal_dup_bytes(root: &Path) -> u64 {
     dup
 }
 
-/// The report schema, compiled once per test.
+/// Validate a run report against `schema/report.schema.json`.
 pub fn validate_report(v: &serde_json::Value) {
-    let schema: serde_json::Value =
-        serde_json::from_str(include_str!("../../schema/report.schema.json")).expect("schema is JSON");
+    validate(v, include_str!("../../schema/report.schema.json"));
+}
+
+/// Validate `report --json` output against `schema/db-report.schema.json`.
+pub fn validate_db_report(v: &serde_json::Value) {
+    validate(v, include_str!("../../schema/db-report.schema.json"));
+}
+
+fn validate(v: &serde_json::Value, schema: &str) {
+    let schema: serde_json::Value = serde_json::from_str(schema).expect("schema is JSON");
     let validator = jsonschema::validator_for(&schema).expect("schema compiles");
     let errors: Vec<String> = validator.iter_errors(v).map(|e| format!("{} at {}", e, e.instance_path())).collect();
-    assert!(errors.is_empty(), "report does not match schema/report.schema.json: {errors:#?}\n{v:#}");
+    assert!(errors.is_empty(), "report does not match its schema: {errors:#?}\n{v:#}");
 }
 
 /// Run the real binary with `args`; returns (exit code, parsed JSON report
