@@ -46,7 +46,7 @@ fn fp(rng: &mut Rng) -> u64 {
 }
 
 fn plan_file(id: i64, blocks: Vec<u64>) -> PlanFile {
-    PlanFile { id: FileId(id), size: blocks.len() as u64 * BS, blocks }
+    PlanFile { id: FileId(id), rank: id as u64, size: blocks.len() as u64 * BS, blocks }
 }
 
 /// Group files the way the database does: whole-file groups by content,

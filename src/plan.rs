@@ -23,6 +23,11 @@ use crate::types::FileId;
 #[derive(Debug, Clone)]
 pub struct PlanFile {
     pub id: FileId,
+    /// Preference as a source: the lowest rank in a group keeps its extents
+    /// and every other copy shares them. The database ranks files hashed by
+    /// earlier runs first (they are already shared among themselves), then
+    /// by path, so the choice is deterministic.
+    pub rank: u64,
     pub size: u64,
     /// Fingerprint per block; [`ZERO_FP`] for holes and zero blocks.
     pub blocks: Vec<u64>,
@@ -140,7 +145,7 @@ impl Planner<'_> {
 
     fn whole_file_group(&mut self, ids: &[FileId]) {
         let mut members: Vec<u32> = ids.iter().filter_map(|id| self.index.get(id).copied()).collect();
-        members.sort_unstable_by_key(|&i| self.files[i as usize].id);
+        members.sort_unstable_by_key(|&i| self.files[i as usize].rank);
         let Some((&canon, rest)) = members.split_first() else { return };
         for &d in rest {
             if self.files[d as usize].blocks != self.files[canon as usize].blocks {
@@ -162,7 +167,7 @@ impl Planner<'_> {
                 ((*b as usize) < self.files[f as usize].blocks.len()).then_some((f, *b))
             })
             .collect();
-        occ.sort_unstable_by_key(|&(f, b)| (self.files[f as usize].id, b));
+        occ.sort_unstable_by_key(|&(f, b)| (self.files[f as usize].rank, b));
         occ.dedup();
         let Some((&canon, rest)) = occ.split_first() else { return };
         let fp = self.fp(canon);
@@ -288,7 +293,7 @@ mod tests {
     const BS: u64 = 4096;
 
     fn file(id: i64, blocks: &[u64]) -> PlanFile {
-        PlanFile { id: FileId(id), size: blocks.len() as u64 * BS, blocks: blocks.to_vec() }
+        PlanFile { id: FileId(id), rank: id as u64, size: blocks.len() as u64 * BS, blocks: blocks.to_vec() }
     }
 
     /// Anchor groups the way the database builds them: every anchor
@@ -375,6 +380,16 @@ mod tests {
             let got = plan(&c.files, &[], &all_blocks_groups(&c.files), PlanOptions::default());
             assert_eq!(got.ranges, c.want, "case {}", c.name);
         }
+    }
+
+    #[test]
+    fn lowest_rank_is_the_source() {
+        let mut files = vec![file(1, &[1, 2, 3]), file(2, &[1, 2, 3])];
+        files[1].rank = 0;
+        let got = plan(&files, &[vec![FileId(1), FileId(2)]], &[], PlanOptions::default());
+        assert_eq!(got.ranges, vec![r(2, 0, 3, 1, 0)]);
+        let got = plan(&files, &[], &all_blocks_groups(&files), PlanOptions::default());
+        assert_eq!(got.ranges, vec![r(2, 0, 3, 1, 0)]);
     }
 
     #[test]

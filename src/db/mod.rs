@@ -264,17 +264,27 @@ impl Db {
         Ok((plan::plan(&files, &whole, &anchor_groups, opts), whole.len()))
     }
 
-    /// Block maps of the given files.
+    /// Block maps of the given files, ranked as sources (see
+    /// [`PlanFile::rank`]): hashed by an earlier run first, then by path.
     pub fn plan_files(&self, ids: impl IntoIterator<Item = FileId>) -> rusqlite::Result<Vec<PlanFile>> {
-        let mut st = self.conn.prepare_cached("SELECT size, blocks FROM files WHERE id = ?1")?;
-        let mut out = Vec::new();
+        let mut st = self.conn.prepare_cached("SELECT size, blocks, hashed_run, path FROM files WHERE id = ?1")?;
+        let mut rows: Vec<((i64, Vec<u8>), PlanFile)> = Vec::new();
         for id in ids {
-            let row: Option<(i64, Vec<u8>)> = st.query_row([id], |r| Ok((r.get(0)?, r.get(1)?))).optional()?;
-            if let Some((size, blob)) = row {
-                out.push(PlanFile { id, size: size as u64, blocks: decode_blocks(&blob) });
+            let row: Option<(i64, Vec<u8>, i64, Vec<u8>)> =
+                st.query_row([id], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?))).optional()?;
+            if let Some((size, blob, run, path)) = row {
+                rows.push(((run, path), PlanFile { id, rank: 0, size: size as u64, blocks: decode_blocks(&blob) }));
             }
         }
-        Ok(out)
+        rows.sort_by(|a, b| a.0.cmp(&b.0));
+        Ok(rows
+            .into_iter()
+            .enumerate()
+            .map(|(i, (_, mut f))| {
+                f.rank = i as u64;
+                f
+            })
+            .collect())
     }
 }
 
