@@ -23,7 +23,7 @@ use std::time::Duration;
 use criterion::{criterion_group, criterion_main, Criterion, Throughput};
 use dedupscan::corpus::Rng;
 use dedupscan::hash::ZERO_FP;
-use dedupscan::plan::{anchors, plan, PlanFile, PlanOptions};
+use dedupscan::plan::{anchors, plan, short_fp, Fp, PlanFile, PlanOptions};
 use dedupscan::types::FileId;
 
 const BS: u64 = 4096;
@@ -41,11 +41,11 @@ impl Input {
     }
 }
 
-fn fp(rng: &mut Rng) -> u64 {
-    rng.next_u64().max(ZERO_FP + 1)
+fn fp(rng: &mut Rng) -> Fp {
+    short_fp(rng.next_u64().max(ZERO_FP + 1))
 }
 
-fn plan_file(id: i64, blocks: Vec<u64>) -> PlanFile {
+fn plan_file(id: i64, blocks: Vec<Fp>) -> PlanFile {
     PlanFile { id: FileId(id), rank: id as u64, size: blocks.len() as u64 * BS, blocks }
 }
 
@@ -53,13 +53,13 @@ fn plan_file(id: i64, blocks: Vec<u64>) -> PlanFile {
 /// then anchor groups (fingerprints sampled twice or more) over the files
 /// that are not already a whole-file copy.
 fn input(files: Vec<PlanFile>) -> Input {
-    let mut by_content: BTreeMap<(u64, &[u64]), Vec<FileId>> = BTreeMap::new();
+    let mut by_content: BTreeMap<(u64, &[Fp]), Vec<FileId>> = BTreeMap::new();
     for f in &files {
         by_content.entry((f.size, f.blocks.as_slice())).or_default().push(f.id);
     }
     let whole: Vec<Vec<FileId>> = by_content.into_values().filter(|g| g.len() > 1).collect();
     let covered: std::collections::HashSet<FileId> = whole.iter().flat_map(|g| g[1..].iter().copied()).collect();
-    let mut by_fp: HashMap<u64, Vec<(FileId, u64)>> = HashMap::new();
+    let mut by_fp: HashMap<Fp, Vec<(FileId, u64)>> = HashMap::new();
     for f in files.iter().filter(|f| !covered.contains(&f.id)) {
         for b in anchors(&f.blocks) {
             by_fp.entry(f.blocks[b as usize]).or_default().push((f.id, b));
@@ -78,8 +78,8 @@ fn input(files: Vec<PlanFile>) -> Input {
 
 fn vm_pair(n: usize, changed_per_mille: u64) -> Input {
     let mut rng = Rng::new(7);
-    let a: Vec<u64> = (0..n).map(|_| fp(&mut rng)).collect();
-    let b: Vec<u64> = a.iter().map(|&x| if rng.below(1000) < changed_per_mille { fp(&mut rng) } else { x }).collect();
+    let a: Vec<Fp> = (0..n).map(|_| fp(&mut rng)).collect();
+    let b: Vec<Fp> = a.iter().map(|&x| if rng.below(1000) < changed_per_mille { fp(&mut rng) } else { x }).collect();
     input(vec![plan_file(1, a), plan_file(2, b)])
 }
 
@@ -128,7 +128,7 @@ fn planning(c: &mut Criterion) {
         });
     }
     let mut rng = Rng::new(9);
-    let map: Vec<u64> = (0..200_000).map(|_| fp(&mut rng)).collect();
+    let map: Vec<Fp> = (0..200_000).map(|_| fp(&mut rng)).collect();
     g.throughput(Throughput::Elements(map.len() as u64));
     g.bench_function("anchors_200k", |b| b.iter(|| black_box(anchors(&map))));
     g.finish();

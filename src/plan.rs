@@ -17,6 +17,20 @@
 use std::collections::HashMap;
 
 use crate::hash::ZERO_FP;
+
+/// What the planner and the block maps keep of a block's fingerprint: the
+/// high 32 bits of the 64-bit fingerprint, never 0 except for zero blocks.
+/// Along a diagonal, a false equal has odds of 2^-32 per comparison, and the
+/// kernel's compare catches it; anchor groups use the full 64 bits.
+pub type Fp = u32;
+
+/// The block-map fingerprint of a 64-bit fingerprint.
+pub fn short_fp(fp64: u64) -> Fp {
+    match fp64 {
+        ZERO_FP => 0,
+        f => ((f >> 32) as u32).max(1),
+    }
+}
 use crate::types::FileId;
 
 /// One file as the planner sees it.
@@ -29,8 +43,8 @@ pub struct PlanFile {
     /// by path, so the choice is deterministic.
     pub rank: u64,
     pub size: u64,
-    /// Fingerprint per block; [`ZERO_FP`] for holes and zero blocks.
-    pub blocks: Vec<u64>,
+    /// Fingerprint per block ([`short_fp`]); 0 for holes and zero blocks.
+    pub blocks: Vec<Fp>,
 }
 
 /// Tunables of the planner.
@@ -77,19 +91,19 @@ impl Plan {
 
 /// Sample rate of anchors: a block is an anchor when the low bits of its
 /// fingerprint are zero, so identical blocks are sampled alike in every file.
-pub const ANCHOR_SHIFT: u32 = 3;
+pub const ANCHOR_SHIFT: u32 = 4;
 
 /// Indices of the blocks of `blocks` that go into the anchor index: every
 /// block whose fingerprint falls in 1/2^[`ANCHOR_SHIFT`] of the hash space,
 /// plus the block with the smallest fingerprint, so that every file with data
 /// has at least one anchor and two small files that share most of their
 /// blocks share an anchor too.
-pub fn anchors(blocks: &[u64]) -> Vec<u64> {
-    let mask = (1u64 << ANCHOR_SHIFT) - 1;
+pub fn anchors(blocks: &[Fp]) -> Vec<u64> {
+    let mask = (1 << ANCHOR_SHIFT) - 1;
     let mut out: Vec<u64> = Vec::new();
-    let mut min: Option<(u64, u64)> = None;
+    let mut min: Option<(Fp, u64)> = None;
     for (i, &fp) in blocks.iter().enumerate() {
-        if fp == ZERO_FP {
+        if fp == 0 {
             continue;
         }
         if fp & mask == 0 {
@@ -118,7 +132,7 @@ struct Planner<'a> {
 }
 
 impl Planner<'_> {
-    fn fp(&self, (f, b): Loc) -> u64 {
+    fn fp(&self, (f, b): Loc) -> Fp {
         self.files[f as usize].blocks[b as usize]
     }
 
@@ -152,7 +166,7 @@ impl Planner<'_> {
                 continue; // digests collided or rows disagree: never trust blindly
             }
             for b in 0..self.files[d as usize].blocks.len() as u64 {
-                if self.fp((d, b)) != ZERO_FP {
+                if self.fp((d, b)) != 0 {
                     self.link((d, b), (canon, b));
                 }
             }
@@ -171,7 +185,7 @@ impl Planner<'_> {
         occ.dedup();
         let Some((&canon, rest)) = occ.split_first() else { return };
         let fp = self.fp(canon);
-        if fp == ZERO_FP {
+        if fp == 0 {
             return;
         }
         for &d in rest {
@@ -197,7 +211,7 @@ impl Planner<'_> {
                 }
                 let (sl, dl) = ((s.0, si as u64), (d.0, di as u64));
                 let (a, b) = (self.fp(sl), self.fp(dl));
-                if a == b && a != ZERO_FP && sl != dl && self.tails_compatible(sl, dl) {
+                if a == b && a != 0 && sl != dl && self.tails_compatible(sl, dl) {
                     self.link(dl, sl);
                     miss = 0;
                 } else {
@@ -292,14 +306,14 @@ mod tests {
 
     const BS: u64 = 4096;
 
-    fn file(id: i64, blocks: &[u64]) -> PlanFile {
+    fn file(id: i64, blocks: &[Fp]) -> PlanFile {
         PlanFile { id: FileId(id), rank: id as u64, size: blocks.len() as u64 * BS, blocks: blocks.to_vec() }
     }
 
     /// Anchor groups the way the database builds them: every anchor
     /// fingerprint that occurs more than once.
     fn anchor_groups(files: &[PlanFile]) -> Vec<Vec<(FileId, u64)>> {
-        let mut by_fp: HashMap<u64, Vec<(FileId, u64)>> = HashMap::new();
+        let mut by_fp: HashMap<Fp, Vec<(FileId, u64)>> = HashMap::new();
         for f in files {
             for i in anchors(&f.blocks) {
                 by_fp.entry(f.blocks[i as usize]).or_default().push((f.id, i));
@@ -312,10 +326,10 @@ mod tests {
 
     /// Every block as an anchor: what the planner finds when sampling misses nothing.
     fn all_blocks_groups(files: &[PlanFile]) -> Vec<Vec<(FileId, u64)>> {
-        let mut by_fp: HashMap<u64, Vec<(FileId, u64)>> = HashMap::new();
+        let mut by_fp: HashMap<Fp, Vec<(FileId, u64)>> = HashMap::new();
         for f in files {
             for (i, &fp) in f.blocks.iter().enumerate() {
-                if fp != ZERO_FP {
+                if fp != 0 {
                     by_fp.entry(fp).or_default().push((f.id, i as u64));
                 }
             }
@@ -330,14 +344,14 @@ mod tests {
     }
 
     /// A pseudo-random fingerprint stream (xorshift), never zero.
-    fn fps(seed: u64, n: usize) -> Vec<u64> {
+    fn fps(seed: u64, n: usize) -> Vec<Fp> {
         let mut x = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
         (0..n)
             .map(|_| {
                 x ^= x << 13;
                 x ^= x >> 7;
                 x ^= x << 17;
-                x | 0x100 // never ZERO_FP
+                short_fp(x | 0x100)
             })
             .collect()
     }
@@ -433,7 +447,7 @@ mod tests {
         let mut changed = 0;
         for i in 0..n {
             if noise[i] % 50 == 0 {
-                b[i] = noise[i] ^ 0xdead_0000;
+                b[i] = noise[i] ^ 0xdead_0001;
                 changed += 1;
             }
         }
@@ -447,7 +461,7 @@ mod tests {
     #[test]
     fn sampled_anchors_find_shifted_and_half_shared_copies() {
         let a = fps(11, 5000);
-        let mut shifted = vec![42 | 0x100];
+        let mut shifted = vec![42];
         shifted.extend_from_slice(&a);
         let mut half = a[..2500].to_vec();
         half.extend(fps(12, 2500));
@@ -470,8 +484,8 @@ mod tests {
     fn every_file_with_data_has_an_anchor() {
         assert_eq!(anchors(&[0, 0]), Vec::<u64>::new());
         assert_eq!(anchors(&[3 | 1]).len(), 1);
-        let big = fps(5, 8000);
+        let big = fps(5, 16000);
         let n = anchors(&big).len();
-        assert!((800..1300).contains(&n), "{n} anchors of 8000");
+        assert!((800..1300).contains(&n), "{n} anchors of 16000");
     }
 }

@@ -7,8 +7,11 @@ use super::DbError;
 
 /// Every migration, in order: `MIGRATIONS[i]` takes the schema from version
 /// `i` to `i + 1`. Never edit a released entry; add a new file.
-pub const MIGRATIONS: &[&str] =
-    &[include_str!("../../schema/0001_initial.sql"), include_str!("../../schema/0002_hashed_run.sql")];
+pub const MIGRATIONS: &[&str] = &[
+    include_str!("../../schema/0001_initial.sql"),
+    include_str!("../../schema/0002_hashed_run.sql"),
+    include_str!("../../schema/0003_compact_fingerprints.sql"),
+];
 
 /// The schema version this build writes.
 pub const CURRENT: i64 = MIGRATIONS.len() as i64;
@@ -52,10 +55,20 @@ mod tests {
             [],
         )
         .unwrap();
+        c.execute("INSERT INTO runs (started_at, command, dry_run) VALUES (1, 'run', 0)", []).unwrap();
         migrate(&mut c).unwrap();
-        let (n, run): (i64, i64) =
-            c.query_row("SELECT count(*), max(hashed_run) FROM files", [], |r| Ok((r.get(0)?, r.get(1)?))).unwrap();
-        assert_eq!((n, run), (1, 0), "rows survive the migration with the default");
+        let cols: Vec<String> = c
+            .prepare("SELECT name FROM pragma_table_info('files')")
+            .unwrap()
+            .query_map([], |r| r.get(0))
+            .unwrap()
+            .collect::<Result<_, _>>()
+            .unwrap();
+        assert!(cols.contains(&"hashed_run".to_owned()), "v2 added hashed_run: {cols:?}");
+        // v3 drops fingerprints in the old format (rehashed once), keeps history.
+        let files: i64 = c.query_row("SELECT count(*) FROM files", [], |r| r.get(0)).unwrap();
+        let runs: i64 = c.query_row("SELECT count(*) FROM runs", [], |r| r.get(0)).unwrap();
+        assert_eq!((files, runs), (0, 1));
     }
 
     #[test]

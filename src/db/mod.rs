@@ -17,7 +17,8 @@ use std::path::{Path, PathBuf};
 use nix::fcntl::{Flock, FlockArg};
 use rusqlite::{params, Connection, OpenFlags, OptionalExtension};
 
-use crate::plan::{self, Plan, PlanFile, PlanOptions};
+use crate::hash::ZERO_FP;
+use crate::plan::{self, short_fp, Fp, Plan, PlanFile, PlanOptions};
 use crate::types::FileId;
 
 /// Why a database could not be used. Each message says what to do.
@@ -288,13 +289,40 @@ impl Db {
     }
 }
 
-/// Block map blob: 8 little-endian bytes per block.
+/// Block map blob: per block the 4-byte fingerprint ([`short_fp`]), little
+/// endian; a 0 (zero block or hole) is followed by the length of the run of
+/// zero blocks it starts, so sparse files cost nothing for their holes.
 pub fn encode_blocks(blocks: &[u64]) -> Vec<u8> {
-    blocks.iter().flat_map(|b| b.to_le_bytes()).collect()
+    let mut out = Vec::with_capacity(blocks.len() * 4);
+    let mut i = 0;
+    while i < blocks.len() {
+        let fp = short_fp(blocks[i]);
+        out.extend_from_slice(&fp.to_le_bytes());
+        i += 1;
+        if fp == 0 {
+            let start = i - 1;
+            while i < blocks.len() && blocks[i] == ZERO_FP && i - start < u32::MAX as usize {
+                i += 1;
+            }
+            out.extend_from_slice(&((i - start) as u32).to_le_bytes());
+        }
+    }
+    out
 }
 
-pub fn decode_blocks(blob: &[u8]) -> Vec<u64> {
-    blob.chunks_exact(8).map(|c| u64::from_le_bytes(c.try_into().expect("8 bytes"))).collect()
+/// Inverse of [`encode_blocks`].
+pub fn decode_blocks(blob: &[u8]) -> Vec<Fp> {
+    let mut words = blob.chunks_exact(4).map(|c| u32::from_le_bytes(c.try_into().expect("4 bytes")));
+    let mut out = Vec::with_capacity(blob.len() / 4);
+    while let Some(fp) = words.next() {
+        if fp == 0 {
+            let run = words.next().unwrap_or(1) as usize;
+            out.resize(out.len() + run, 0);
+        } else {
+            out.push(fp);
+        }
+    }
+    out
 }
 
 /// Path as stored: raw bytes, lossless.
@@ -323,4 +351,21 @@ fn take_lock(path: &Path) -> Result<Flock<File>, DbError> {
 
 fn unix_now() -> i64 {
     std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_secs() as i64).unwrap_or(0)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn block_maps_round_trip_with_zero_runs() {
+        let fps = [0x1234_5678_0000_0001u64, 0, 0, 0, 7 << 40, 0, 9 << 33];
+        let blob = encode_blocks(&fps);
+        assert_eq!(decode_blocks(&blob), fps.iter().map(|&f| short_fp(f)).collect::<Vec<_>>());
+        // Seven blocks, two zero runs: 4 + 8 + 4 + 8 + 4 bytes.
+        assert_eq!(blob.len(), 28);
+        let holes = vec![0u64; 100_000];
+        assert_eq!(encode_blocks(&holes).len(), 8);
+        assert_eq!(decode_blocks(&encode_blocks(&holes)).len(), 100_000);
+    }
 }

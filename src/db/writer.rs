@@ -12,8 +12,12 @@ use rusqlite::{params, Connection, OptionalExtension};
 
 use super::{decode_blocks, encode_blocks, path_bytes, Db};
 use crate::hash::FileHash;
-use crate::plan::anchors;
+use crate::plan::{anchors, short_fp, Fp};
 use crate::types::FileId;
+
+/// Bytes of the whole-file digest kept: 128 bits identify content among any
+/// number of files a volume can hold, and the kernel compares anyway.
+pub const DIGEST_LEN: usize = 16;
 
 /// Files per transaction at most.
 pub const BATCH_FILES: usize = 512;
@@ -83,14 +87,19 @@ pub fn commit(conn: &Connection, run_id: i64, batch: &mut Vec<WriteOp>) -> rusql
     tx.commit()
 }
 
+/// Delete a file's anchors. The block map keeps only the high half of each
+/// fingerprint, which is the high half of the anchor's key: each anchor is
+/// found again by key range.
 fn delete_anchors(conn: &Connection, id: FileId) -> rusqlite::Result<()> {
     let old: Option<Vec<u8>> =
         conn.prepare_cached("SELECT blocks FROM files WHERE id = ?1")?.query_row([id], |r| r.get(0)).optional()?;
     if let Some(blob) = old {
         let blocks = decode_blocks(&blob);
-        let mut del = conn.prepare_cached("DELETE FROM anchors WHERE fp = ?1 AND file_id = ?2 AND blk = ?3")?;
+        let mut del =
+            conn.prepare_cached("DELETE FROM anchors WHERE fp BETWEEN ?1 AND ?2 AND file_id = ?3 AND blk = ?4")?;
         for i in anchors(&blocks) {
-            del.execute(params![blocks[i as usize] as i64, id, i as i64])?;
+            let hi = (blocks[i as usize] as u64) << 32;
+            del.execute(params![hi as i64, (hi | 0xFFFF_FFFF) as i64, id, i as i64])?;
         }
     }
     Ok(())
@@ -114,17 +123,15 @@ fn apply(conn: &Connection, run_id: i64, op: WriteOp) -> rusqlite::Result<()> {
                         hash.size as i64,
                         mtime_ns,
                         ctime_ns,
-                        &hash.digest[..],
+                        &hash.digest[..DIGEST_LEN],
                         blob,
                         run_id
                     ])?;
                     id
                 }
                 None => {
-                    // A row for this inode may exist if it was not in the
-                    // index we started with (e.g. the block size changed).
                     conn.prepare_cached(
-                        "INSERT OR REPLACE INTO files (dev, ino, path, size, mtime_ns, ctime_ns, digest, blocks, hashed_run) VALUES (?1,?2,?3,?4,?5,?6,?7,?8,?9)",
+                        "INSERT INTO files (dev, ino, path, size, mtime_ns, ctime_ns, digest, blocks, hashed_run) VALUES (?1,?2,?3,?4,?5,?6,?7,?8,?9)",
                     )?
                     .execute(params![
                         dev as i64,
@@ -133,7 +140,7 @@ fn apply(conn: &Connection, run_id: i64, op: WriteOp) -> rusqlite::Result<()> {
                         hash.size as i64,
                         mtime_ns,
                         ctime_ns,
-                        &hash.digest[..],
+                        &hash.digest[..DIGEST_LEN],
                         blob,
                         run_id
                     ])?;
@@ -142,7 +149,8 @@ fn apply(conn: &Connection, run_id: i64, op: WriteOp) -> rusqlite::Result<()> {
             };
             let mut ins =
                 conn.prepare_cached("INSERT OR IGNORE INTO anchors (fp, file_id, blk) VALUES (?1, ?2, ?3)")?;
-            for i in anchors(&hash.blocks) {
+            let short: Vec<Fp> = hash.blocks.iter().map(|&f| short_fp(f)).collect();
+            for i in anchors(&short) {
                 ins.execute(params![hash.blocks[i as usize] as i64, id, i as i64])?;
             }
         }
