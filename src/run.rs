@@ -83,10 +83,12 @@ pub fn run(cfg: &Config, progress: &dyn Progress, stop: &AtomicBool) -> Result<R
         db.finish_run(run_id, &serde_json::to_string(&report)?)?;
         return Ok(report);
     }
-    let index = db.load_index()?;
-    let work = classify(cfg, &walked.files, &index);
     report.files_scanned = walked.files.len() as u64;
     report.logical_bytes = walked.files.iter().map(|c| c.size).sum();
+    // Only the (dev, ino) of what was seen is kept past this point: paths
+    // live once, in the list being hashed or in the database.
+    let seen: HashSet<(u64, u64)> = walked.files.iter().map(|c| (c.dev, c.ino)).collect();
+    let work = classify(cfg, walked.files, db.load_index()?);
     report.files_unchanged = work.unchanged;
     report.files_renamed = work.renamed.len() as u64;
     report.files_removed = work.removed.len() as u64;
@@ -121,7 +123,7 @@ pub fn run(cfg: &Config, progress: &dyn Progress, stop: &AtomicBool) -> Result<R
     report.interrupted = stop.load(Ordering::Relaxed);
 
     if cfg.action == Action::Run && !report.interrupted {
-        share(cfg, &db, &fs, &walked.files, &failed, &mut report, progress, stop)?;
+        share(cfg, &db, &fs, &seen, &failed, &mut report, progress, stop)?;
         let complete = !cfg.dry_run && !report.interrupted && report.sharing_refused.is_none();
         if complete {
             db.set_meta(LAST_SHARE_RUN, &run_id.to_string())?;
@@ -157,7 +159,7 @@ struct Work {
     unchanged: u64,
 }
 
-fn classify(cfg: &Config, files: &[Candidate], index: &HashMap<(u64, u64), Known>) -> Work {
+fn classify(cfg: &Config, files: Vec<Candidate>, index: HashMap<(u64, u64), Known>) -> Work {
     let mut w = Work { to_hash: Vec::new(), renamed: Vec::new(), removed: Vec::new(), unchanged: 0 };
     let mut seen: HashSet<FileId> = HashSet::new();
     for c in files {
@@ -166,13 +168,16 @@ fn classify(cfg: &Config, files: &[Candidate], index: &HashMap<(u64, u64), Known
             seen.insert(k.id);
         }
         match known {
-            Some(k) if cfg.incremental && unchanged(k, c) => {
+            Some(k) if cfg.incremental && unchanged(k, &c) => {
                 w.unchanged += 1;
                 if k.path != c.path {
-                    w.renamed.push((k.id, c.path.clone(), c.ctime_ns));
+                    w.renamed.push((k.id, c.path, c.ctime_ns));
                 }
             }
-            _ => w.to_hash.push((c.clone(), known.map(|k| k.id))),
+            _ => {
+                let id = known.map(|k| k.id);
+                w.to_hash.push((c, id));
+            }
         }
     }
     // Known files under the scanned paths that were not seen are gone (or no
@@ -317,7 +322,7 @@ fn share(
     cfg: &Config,
     db: &Db,
     fs: &sys::FsInfo,
-    walked: &[Candidate],
+    seen: &HashSet<(u64, u64)>,
     failed: &HashSet<(u64, u64)>,
     report: &mut Report,
     progress: &dyn Progress,
@@ -326,28 +331,15 @@ fn share(
     let t = Instant::now();
     progress.phase("3/5 plan", None, false);
     // Files of this run, as recorded (the facts they were hashed under).
-    let index = db.load_index()?;
-    let mut files: HashMap<FileId, Candidate> = HashMap::new();
-    for c in walked {
-        let key = (c.dev, c.ino);
-        if failed.contains(&key) {
-            continue;
-        }
-        if let Some(k) = index.get(&key) {
-            files.insert(
-                k.id,
-                Candidate {
-                    path: k.path.clone(),
-                    dev: c.dev,
-                    ino: c.ino,
-                    size: k.size,
-                    mtime_ns: k.mtime_ns,
-                    ctime_ns: k.ctime_ns,
-                },
-            );
-        }
-    }
-    drop(index);
+    let files: HashMap<FileId, Candidate> = db
+        .load_index()?
+        .into_iter()
+        .filter(|(key, _)| seen.contains(key) && !failed.contains(key))
+        .map(|((dev, ino), k)| {
+            let c = Candidate { path: k.path, dev, ino, size: k.size, mtime_ns: k.mtime_ns, ctime_ns: k.ctime_ns };
+            (k.id, c)
+        })
+        .collect();
     let allowed: HashSet<FileId> = files.keys().copied().collect();
     // Incremental: everything hashed before the last complete sharing run
     // was matched then; plan only the groups that hold a newer file.
