@@ -290,3 +290,34 @@ fn a_non_root_user_can_dedupe_their_own_files() {
     assert_eq!(std::os::unix::fs::PermissionsExt::mode(&m.permissions()) & 0o777, 0o600);
     assert_eq!(std::os::unix::fs::MetadataExt::uid(&m), 65534);
 }
+
+/// Turns a swap file off again, even when the test panics.
+struct SwapOn(PathBuf);
+
+impl Drop for SwapOn {
+    fn drop(&mut self) {
+        let _ = Command::new("swapoff").arg(&self.0).status();
+    }
+}
+
+#[test]
+fn active_swap_files_are_left_alone() {
+    let Some(vol) = Volume::new(Fs::Xfs, 320) else { return };
+    let swap = vol.path("swapfile");
+    std::fs::write(&swap, vec![0u8; 16 << 20]).unwrap();
+    std::fs::set_permissions(&swap, std::os::unix::fs::PermissionsExt::from_mode(0o600)).unwrap();
+    sh("mkswap", &[OsStr::new("-q"), os(&swap)]);
+    if !Command::new("swapon").arg(&swap).status().is_ok_and(|s| s.success()) {
+        assert!(std::env::var("DEDUPSCAN_REQUIRE_FS_TESTS").as_deref() != Ok("1"), "swapon failed on this machine");
+        eprintln!("*** SKIPPED: swapon is not permitted here ***");
+        return;
+    }
+    let _guard = SwapOn(swap.clone());
+    // A copy with the same bytes (mkswap's header included): a perfect match.
+    // (std::fs::copy would try a reflink, which the kernel refuses for swap.)
+    std::fs::write(vol.path("copy"), std::fs::read(&swap).unwrap()).unwrap();
+    let r = run_json(&vol, &[swap.to_str().unwrap(), vol.path("copy").to_str().unwrap()]);
+    assert_eq!(r["skipped"]["swapfile"].as_u64(), Some(1), "{r:#}");
+    assert_eq!(num(&r, "deduped_bytes"), 0);
+    assert_eq!(shared_bytes(&swap), 0);
+}
