@@ -10,9 +10,7 @@ cd "$(dirname "$0")/.."
 
 echo "== cargo fmt --check"
 cargo fmt --check
-echo "== cargo clippy --all-targets -- -D warnings"
+echo "== cargo clippy --all-targets -- -D warnings (also type-checks benches and examples)"
 cargo clippy --quiet --all-targets -- -D warnings
-echo "== cargo build --benches (benchmarks compile)"
-cargo build --quiet --benches
 echo "== cargo test (unit + integration on real volumes)"
 cargo test --all-features -- --test-threads="${DEDUPSCAN_TEST_THREADS:-2}"
