@@ -165,6 +165,7 @@ row("    phases walk / hash / plan / share",
     lambda fs, s, d: " / ".join(sec((rep(s, "ds_run", "timings") or {}).get(k, 0) / 1000) for k in ("walk_ms", "hash_ms", "plan_ms", "dedupe_ms")))
 row("    full run / raw read", lambda fs, s, d: x(d["full_over_raw"]))
 row("    submitted / confirmed shared", lambda fs, s, d: f"{mib(rep(s, 'ds_run', 'duplicate_bytes'))} / {mib(rep(s, 'ds_run', 'deduped_bytes'))}")
+row("    rewritten to free partly shared extents (btrfs)", lambda fs, s, d: mib(rep(s, "ds_run", "rewritten_bytes")))
 row("    freed (statfs, after sync) / as dedupscan reports it",
     lambda fs, s, d: f"{mib(get(s, 'ds_run', 'freed'))} / {mib(rep(s, 'ds_run', 'freed_bytes'))}")
 row("    **freed / ideal**", lambda fs, s, d: pct(d["dedupscan_freed_over_ideal"]))

@@ -142,6 +142,13 @@ impl Report {
                 );
             }
         }
+        if self.dry_run && self.rewritten_bytes > 0 {
+            let _ = writeln!(
+                s,
+                "  would rewrite {} of partly shared extents into fresh ones, so the old extents are freed",
+                human(self.rewritten_bytes)
+            );
+        }
         if let Some(why) = &self.sharing_refused {
             let _ = writeln!(s, "  sharing refused: {why}");
         }
