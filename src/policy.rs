@@ -65,6 +65,23 @@ pub enum SkipReason {
 }
 
 impl SkipReason {
+    /// Whether the reason is a protection (a marker, flag or rule that keeps
+    /// the file out for good), rather than a passing state of the file.
+    pub fn is_policy(self) -> bool {
+        matches!(
+            self,
+            SkipReason::Nodedup
+                | SkipReason::Excluded
+                | SkipReason::Immutable
+                | SkipReason::AppendOnly
+                | SkipReason::Nocow
+                | SkipReason::Swapfile
+                | SkipReason::Realtime
+                | SkipReason::Dax
+                | SkipReason::OwnDatabase
+        )
+    }
+
     /// Name as shown in the report.
     pub fn name(self) -> &'static str {
         match self {
@@ -151,7 +168,7 @@ impl Policy {
         })
     }
 
-    /// Checks on a regular file that need no open descriptor.
+    /// Checks on a regular file that need nothing but its path and inode.
     pub fn check_file(&self, path: &Path, dev: u64, ino: u64) -> Result<(), SkipReason> {
         if self.own_files.contains(&(dev, ino)) {
             return Err(SkipReason::OwnDatabase);
@@ -162,6 +179,15 @@ impl Policy {
         if self.excludes.is_match(path) {
             return Err(SkipReason::Excluded);
         }
+        Ok(())
+    }
+
+    /// The file's own `user.nodedup` attribute. Checked only on files that
+    /// are read (new or changed) or moved: setting an attribute changes the
+    /// ctime, so a file unchanged since it was hashed has not gained one.
+    /// That saves a lookup per file in a nightly walk (on btrfs a separate
+    /// tree lookup each).
+    pub fn check_file_xattr(&self, path: &Path) -> Result<(), SkipReason> {
         if sys::inode::has_xattr(path, NODEDUP_XATTR) {
             return Err(SkipReason::Nodedup);
         }

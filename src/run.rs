@@ -88,8 +88,10 @@ pub fn run(cfg: &Config, progress: &dyn Progress, stop: &AtomicBool) -> Result<R
     // Only the (dev, ino) of what was seen is kept past this point: paths
     // live once, in the list being hashed or in the database.
     let seen: HashSet<(u64, u64)> = walked.files.iter().map(|c| (c.dev, c.ino)).collect();
-    let work = classify(cfg, walked.files, db.load_index()?);
+    let work = classify(cfg, &policy, walked.files, db.load_index()?);
     report.files_unchanged = work.unchanged;
+    report.skip(SkipReason::Nodedup, work.nodedup);
+    report.files_scanned -= work.nodedup;
     report.files_renamed = work.renamed.len() as u64;
     report.files_removed = work.removed.len() as u64;
     let t = Instant::now();
@@ -155,12 +157,14 @@ struct Work {
     to_hash: Vec<(Candidate, Option<FileId>)>,
     /// Known files seen under a new path (id, new path, new ctime).
     renamed: Vec<(FileId, PathBuf, i64)>,
+    /// Moved files found marked `user.nodedup`.
+    nodedup: u64,
     removed: Vec<FileId>,
     unchanged: u64,
 }
 
-fn classify(cfg: &Config, files: Vec<Candidate>, index: HashMap<(u64, u64), Known>) -> Work {
-    let mut w = Work { to_hash: Vec::new(), renamed: Vec::new(), removed: Vec::new(), unchanged: 0 };
+fn classify(cfg: &Config, policy: &Policy, files: Vec<Candidate>, index: HashMap<(u64, u64), Known>) -> Work {
+    let mut w = Work { to_hash: Vec::new(), renamed: Vec::new(), removed: Vec::new(), unchanged: 0, nodedup: 0 };
     let mut seen: HashSet<FileId> = HashSet::new();
     for c in files {
         let known = index.get(&(c.dev, c.ino));
@@ -169,9 +173,14 @@ fn classify(cfg: &Config, files: Vec<Candidate>, index: HashMap<(u64, u64), Know
         }
         match known {
             Some(k) if cfg.incremental && unchanged(k, &c) => {
-                w.unchanged += 1;
-                if k.path != c.path {
+                if k.path == c.path {
+                    w.unchanged += 1;
+                } else if policy.check_file_xattr(&c.path).is_ok() {
+                    w.unchanged += 1;
                     w.renamed.push((k.id, c.path, c.ctime_ns));
+                } else {
+                    seen.remove(&k.id); // marked nodedup: prune below
+                    w.nodedup += 1;
                 }
             }
             _ => {
@@ -215,7 +224,6 @@ fn hash_all(
     progress: &dyn Progress,
     stop: &AtomicBool,
 ) -> Result<HashStats> {
-    let _ = policy;
     let stats = HashStats::default();
     let pool = rayon::ThreadPoolBuilder::new()
         .num_threads(cfg.threads)
@@ -230,7 +238,8 @@ fn hash_all(
                     return;
                 }
                 let key = (cand.dev, cand.ino);
-                match hash_one(&cand, cfg.block_size, cfg.drop_cache, buf) {
+                let res = policy.check_file_xattr(&cand.path).map_err(HashFail::Skip);
+                match res.and_then(|_| hash_one(&cand, cfg.block_size, cfg.drop_cache, buf)) {
                     Ok((now, h)) => {
                         stats.files.fetch_add(1, Ordering::Relaxed);
                         stats.bytes.fetch_add(h.bytes_read, Ordering::Relaxed);
@@ -248,6 +257,10 @@ fn hash_all(
                     }
                     Err(HashFail::Skip(r)) => {
                         progress.inc(cand.size);
+                        if let (Some(id), true) = (id, r.is_policy()) {
+                            // Now protected: forget what was known of it.
+                            let _ = tx.send(WriteOp::Removed { id });
+                        }
                         if r == SkipReason::ChangedDuringScan {
                             progress.warn(&format!(
                                 "{}: changed while it was read; it is hashed again next run",

@@ -194,3 +194,28 @@ fn database_of_another_filesystem_is_refused() {
     let (code, _, err) = dedupscan(&[x.mnt.as_os_str(), b.mnt.as_os_str()]);
     assert_eq!(code, 2, "{err}");
 }
+
+#[test]
+fn a_file_marked_nodedup_after_it_was_hashed_is_left_alone_and_forgotten() {
+    let Some(vol) = Volume::new(Fs::Xfs, 320) else { return };
+    let d = vol.path("d");
+    std::fs::create_dir(&d).unwrap();
+    let payload = Rng::new(31).bytes(300_000);
+    for f in ["a", "b", "c"] {
+        std::fs::write(d.join(f), &payload).unwrap();
+    }
+    run_json(&vol, &["scan", s(&d)]);
+    // Mark b in place, and move c under a new name and mark it too.
+    let st = std::process::Command::new("setfattr").args(["-n", "user.nodedup", "-v", "1"]).arg(d.join("b")).status();
+    assert!(st.unwrap().success());
+    std::fs::rename(d.join("c"), d.join("c2")).unwrap();
+    let st = std::process::Command::new("setfattr").args(["-n", "user.nodedup", "-v", "1"]).arg(d.join("c2")).status();
+    assert!(st.unwrap().success());
+    let r = run_json(&vol, &[s(&d), "--incremental"]);
+    assert_eq!(r["skipped"]["nodedup"].as_u64(), Some(2), "{r:#}");
+    assert_eq!(num(&r, "deduped_bytes"), 0, "{r:#}");
+    assert_eq!(shared_bytes(&d.join("b")) + shared_bytes(&d.join("c2")), 0);
+    let db = vol.db();
+    let (_, sum, _) = dedupscan(&["report".as_ref(), "--json".as_ref(), "--db".as_ref(), db.as_os_str()]);
+    assert_eq!(sum["files"].as_u64(), Some(1), "protected files are forgotten: {sum:#}");
+}
