@@ -56,9 +56,24 @@ pub struct GlobalArgs {
     #[arg(short, long, action = clap::ArgAction::Count, global = true)]
     pub quiet: u8,
 
+    /// How chatty stderr is when neither -v nor -q is given.
+    #[arg(long, value_enum, value_name = "LEVEL", env = "DEDUPSCAN_LOG", global = true)]
+    pub log_level: Option<LogLevel>,
+
     /// Progress display on stderr: bars on a terminal (auto), always, or never.
     #[arg(long, value_enum, default_value_t = ProgressMode::Auto, global = true)]
     pub progress: ProgressMode,
+}
+
+/// Message levels for `--log-level` / `DEDUPSCAN_LOG`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum LogLevel {
+    /// The final report and fatal errors only.
+    Quiet,
+    /// Also a warning per problem path and a line per phase (default).
+    Normal,
+    /// Also details of every phase.
+    Verbose,
 }
 
 /// When to draw progress bars.

@@ -8,7 +8,7 @@ use std::path::{Path, PathBuf};
 
 use anyhow::{bail, Context, Result};
 
-use crate::cli::{Cli, Command, ProgressMode, ScanArgs};
+use crate::cli::{Cli, Command, LogLevel, ProgressMode, ScanArgs};
 use crate::progress::Verbosity;
 use crate::report::display_path;
 use crate::sys::{self, FsInfo};
@@ -57,9 +57,11 @@ pub struct Config {
 impl Config {
     pub fn from_cli(cli: Cli) -> Result<Config> {
         let g = cli.global;
-        let verbosity = match (g.quiet, g.verbose) {
-            (q, _) if q > 0 => Verbosity::Quiet,
-            (_, v) if v > 0 => Verbosity::Verbose,
+        let verbosity = match (g.quiet, g.verbose, g.log_level) {
+            (q, _, _) if q > 0 => Verbosity::Quiet,
+            (_, v, _) if v > 0 => Verbosity::Verbose,
+            (_, _, Some(LogLevel::Quiet)) => Verbosity::Quiet,
+            (_, _, Some(LogLevel::Verbose)) => Verbosity::Verbose,
             _ => Verbosity::Normal,
         };
         let bars = match g.progress {

@@ -215,6 +215,19 @@ fn hand_written() -> Roff {
         "DEDUPSCAN_DB",
         [roman("Database file, as with "), bold("--db"), roman(" (which wins when both are given).")],
     );
+    tagged(
+        &mut r,
+        "DEDUPSCAN_LOG",
+        [
+            roman("Message level when neither "),
+            bold("-v"),
+            roman(" nor "),
+            bold("-q"),
+            roman(" is given: quiet, normal or verbose, as with "),
+            bold("--log-level"),
+            roman("."),
+        ],
+    );
     tagged(&mut r, "XDG_STATE_HOME, HOME", [roman("Where the database of a user other than root lives by default.")]);
 
     r.control("SH", ["EXAMPLES"]);

@@ -1,6 +1,6 @@
 # Print an optspec for argparse to handle cmd's options that are independent of any subcommand.
 function __fish_dedupscan_global_optspecs
-    string join \n incremental block-size= threads= exclude= exclude-from= include-readonly-snapshots drop-cache max-runtime= metrics-file= n/dry-run min-range= rewrite-ratio= db= json v/verbose q/quiet progress= h/help V/version
+    string join \n incremental block-size= threads= exclude= exclude-from= include-readonly-snapshots drop-cache max-runtime= metrics-file= n/dry-run min-range= rewrite-ratio= db= json v/verbose q/quiet log-level= progress= h/help V/version
 end
 
 function __fish_dedupscan_needs_command
@@ -33,6 +33,9 @@ complete -c dedupscan -n "__fish_dedupscan_needs_command" -l metrics-file -d 'Af
 complete -c dedupscan -n "__fish_dedupscan_needs_command" -l min-range -d 'Shortest range worth sharing, in bytes (rounded down to blocks; whole small files are always shared)' -r
 complete -c dedupscan -n "__fish_dedupscan_needs_command" -l rewrite-ratio -d 'btrfs: where a destination extent is only partly shared, copy its remainder into a fresh extent so the old one is freed — when the remainder is at most RATIO times the shared part. 0 turns it off' -r
 complete -c dedupscan -n "__fish_dedupscan_needs_command" -l db -d 'Database file [default: /var/lib/dedupscan/<filesystem-uuid>.sqlite as root, $XDG_STATE_HOME/dedupscan/<filesystem-uuid>.sqlite otherwise]' -r -F
+complete -c dedupscan -n "__fish_dedupscan_needs_command" -l log-level -d 'How chatty stderr is when neither -v nor -q is given' -r -f -a "quiet\t'The final report and fatal errors only'
+normal\t'Also a warning per problem path and a line per phase (default)'
+verbose\t'Also details of every phase'"
 complete -c dedupscan -n "__fish_dedupscan_needs_command" -l progress -d 'Progress display on stderr: bars on a terminal (auto), always, or never' -r -f -a "auto\t''
 always\t''
 never\t''"
@@ -55,6 +58,9 @@ complete -c dedupscan -n "__fish_dedupscan_using_subcommand scan" -l exclude-fro
 complete -c dedupscan -n "__fish_dedupscan_using_subcommand scan" -l max-runtime -d 'Stop cleanly when this much time is spent (e.g. 90m, 2h); work done is committed and the next --incremental run carries on' -r
 complete -c dedupscan -n "__fish_dedupscan_using_subcommand scan" -l metrics-file -d 'After the run, write its figures in the Prometheus text format to this file (replaced atomically), e.g. for node_exporter\'s textfile collector: /var/lib/prometheus/node-exporter/dedupscan-srv.prom' -r -F
 complete -c dedupscan -n "__fish_dedupscan_using_subcommand scan" -l db -d 'Database file [default: /var/lib/dedupscan/<filesystem-uuid>.sqlite as root, $XDG_STATE_HOME/dedupscan/<filesystem-uuid>.sqlite otherwise]' -r -F
+complete -c dedupscan -n "__fish_dedupscan_using_subcommand scan" -l log-level -d 'How chatty stderr is when neither -v nor -q is given' -r -f -a "quiet\t'The final report and fatal errors only'
+normal\t'Also a warning per problem path and a line per phase (default)'
+verbose\t'Also details of every phase'"
 complete -c dedupscan -n "__fish_dedupscan_using_subcommand scan" -l progress -d 'Progress display on stderr: bars on a terminal (auto), always, or never' -r -f -a "auto\t''
 always\t''
 never\t''"
@@ -64,15 +70,18 @@ complete -c dedupscan -n "__fish_dedupscan_using_subcommand scan" -l drop-cache 
 complete -c dedupscan -n "__fish_dedupscan_using_subcommand scan" -l json -d 'Print the report as one JSON document on stdout'
 complete -c dedupscan -n "__fish_dedupscan_using_subcommand scan" -s v -l verbose -d 'More detail (repeatable)'
 complete -c dedupscan -n "__fish_dedupscan_using_subcommand scan" -s q -l quiet -d 'Less output: no per-path warnings, no progress'
-complete -c dedupscan -n "__fish_dedupscan_using_subcommand scan" -s h -l help -d 'Print help'
+complete -c dedupscan -n "__fish_dedupscan_using_subcommand scan" -s h -l help -d 'Print help (see more with \'--help\')'
 complete -c dedupscan -n "__fish_dedupscan_using_subcommand report" -l db -d 'Database file [default: /var/lib/dedupscan/<filesystem-uuid>.sqlite as root, $XDG_STATE_HOME/dedupscan/<filesystem-uuid>.sqlite otherwise]' -r -F
+complete -c dedupscan -n "__fish_dedupscan_using_subcommand report" -l log-level -d 'How chatty stderr is when neither -v nor -q is given' -r -f -a "quiet\t'The final report and fatal errors only'
+normal\t'Also a warning per problem path and a line per phase (default)'
+verbose\t'Also details of every phase'"
 complete -c dedupscan -n "__fish_dedupscan_using_subcommand report" -l progress -d 'Progress display on stderr: bars on a terminal (auto), always, or never' -r -f -a "auto\t''
 always\t''
 never\t''"
 complete -c dedupscan -n "__fish_dedupscan_using_subcommand report" -l json -d 'Print the report as one JSON document on stdout'
 complete -c dedupscan -n "__fish_dedupscan_using_subcommand report" -s v -l verbose -d 'More detail (repeatable)'
 complete -c dedupscan -n "__fish_dedupscan_using_subcommand report" -s q -l quiet -d 'Less output: no per-path warnings, no progress'
-complete -c dedupscan -n "__fish_dedupscan_using_subcommand report" -s h -l help -d 'Print help'
+complete -c dedupscan -n "__fish_dedupscan_using_subcommand report" -s h -l help -d 'Print help (see more with \'--help\')'
 complete -c dedupscan -n "__fish_dedupscan_using_subcommand help; and not __fish_seen_subcommand_from scan report help" -f -a "scan" -d 'Only crawl and hash into the database; share nothing'
 complete -c dedupscan -n "__fish_dedupscan_using_subcommand help; and not __fish_seen_subcommand_from scan report help" -f -a "report" -d 'Print what the database knows: files, bytes, and the history of runs'
 complete -c dedupscan -n "__fish_dedupscan_using_subcommand help; and not __fish_seen_subcommand_from scan report help" -f -a "help" -d 'Print this message or the help of the given subcommand(s)'
