@@ -13,4 +13,9 @@ cargo fmt --check
 echo "== cargo clippy --all-targets -- -D warnings (also type-checks benches and examples)"
 cargo clippy --quiet --all-targets -- -D warnings
 echo "== cargo test (unit + integration on real volumes)"
-cargo test --all-features -- --test-threads="${DEDUPSCAN_TEST_THREADS:-2}"
+log=$(mktemp)
+trap 'rm -f "$log"' EXIT
+cargo test --all-features -- --test-threads="${DEDUPSCAN_TEST_THREADS:-2}" 2>&1 | tee "$log"
+# One closing line with the totals of every test binary.
+awk '/^test result:/ { for (i = 1; i <= NF; i++) { if ($(i+1) ~ /^passed/) p += $i; if ($(i+1) ~ /^failed/) f += $i } }
+     END { printf "tests: %d passed, %d failed\n", p, f }' "$log"
