@@ -85,9 +85,6 @@ pub fn run(cfg: &Config, progress: &dyn Progress, stop: &AtomicBool) -> Result<R
     }
     report.files_scanned = walked.files.len() as u64;
     report.logical_bytes = walked.files.iter().map(|c| c.size).sum();
-    // Only the (dev, ino) of what was seen is kept past this point: paths
-    // live once, in the list being hashed or in the database.
-    let seen: HashSet<(u64, u64)> = walked.files.iter().map(|c| (c.dev, c.ino)).collect();
     let work = classify(cfg, &policy, walked.files, db.load_index()?);
     report.files_unchanged = work.unchanged;
     report.skip(SkipReason::Nodedup, work.nodedup);
@@ -109,7 +106,10 @@ pub fn run(cfg: &Config, progress: &dyn Progress, stop: &AtomicBool) -> Result<R
         tx.send(WriteOp::Removed { id: *id }).ok();
     }
     let stats = hash_all(cfg, &policy, work.to_hash, tx, progress, stop)?;
-    let db = writer.join().map_err(|_| anyhow::anyhow!("database writer panicked"))?.context("writing the database")?;
+    let (db, new_ids) =
+        writer.join().map_err(|_| anyhow::anyhow!("database writer panicked"))?.context("writing the database")?;
+    let mut ids = work.ids;
+    ids.extend(new_ids);
     report.files_hashed = stats.files.load(Ordering::Relaxed);
     report.bytes_hashed = stats.bytes.load(Ordering::Relaxed);
     let HashTally { skipped, errors, failed } = stats.tally.into_inner().unwrap();
@@ -125,7 +125,7 @@ pub fn run(cfg: &Config, progress: &dyn Progress, stop: &AtomicBool) -> Result<R
     report.interrupted = stop.load(Ordering::Relaxed);
 
     if cfg.action == Action::Run && !report.interrupted {
-        share(cfg, &db, &fs, &seen, &failed, &mut report, progress, stop)?;
+        share(cfg, &db, &fs, &ids, &failed, &mut report, progress, stop)?;
         let complete = !cfg.dry_run && !report.interrupted && report.sharing_refused.is_none();
         if complete {
             db.set_meta(LAST_SHARE_RUN, &run_id.to_string())?;
@@ -154,6 +154,9 @@ fn unchanged(k: &Known, c: &Candidate) -> bool {
 
 /// Files sorted into what must be hashed and what is known.
 struct Work {
+    /// Known files seen by this crawl: `(dev, ino)` → id. Paths live once,
+    /// in the list being hashed or in the database.
+    ids: HashMap<(u64, u64), FileId>,
     to_hash: Vec<(Candidate, Option<FileId>)>,
     /// Known files seen under a new path (id, new path, new ctime).
     renamed: Vec<(FileId, PathBuf, i64)>,
@@ -164,12 +167,20 @@ struct Work {
 }
 
 fn classify(cfg: &Config, policy: &Policy, files: Vec<Candidate>, index: HashMap<(u64, u64), Known>) -> Work {
-    let mut w = Work { to_hash: Vec::new(), renamed: Vec::new(), removed: Vec::new(), unchanged: 0, nodedup: 0 };
+    let mut w = Work {
+        ids: HashMap::new(),
+        to_hash: Vec::new(),
+        renamed: Vec::new(),
+        removed: Vec::new(),
+        unchanged: 0,
+        nodedup: 0,
+    };
     let mut seen: HashSet<FileId> = HashSet::new();
     for c in files {
         let known = index.get(&(c.dev, c.ino));
         if let Some(k) = known {
             seen.insert(k.id);
+            w.ids.insert((c.dev, c.ino), k.id);
         }
         match known {
             Some(k) if cfg.incremental && unchanged(k, &c) => {
@@ -180,6 +191,7 @@ fn classify(cfg: &Config, policy: &Policy, files: Vec<Candidate>, index: HashMap
                     w.renamed.push((k.id, c.path, c.ctime_ns));
                 } else {
                     seen.remove(&k.id); // marked nodedup: prune below
+                    w.ids.remove(&(c.dev, c.ino));
                     w.nodedup += 1;
                 }
             }
@@ -335,7 +347,7 @@ fn share(
     cfg: &Config,
     db: &Db,
     fs: &sys::FsInfo,
-    seen: &HashSet<(u64, u64)>,
+    ids: &HashMap<(u64, u64), FileId>,
     failed: &HashSet<(u64, u64)>,
     report: &mut Report,
     progress: &dyn Progress,
@@ -344,29 +356,28 @@ fn share(
     let t = Instant::now();
     progress.phase("3/5 plan", None, false);
     // Files of this run, as recorded (the facts they were hashed under).
-    let files: HashMap<FileId, Candidate> = db
-        .load_index()?
-        .into_iter()
-        .filter(|(key, _)| seen.contains(key) && !failed.contains(key))
-        .map(|((dev, ino), k)| {
-            let c = Candidate { path: k.path, dev, ino, size: k.size, mtime_ns: k.mtime_ns, ctime_ns: k.ctime_ns };
-            (k.id, c)
-        })
-        .collect();
-    let allowed: HashSet<FileId> = files.keys().copied().collect();
+    let allowed: HashSet<FileId> = ids.iter().filter(|(key, _)| !failed.contains(key)).map(|(_, id)| *id).collect();
     // Incremental: everything hashed before the last complete sharing run
     // was matched then; plan only the groups that hold a newer file.
     let last_share: Option<i64> = db.meta(LAST_SHARE_RUN)?.and_then(|v| v.parse().ok());
     let fresh = match (cfg.incremental, last_share) {
-        (true, Some(last)) => Some(db.hashed_after(last)?),
+        (true, Some(last)) => Some(db.hashed_after(last)?.intersection(&allowed).copied().collect::<HashSet<_>>()),
         _ => None,
     };
+    if fresh.as_ref().is_some_and(|f| f.is_empty()) {
+        progress.finish_phase("3/5 plan: nothing new since the last complete run");
+        report.timings.plan_ms = ms(t);
+        return Ok(());
+    }
     let opts = PlanOptions {
         block_size: cfg.block_size,
         min_blocks: (cfg.min_range / cfg.block_size).max(1),
         ..Default::default()
     };
     let (plan, whole_groups) = db.plan(&allowed, fresh.as_ref(), opts)?;
+    // The recorded facts of the files the plan names, for the executor's
+    // identity checks.
+    let files = db.file_facts(plan.ranges.iter().flat_map(|r| [r.src, r.dest]).collect::<HashSet<_>>())?;
     report.ranges_planned = plan.ranges.len() as u64;
     report.timings.plan_ms = ms(t);
     progress.finish_phase(&format!(

@@ -80,6 +80,24 @@ fn corpus_round_trip(fs: Fs) -> Option<(u64, i64)> {
     assert_eq!(num(&full, "duplicate_bytes"), 0, "{full:#}");
     assert!(num(&full, "already_shared_bytes") >= preview * 99 / 100, "{full:#}");
     before.assert_same(&Snapshot::take(&data));
+
+    // New data arriving later: a shifted copy of an old image and a whole
+    // copy of an old file. An incremental run finds them against the old,
+    // already shared files through the new files' anchors alone.
+    let monday = std::fs::read(data.join("images/vm-monday.img")).unwrap();
+    let mut shifted = vec![0x5a; 8192];
+    shifted.extend_from_slice(&monday[..4 << 20]);
+    std::fs::write(data.join("later-shifted.img"), &shifted).unwrap();
+    // (Not std::fs::copy: on btrfs and XFS it reflinks, already sharing.)
+    std::fs::write(data.join("later-copy.bin"), std::fs::read(data.join("whole/a/file1.bin")).unwrap()).unwrap();
+    let before = Snapshot::take(&data);
+    let later = run_json(&vol, &[data_s, "--incremental"]);
+    before.assert_same(&Snapshot::take(&data));
+    assert_eq!(num(&later, "files_hashed"), 2, "{later:#}");
+    let copy_len = std::fs::metadata(data.join("later-copy.bin")).unwrap().len();
+    assert!(num(&later, "deduped_bytes") >= (4 << 20) + copy_len - 8192, "{later:#}");
+    assert!(same_physical(&data.join("images/vm-monday.img"), 0, &data.join("later-shifted.img"), 8192, 4 << 20));
+    assert!(same_physical(&data.join("whole/a/file1.bin"), 0, &data.join("later-copy.bin"), 0, copy_len & !4095));
     Some((ideal, measured))
 }
 

@@ -20,6 +20,7 @@ use rusqlite::{params, Connection, OpenFlags, OptionalExtension};
 use crate::hash::ZERO_FP;
 use crate::plan::{self, short_fp, Fp, Plan, PlanFile, PlanOptions};
 use crate::types::FileId;
+use crate::walk::Candidate;
 
 /// Why a database could not be used. Each message says what to do.
 #[derive(Debug, thiserror::Error)]
@@ -252,17 +253,81 @@ impl Db {
     ) -> rusqlite::Result<(Plan, usize)> {
         let mut whole = self.whole_file_groups(allowed)?;
         let covered: HashSet<FileId> = whole.iter().flat_map(|g| g[1..].iter().copied()).collect();
-        let mut anchor_groups = self.anchor_groups(allowed, &covered)?;
-        if let Some(fresh) = fresh {
-            whole.retain(|g| g.iter().any(|id| fresh.contains(id)));
-            anchor_groups.retain(|g| g.iter().any(|(id, _)| fresh.contains(id)));
-        }
+        let anchor_groups = match fresh {
+            Some(fresh) => {
+                whole.retain(|g| g.iter().any(|id| fresh.contains(id)));
+                self.anchor_groups_for(fresh, allowed, &covered)?
+            }
+            None => self.anchor_groups(allowed, &covered)?,
+        };
         let mut involved: Vec<FileId> =
             whole.iter().flatten().copied().chain(anchor_groups.iter().flatten().map(|(id, _)| *id)).collect();
         involved.sort_unstable();
         involved.dedup();
         let files = self.plan_files(involved)?;
         Ok((plan::plan(&files, &whole, &anchor_groups, opts), whole.len()))
+    }
+
+    /// Anchor groups that hold an anchor of one of the `fresh` files: each
+    /// fresh file's anchors are recomputed from its block map and looked up
+    /// by key range, so an incremental run never scans the whole index.
+    pub fn anchor_groups_for(
+        &self,
+        fresh: &HashSet<FileId>,
+        allowed: &HashSet<FileId>,
+        covered: &HashSet<FileId>,
+    ) -> rusqlite::Result<Vec<Vec<(FileId, u64)>>> {
+        let mut blob_st = self.conn.prepare_cached("SELECT blocks FROM files WHERE id = ?1")?;
+        let mut range_st =
+            self.conn.prepare_cached("SELECT fp, file_id, blk FROM anchors WHERE fp BETWEEN ?1 AND ?2")?;
+        let mut prefixes: HashSet<u32> = HashSet::new();
+        let mut fresh_ids: Vec<FileId> = fresh.iter().copied().collect();
+        fresh_ids.sort_unstable();
+        for id in fresh_ids {
+            let Some(blob): Option<Vec<u8>> = blob_st.query_row([id], |r| r.get(0)).optional()? else { continue };
+            let blocks = decode_blocks(&blob);
+            prefixes.extend(plan::anchors(&blocks).into_iter().map(|i| blocks[i as usize]));
+        }
+        let mut by_fp: std::collections::BTreeMap<i64, Vec<(FileId, u64)>> = Default::default();
+        for p in prefixes {
+            let hi = (p as u64) << 32;
+            let rows = range_st.query_map(rusqlite::params![hi as i64, (hi | 0xFFFF_FFFF) as i64], |r| {
+                Ok((r.get::<_, i64>(0)?, r.get::<_, FileId>(1)?, r.get::<_, i64>(2)? as u64))
+            })?;
+            for row in rows {
+                let (fp, id, blk) = row?;
+                if allowed.contains(&id) && !covered.contains(&id) {
+                    by_fp.entry(fp).or_default().push((id, blk));
+                }
+            }
+        }
+        Ok(by_fp.into_values().filter(|g| g.len() > 1 && g.iter().any(|(id, _)| fresh.contains(id))).collect())
+    }
+
+    /// The recorded facts of the given files, as the executor checks them
+    /// before use.
+    pub fn file_facts(&self, ids: impl IntoIterator<Item = FileId>) -> rusqlite::Result<HashMap<FileId, Candidate>> {
+        let mut st =
+            self.conn.prepare_cached("SELECT path, dev, ino, size, mtime_ns, ctime_ns FROM files WHERE id = ?1")?;
+        let mut out = HashMap::new();
+        for id in ids {
+            let row = st
+                .query_row([id], |r| {
+                    Ok(Candidate {
+                        path: PathBuf::from(std::ffi::OsString::from_vec(r.get(0)?)),
+                        dev: r.get::<_, i64>(1)? as u64,
+                        ino: r.get::<_, i64>(2)? as u64,
+                        size: r.get::<_, i64>(3)? as u64,
+                        mtime_ns: r.get(4)?,
+                        ctime_ns: r.get(5)?,
+                    })
+                })
+                .optional()?;
+            if let Some(c) = row {
+                out.insert(id, c);
+            }
+        }
+        Ok(out)
     }
 
     /// Block maps of the given files, ranked as sources (see

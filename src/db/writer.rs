@@ -46,10 +46,14 @@ pub enum WriteOp {
     Removed { id: FileId },
 }
 
+/// Ids given to files that had no row: `(dev, ino)` → id.
+pub type NewIds = Vec<((u64, u64), FileId)>;
+
 /// Run the writer loop until the channel closes; rows hashed now are marked
-/// with `run_id`. Returns the database.
-pub fn run(db: Db, run_id: i64, rx: Receiver<WriteOp>) -> rusqlite::Result<Db> {
+/// with `run_id`. Returns the database and the ids of the new rows.
+pub fn run(db: Db, run_id: i64, rx: Receiver<WriteOp>) -> rusqlite::Result<(Db, NewIds)> {
     let mut batch: Vec<WriteOp> = Vec::with_capacity(BATCH_FILES);
+    let mut new_ids = NewIds::new();
     let mut since = Instant::now();
     loop {
         let timeout = BATCH_TIME.saturating_sub(since.elapsed());
@@ -60,29 +64,29 @@ pub fn run(db: Db, run_id: i64, rx: Receiver<WriteOp>) -> rusqlite::Result<Db> {
                 }
                 batch.push(op);
                 if batch.len() >= BATCH_FILES {
-                    commit(&db.conn, run_id, &mut batch)?;
+                    commit(&db.conn, run_id, &mut batch, &mut new_ids)?;
                 }
             }
             Err(RecvTimeoutError::Timeout) => {
-                commit(&db.conn, run_id, &mut batch)?;
+                commit(&db.conn, run_id, &mut batch, &mut new_ids)?;
                 since = Instant::now();
             }
             Err(RecvTimeoutError::Disconnected) => {
-                commit(&db.conn, run_id, &mut batch)?;
-                return Ok(db);
+                commit(&db.conn, run_id, &mut batch, &mut new_ids)?;
+                return Ok((db, new_ids));
             }
         }
     }
 }
 
 /// Apply and clear `batch` in one transaction.
-pub fn commit(conn: &Connection, run_id: i64, batch: &mut Vec<WriteOp>) -> rusqlite::Result<()> {
+pub fn commit(conn: &Connection, run_id: i64, batch: &mut Vec<WriteOp>, new_ids: &mut NewIds) -> rusqlite::Result<()> {
     if batch.is_empty() {
         return Ok(());
     }
     let tx = conn.unchecked_transaction()?;
     for op in batch.drain(..) {
-        apply(&tx, run_id, op)?;
+        apply(&tx, run_id, op, new_ids)?;
     }
     tx.commit()
 }
@@ -105,7 +109,7 @@ fn delete_anchors(conn: &Connection, id: FileId) -> rusqlite::Result<()> {
     Ok(())
 }
 
-fn apply(conn: &Connection, run_id: i64, op: WriteOp) -> rusqlite::Result<()> {
+fn apply(conn: &Connection, run_id: i64, op: WriteOp, new_ids: &mut NewIds) -> rusqlite::Result<()> {
     match op {
         WriteOp::Hashed { id, dev, ino, path, mtime_ns, ctime_ns, hash } => {
             let blob = encode_blocks(&hash.blocks);
@@ -144,7 +148,9 @@ fn apply(conn: &Connection, run_id: i64, op: WriteOp) -> rusqlite::Result<()> {
                         blob,
                         run_id
                     ])?;
-                    FileId(conn.last_insert_rowid())
+                    let id = FileId(conn.last_insert_rowid());
+                    new_ids.push(((dev, ino), id));
+                    id
                 }
             };
             let mut ins =
