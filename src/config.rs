@@ -143,7 +143,13 @@ impl Config {
             Some(db) => db,
             None => default_db_path(&fs.uuid)?,
         };
-        let threads = threads.unwrap_or_else(|| std::thread::available_parallelism().map_or(2, |n| n.get()));
+        // Hashing threads also keep reads in flight: on a cold disk most of
+        // them wait for I/O, so more threads than CPUs keep both busy
+        // (measured in docs/BENCHMARKS.md: 2 → 8 threads, 2.98 s → 2.49 s).
+        let threads = threads.unwrap_or_else(|| {
+            let cpus = std::thread::available_parallelism().map_or(2, |n| n.get());
+            (cpus * 4).clamp(4, 32)
+        });
         Ok(Config {
             action,
             paths: canon,

@@ -48,6 +48,18 @@ pub struct FileHash {
     pub bytes_read: u64,
 }
 
+/// SHA-256 of `len` zero bytes; the common block sizes are computed once.
+fn zero_block_digest(len: u64) -> [u8; 32] {
+    use std::sync::OnceLock;
+    static COMMON: OnceLock<Vec<(u64, [u8; 32])>> = OnceLock::new();
+    let common = COMMON
+        .get_or_init(|| (12..=20).map(|shift| (1u64 << shift, Sha256::digest(vec![0u8; 1 << shift]).into())).collect());
+    match common.iter().find(|(l, _)| *l == len) {
+        Some((_, d)) => *d,
+        None => Sha256::digest(vec![0u8; len as usize]).into(),
+    }
+}
+
 /// Fingerprint of a block digest: its first 8 bytes, never [`ZERO_FP`].
 pub fn fingerprint(digest: &[u8; 32]) -> u64 {
     let fp = u64::from_le_bytes(digest[..8].try_into().expect("8 bytes"));
@@ -89,15 +101,10 @@ pub fn hash_file_with(
     let mut blocks = Vec::with_capacity(nblocks);
     let mut whole = Sha256::new();
     whole.update(size.to_le_bytes());
-    let zero_full: [u8; 32] = Sha256::digest(vec![0u8; block_size as usize]).into();
-    let zero_digest = |len: u64| -> [u8; 32] {
-        if len == block_size {
-            zero_full
-        } else {
-            Sha256::digest(vec![0u8; len as usize]).into()
-        }
-    };
-    buf.resize(CHUNK, 0);
+    let zero_digest = |len: u64| -> [u8; 32] { zero_block_digest(len) };
+    if buf.len() < CHUNK {
+        buf.resize(CHUNK, 0);
+    }
     // Sequential: the kernel doubles its read-ahead window.
     advise(file, 0, 0, PosixFadviseAdvice::POSIX_FADV_SEQUENTIAL);
     let mut bytes_read = 0u64;

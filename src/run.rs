@@ -243,15 +243,21 @@ fn hash_all(
         .build()
         .context("cannot start hashing threads")?;
     pool.install(|| {
+        // One item per job, so a huge file never holds a queue of small
+        // ones behind it. rayon runs the init per job, so the read buffer
+        // lives in a thread-local instead (a 1 MiB buffer per file would
+        // cost more than hashing small files).
         to_hash.into_par_iter().with_max_len(1).for_each_init(
-            || (tx.clone(), Vec::new()),
-            |(tx, buf), (cand, id)| {
+            || tx.clone(),
+            |tx, (cand, id)| {
                 if stop.load(Ordering::Relaxed) {
                     return;
                 }
                 let key = (cand.dev, cand.ino);
                 let res = policy.check_file_xattr(&cand.path).map_err(HashFail::Skip);
-                match res.and_then(|_| hash_one(&cand, cfg.block_size, cfg.drop_cache, buf)) {
+                let hashed = res
+                    .and_then(|_| READ_BUF.with_borrow_mut(|buf| hash_one(&cand, cfg.block_size, cfg.drop_cache, buf)));
+                match hashed {
                     Ok((now, h)) => {
                         stats.files.fetch_add(1, Ordering::Relaxed);
                         stats.bytes.fetch_add(h.bytes_read, Ordering::Relaxed);
@@ -296,6 +302,11 @@ fn hash_all(
     });
     drop(tx);
     Ok(stats)
+}
+
+thread_local! {
+    /// Each hashing thread's read buffer ([`hash::CHUNK`] bytes once grown).
+    static READ_BUF: std::cell::RefCell<Vec<u8>> = const { std::cell::RefCell::new(Vec::new()) };
 }
 
 enum HashFail {
