@@ -458,20 +458,34 @@ impl Executor<'_> {
     }
 }
 
-/// For every range of `plan`, how many of its bytes do not yet share the
-/// source's extents, from FIEMAP alone (no data is read). `None` where a
-/// file cannot be opened or mapped.
-pub fn unshared_bytes(plan: &Plan, files: &HashMap<FileId, Candidate>, block_size: u64) -> Vec<Option<u64>> {
-    let map = |id: FileId, off: u64, len: u64| -> Option<Vec<Option<u64>>> {
-        let f = sys::open_readonly(&files.get(&id)?.path).ok()?;
-        let ext = sys::fiemap(f.as_fd(), off, len).ok()?;
-        Some(physical_map(&ext, off, len, block_size))
+/// What FIEMAP says about one planned range.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RangeState {
+    /// This many of its bytes do not share the source's extents yet.
+    Unshared(u64),
+    /// A file's data is inline in metadata (btrfs): it can never be shared.
+    Inline,
+    /// A file could not be opened or mapped.
+    Unknown,
+}
+
+/// The state of every range of `plan`, from FIEMAP alone (no data is read).
+pub fn range_states(plan: &Plan, files: &HashMap<FileId, Candidate>, block_size: u64) -> Vec<RangeState> {
+    let map = |id: FileId, off: u64, len: u64| -> Result<Vec<Option<u64>>, RangeState> {
+        let c = files.get(&id).ok_or(RangeState::Unknown)?;
+        let f = sys::open_readonly(&c.path).map_err(|_| RangeState::Unknown)?;
+        let ext = sys::fiemap(f.as_fd(), off, len).map_err(|_| RangeState::Unknown)?;
+        if ext.iter().any(|e| e.flags & fiemap_flags::DATA_INLINE != 0) {
+            return Err(RangeState::Inline);
+        }
+        Ok(physical_map(&ext, off, len, block_size))
     };
     plan.ranges
         .iter()
-        .map(|r| {
-            let (s, d) = (map(r.src, r.src_off, r.len)?, map(r.dest, r.dest_off, r.len)?);
-            Some(unshared_parts(&s, &d, block_size, r.len).iter().map(|p| p.1).sum())
+        .map(|r| match (map(r.src, r.src_off, r.len), map(r.dest, r.dest_off, r.len)) {
+            (Ok(s), Ok(d)) => RangeState::Unshared(unshared_parts(&s, &d, block_size, r.len).iter().map(|p| p.1).sum()),
+            (Err(RangeState::Inline), _) | (_, Err(RangeState::Inline)) => RangeState::Inline,
+            _ => RangeState::Unknown,
         })
         .collect()
 }

@@ -14,7 +14,7 @@ use anyhow::Result;
 use serde::Serialize;
 
 use crate::db::Db;
-use crate::dedupe::unshared_bytes;
+use crate::dedupe::{range_states, RangeState};
 use crate::plan::PlanOptions;
 use crate::report::{display_path, human};
 use crate::types::FileId;
@@ -159,15 +159,18 @@ fn live_status(db: &Db, block_size: u64) -> Result<Live> {
     let allowed: HashSet<FileId> = files.keys().copied().collect();
     let opts = PlanOptions { block_size, ..Default::default() };
     let (plan, _) = db.plan(&allowed, None, opts)?;
-    let status = unshared_bytes(&plan, &files, block_size);
-    let mut live =
-        Live { allocated, duplicate: plan.bytes(), shared: 0, unshared: 0, unknown: 0, groups: vec![], dirs: vec![] };
+    let status = range_states(&plan, &files, block_size);
+    let mut live = Live { allocated, duplicate: 0, shared: 0, unshared: 0, unknown: 0, groups: vec![], dirs: vec![] };
     let mut by_src: HashMap<FileId, (u64, HashSet<FileId>)> = HashMap::new();
     let mut by_dir: HashMap<PathBuf, u64> = HashMap::new();
     for (r, st) in plan.ranges.iter().zip(status) {
+        if st != RangeState::Inline {
+            live.duplicate += r.len;
+        }
         match st {
-            None => live.unknown += r.len,
-            Some(u) => {
+            RangeState::Inline => {}
+            RangeState::Unknown => live.unknown += r.len,
+            RangeState::Unshared(u) => {
                 live.unshared += u;
                 live.shared += r.len - u;
                 if u > 0 {

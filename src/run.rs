@@ -426,6 +426,8 @@ fn share(
     report.rewritten_bytes = out.rewritten_bytes;
     report.skip(SkipReason::ChangedDuringScan, out.changed_files);
     report.skip(SkipReason::Inline, out.inline_files);
+    // Found ineligible only now: not "considered" after all.
+    report.files_scanned = report.files_scanned.saturating_sub(out.inline_files + out.changed_files);
     for (k, n) in &out.errors {
         report.error(k, *n);
     }
