@@ -1,7 +1,8 @@
 //! The pipeline of one run, phase by phase:
 //!
 //! ```text
-//! 1/5 crawl ──► 2/5 hash (rayon) ──► db writer ──► 3/5 plan ──► 4/5 share ──► 5/5 report
+//! 1/3 scan: crawl ══► hash (rayon) ──► db writer   2/3 plan   3/3 share   ──► report
+//!        (the crawler thread feeds the hashing pool as it finds files)
 //! ```
 //!
 //! Each phase reports through [`Progress`] how much work remains; the
@@ -9,9 +10,9 @@
 
 use std::collections::{HashMap, HashSet};
 use std::os::unix::fs::MetadataExt;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::mpsc::{sync_channel, SyncSender};
+use std::sync::mpsc::{sync_channel, Receiver, SyncSender};
 use std::sync::Mutex;
 use std::time::Instant;
 
@@ -62,53 +63,65 @@ pub fn run(cfg: &Config, progress: &dyn Progress, stop: &AtomicBool) -> Result<R
     let mut policy = Policy::new(&cfg.excludes, Some(&cfg.db_path)).context("invalid --exclude glob")?;
     policy.include_readonly_snapshots = cfg.include_readonly_snapshots;
 
-    // 1. crawl
-    progress.phase("1/5 crawl", None, false);
+    // 1+2. crawl and hash, overlapped: the crawler thread sorts every file
+    // it finds into known-unchanged or to-hash, and the hashing pool starts
+    // on the first one found, the way `find | xargs cat` keeps the disk busy.
+    let index = db.load_index()?;
     let t = Instant::now();
-    let walked = walk::walk(&cfg.paths, fs.kind, &policy, progress, stop);
+    progress.phase("1/3 scan", None, true);
+    let (tx, rx) = sync_channel::<WriteOp>(CHANNEL_CAP);
+    let writer = std::thread::Builder::new()
+        .name("db-writer".into())
+        .spawn(move || writer::run(db, run_id, rx))
+        .context("cannot start the database writer")?;
+    let (hash_tx, hash_rx) = sync_channel::<(Candidate, Option<FileId>)>(HASH_QUEUE);
+    let (walked, cls, stats) = std::thread::scope(|s| -> Result<_> {
+        let (policy, index, writes) = (&policy, &index, tx.clone());
+        let crawler = std::thread::Builder::new()
+            .name("crawl".into())
+            .spawn_scoped(s, move || {
+                let t = Instant::now();
+                let mut cls = Classifier::new(cfg, policy, index);
+                let walked = walk::walk(&cfg.paths, fs.kind, policy, progress, stop, |c| {
+                    if let Some(item) = cls.sort(c, &writes) {
+                        let _ = hash_tx.send(item);
+                    }
+                });
+                cls.walk_ms = ms(t);
+                (walked, cls)
+            })
+            .context("cannot start the crawler")?;
+        let stats = hash_all(cfg, policy, hash_rx, tx.clone(), progress, stop);
+        let (walked, cls) = crawler.join().map_err(|_| anyhow::anyhow!("crawler panicked"))?;
+        Ok((walked, cls, stats?))
+    })?;
     for (r, n) in &walked.skipped {
         report.skip(*r, *n);
     }
     for (k, n) in &walked.errors {
         report.error(k, *n);
     }
-    report.timings.walk_ms = ms(t);
-    progress.finish_phase(&format!("1/5 crawl: {} files", walked.files.len()));
-
-    // 2. change detection + hash
-    if stop.load(Ordering::Relaxed) {
-        // Stopped during the crawl: what was not seen must not be pruned.
-        report.interrupted = true;
-        report.timings.total_ms = ms(t0);
-        db.finish_run(run_id, &serde_json::to_string(&report)?)?;
-        return Ok(report);
+    report.timings.walk_ms = cls.walk_ms;
+    report.interrupted = stop.load(Ordering::Relaxed);
+    if !report.interrupted {
+        // Known files under the scanned paths that were not seen are gone
+        // (or no longer eligible). A stopped crawl did not see everything:
+        // it prunes nothing.
+        let removed = cls.removed();
+        report.files_removed = removed.len() as u64;
+        for id in removed {
+            tx.send(WriteOp::Removed { id }).ok();
+        }
     }
-    report.files_scanned = walked.files.len() as u64;
-    report.logical_bytes = walked.files.iter().map(|c| c.size).sum();
-    let work = classify(cfg, &policy, walked.files, db.load_index()?);
-    report.files_unchanged = work.unchanged;
-    report.skip(SkipReason::Nodedup, work.nodedup);
-    report.files_scanned -= work.nodedup;
-    report.files_renamed = work.renamed.len() as u64;
-    report.files_removed = work.removed.len() as u64;
-    let t = Instant::now();
-    let total_bytes: u64 = work.to_hash.iter().map(|(c, _)| c.size).sum();
-    progress.phase("2/5 hash", Some(total_bytes), true);
-    let (tx, rx) = sync_channel::<WriteOp>(CHANNEL_CAP);
-    let writer = std::thread::Builder::new()
-        .name("db-writer".into())
-        .spawn(move || writer::run(db, run_id, rx))
-        .context("cannot start the database writer")?;
-    for (id, path, ctime_ns) in work.renamed {
-        tx.send(WriteOp::Renamed { id, path, ctime_ns }).ok();
-    }
-    for id in &work.removed {
-        tx.send(WriteOp::Removed { id: *id }).ok();
-    }
-    let stats = hash_all(cfg, &policy, work.to_hash, tx, progress, stop)?;
+    drop(tx);
+    report.files_scanned = cls.files;
+    report.logical_bytes = cls.logical_bytes;
+    report.files_unchanged = cls.unchanged;
+    report.skip(SkipReason::Nodedup, cls.nodedup);
+    report.files_renamed = cls.renamed;
     let (db, new_ids) =
         writer.join().map_err(|_| anyhow::anyhow!("database writer panicked"))?.context("writing the database")?;
-    let mut ids = work.ids;
+    let mut ids = cls.ids;
     ids.extend(new_ids);
     report.files_hashed = stats.files.load(Ordering::Relaxed);
     report.bytes_hashed = stats.bytes.load(Ordering::Relaxed);
@@ -121,8 +134,12 @@ pub fn run(cfg: &Config, progress: &dyn Progress, stop: &AtomicBool) -> Result<R
         report.error(k, n);
     }
     report.timings.hash_ms = ms(t);
-    progress.finish_phase(&format!("2/5 hash: {} files, {} read", report.files_hashed, human(report.bytes_hashed)));
-    report.interrupted = stop.load(Ordering::Relaxed);
+    progress.finish_phase(&format!(
+        "1/3 scan: {} files, {} hashed, {} read",
+        report.files_scanned,
+        report.files_hashed,
+        human(report.bytes_hashed)
+    ));
 
     if cfg.action == Action::Run && !report.interrupted {
         share(cfg, &db, &fs, &ids, &failed, &mut report, progress, stop)?;
@@ -152,65 +169,84 @@ fn unchanged(k: &Known, c: &Candidate) -> bool {
     k.size == c.size && k.mtime_ns == c.mtime_ns && (k.ctime_ns == c.ctime_ns || k.path != c.path)
 }
 
-/// Files sorted into what must be hashed and what is known.
-struct Work {
+/// Files waiting for a hashing thread at most: the crawler runs ahead of
+/// the hashers by this much, no more (bounded memory).
+const HASH_QUEUE: usize = 4096;
+
+/// Change detection, one file at a time as the crawl finds it.
+struct Classifier<'a> {
+    cfg: &'a Config,
+    policy: &'a Policy,
+    index: &'a HashMap<(u64, u64), Known>,
     /// Known files seen by this crawl: `(dev, ino)` → id. Paths live once,
-    /// in the list being hashed or in the database.
+    /// in the queue being hashed or in the database.
     ids: HashMap<(u64, u64), FileId>,
-    to_hash: Vec<(Candidate, Option<FileId>)>,
-    /// Known files seen under a new path (id, new path, new ctime).
-    renamed: Vec<(FileId, PathBuf, i64)>,
+    files: u64,
+    logical_bytes: u64,
+    unchanged: u64,
+    renamed: u64,
     /// Moved files found marked `user.nodedup`.
     nodedup: u64,
-    removed: Vec<FileId>,
-    unchanged: u64,
+    walk_ms: u64,
 }
 
-fn classify(cfg: &Config, policy: &Policy, files: Vec<Candidate>, index: HashMap<(u64, u64), Known>) -> Work {
-    let mut w = Work {
-        ids: HashMap::new(),
-        to_hash: Vec::new(),
-        renamed: Vec::new(),
-        removed: Vec::new(),
-        unchanged: 0,
-        nodedup: 0,
-    };
-    let mut seen: HashSet<FileId> = HashSet::new();
-    for c in files {
-        let known = index.get(&(c.dev, c.ino));
+impl<'a> Classifier<'a> {
+    fn new(cfg: &'a Config, policy: &'a Policy, index: &'a HashMap<(u64, u64), Known>) -> Self {
+        Classifier {
+            cfg,
+            policy,
+            index,
+            ids: HashMap::new(),
+            files: 0,
+            logical_bytes: 0,
+            unchanged: 0,
+            renamed: 0,
+            nodedup: 0,
+            walk_ms: 0,
+        }
+    }
+
+    /// Sort one crawled file: known and unchanged (a move is recorded
+    /// through `writes`), or to be hashed (returned).
+    fn sort(&mut self, c: Candidate, writes: &SyncSender<WriteOp>) -> Option<(Candidate, Option<FileId>)> {
+        let known = self.index.get(&(c.dev, c.ino));
         if let Some(k) = known {
-            seen.insert(k.id);
-            w.ids.insert((c.dev, c.ino), k.id);
+            self.ids.insert((c.dev, c.ino), k.id);
         }
         match known {
-            Some(k) if cfg.incremental && unchanged(k, &c) => {
-                if k.path == c.path {
-                    w.unchanged += 1;
-                } else if policy.check_file_xattr(&c.path).is_ok() {
-                    w.unchanged += 1;
-                    w.renamed.push((k.id, c.path, c.ctime_ns));
-                } else {
-                    seen.remove(&k.id); // marked nodedup: prune below
-                    w.ids.remove(&(c.dev, c.ino));
-                    w.nodedup += 1;
+            Some(k) if self.cfg.incremental && unchanged(k, &c) => {
+                if k.path != c.path && self.policy.check_file_xattr(&c.path).is_err() {
+                    // Moved and marked nodedup: forgotten (pruned as unseen).
+                    self.ids.remove(&(c.dev, c.ino));
+                    self.nodedup += 1;
+                    return None;
                 }
+                self.files += 1;
+                self.logical_bytes += c.size;
+                self.unchanged += 1;
+                if k.path != c.path {
+                    self.renamed += 1;
+                    let _ = writes.send(WriteOp::Renamed { id: k.id, path: c.path, ctime_ns: c.ctime_ns });
+                }
+                None
             }
             _ => {
-                let id = known.map(|k| k.id);
-                w.to_hash.push((c, id));
+                self.files += 1;
+                self.logical_bytes += c.size;
+                Some((c, known.map(|k| k.id)))
             }
         }
     }
-    // Known files under the scanned paths that were not seen are gone (or no
-    // longer eligible): prune them.
-    w.removed = index
-        .values()
-        .filter(|k| !seen.contains(&k.id) && cfg.paths.iter().any(|root| k.path.starts_with(root)))
-        .map(|k| k.id)
-        .collect();
-    // Largest first, so one huge file does not end the run on one thread.
-    w.to_hash.sort_by_key(|c| std::cmp::Reverse(c.0.size));
-    w
+
+    /// Known files under the scanned paths that the crawl did not see.
+    fn removed(&self) -> Vec<FileId> {
+        let seen: HashSet<FileId> = self.ids.values().copied().collect();
+        self.index
+            .values()
+            .filter(|k| !seen.contains(&k.id) && self.cfg.paths.iter().any(|root| k.path.starts_with(root)))
+            .map(|k| k.id)
+            .collect()
+    }
 }
 
 #[derive(Default)]
@@ -231,7 +267,7 @@ struct HashStats {
 fn hash_all(
     cfg: &Config,
     policy: &Policy,
-    to_hash: Vec<(Candidate, Option<FileId>)>,
+    to_hash: Receiver<(Candidate, Option<FileId>)>,
     tx: SyncSender<WriteOp>,
     progress: &dyn Progress,
     stop: &AtomicBool,
@@ -243,11 +279,10 @@ fn hash_all(
         .build()
         .context("cannot start hashing threads")?;
     pool.install(|| {
-        // One item per job, so a huge file never holds a queue of small
-        // ones behind it. rayon runs the init per job, so the read buffer
-        // lives in a thread-local instead (a 1 MiB buffer per file would
-        // cost more than hashing small files).
-        to_hash.into_par_iter().with_max_len(1).for_each_init(
+        // Files are taken one at a time as threads come free. rayon may run
+        // the init per item, so the read buffer lives in a thread-local (a
+        // 1 MiB buffer per file would cost more than hashing small files).
+        to_hash.into_iter().par_bridge().for_each_init(
             || tx.clone(),
             |tx, (cand, id)| {
                 if stop.load(Ordering::Relaxed) {
@@ -365,7 +400,7 @@ fn share(
     stop: &AtomicBool,
 ) -> Result<()> {
     let t = Instant::now();
-    progress.phase("3/5 plan", None, false);
+    progress.phase("2/3 plan", None, false);
     // Files of this run, as recorded (the facts they were hashed under).
     let allowed: HashSet<FileId> = ids.iter().filter(|(key, _)| !failed.contains(key)).map(|(_, id)| *id).collect();
     // Incremental: everything hashed before the last complete sharing run
@@ -376,7 +411,7 @@ fn share(
         _ => None,
     };
     if fresh.as_ref().is_some_and(|f| f.is_empty()) {
-        progress.finish_phase("3/5 plan: nothing new since the last complete run");
+        progress.finish_phase("2/3 plan: nothing new since the last complete run");
         report.timings.plan_ms = ms(t);
         return Ok(());
     }
@@ -392,7 +427,7 @@ fn share(
     report.ranges_planned = plan.ranges.len() as u64;
     report.timings.plan_ms = ms(t);
     progress.finish_phase(&format!(
-        "3/5 plan: {} ranges, {} duplicate ({} whole-file groups)",
+        "2/3 plan: {} ranges, {} duplicate ({} whole-file groups)",
         plan.ranges.len(),
         human(plan.bytes()),
         whole_groups
@@ -411,7 +446,7 @@ fn share(
     }
     let root = cfg.paths.first().expect("a path");
     let before = if mode == Mode::Share { Some(free_bytes(root)?) } else { None };
-    progress.phase(if cfg.dry_run { "4/5 verify" } else { "4/5 share" }, Some(plan.bytes()), true);
+    progress.phase(if cfg.dry_run { "3/3 verify" } else { "3/3 share" }, Some(plan.bytes()), true);
     let bookends = (fs.kind == FsKind::Btrfs && cfg.rewrite_ratio > 0.0).then(|| dedupe::Bookends {
         tmp_dir: if root.is_dir() { root.clone() } else { root.parent().unwrap_or(root).to_owned() },
         max_ratio: cfg.rewrite_ratio,
@@ -442,7 +477,7 @@ fn share(
     report.interrupted |= stop.load(Ordering::Relaxed);
     report.timings.dedupe_ms = ms(t);
     progress.finish_phase(&format!(
-        "4/5 {}: {} {}",
+        "3/3 {}: {} {}",
         if cfg.dry_run { "verify" } else { "share" },
         human(if cfg.dry_run { report.duplicate_bytes } else { report.deduped_bytes }),
         if cfg.dry_run { "verified duplicate" } else { "shared" }

@@ -2,8 +2,9 @@
 //!
 //! In: canonical starting paths, the filesystem kind, the [`Policy`]. Out:
 //! one [`Candidate`] per eligible inode, with the `lstat` facts change
-//! detection needs, plus counts of everything skipped and why. Runs on the
-//! calling thread; it only lists and `lstat`s, never opens a file.
+//! detection needs, handed to a callback as it is found, plus counts of
+//! everything skipped and why. Runs on the calling thread (the crawler
+//! thread of a run); it only lists and `lstat`s, never opens a file.
 //!
 //! Symlinks are never followed; FIFOs, sockets and devices are counted and
 //! never opened; other mounts are not entered. On btrfs, subvolumes have
@@ -49,18 +50,25 @@ impl Candidate {
     }
 }
 
-/// What the crawl found.
+/// What the crawl counted (the files themselves go to its callback).
 #[derive(Debug, Default)]
 pub struct WalkResult {
-    pub files: Vec<Candidate>,
     pub skipped: BTreeMap<SkipReason, u64>,
     /// Errors by kind (e.g. `unreadable_dir`), each already reported.
     pub errors: BTreeMap<&'static str, u64>,
 }
 
 /// Crawl `roots` (canonical paths on one filesystem of kind `fs`).
-/// `stop` ends the crawl early (the run then stops before hashing).
-pub fn walk(roots: &[PathBuf], fs: FsKind, policy: &Policy, progress: &dyn Progress, stop: &AtomicBool) -> WalkResult {
+/// Every eligible file is handed to `each` as soon as it is found, so
+/// reading can start while the crawl goes on. `stop` ends the crawl early.
+pub fn walk(
+    roots: &[PathBuf],
+    fs: FsKind,
+    policy: &Policy,
+    progress: &dyn Progress,
+    stop: &AtomicBool,
+    mut each: impl FnMut(Candidate),
+) -> WalkResult {
     let mounts = crate::sys::fs::mount_points();
     let result = RefCell::new(WalkResult::default());
     let mut seen_inodes: HashSet<(u64, u64)> = HashSet::new();
@@ -141,8 +149,7 @@ pub fn walk(roots: &[PathBuf], fs: FsKind, policy: &Policy, progress: &dyn Progr
                 skip(r);
                 continue;
             }
-            progress.inc(1);
-            result.borrow_mut().files.push(Candidate::from_metadata(path, &meta));
+            each(Candidate::from_metadata(path, &meta));
         }
     }
     result.into_inner()

@@ -102,7 +102,7 @@ fn sigterm_mid_scan_commits_and_the_next_run_carries_on() {
         .unwrap();
     let mut err = BufReader::new(child.stderr.take().unwrap());
     let mut line = String::new();
-    while err.read_line(&mut line).unwrap() > 0 && !line.contains("2/5 hash: started") {
+    while err.read_line(&mut line).unwrap() > 0 && !line.contains("1/3 scan: started") {
         line.clear();
     }
     std::thread::sleep(std::time::Duration::from_millis(100));
