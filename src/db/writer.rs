@@ -112,47 +112,31 @@ fn delete_anchors(conn: &Connection, id: FileId) -> rusqlite::Result<()> {
 fn apply(conn: &Connection, run_id: i64, op: WriteOp, new_ids: &mut NewIds) -> rusqlite::Result<()> {
     match op {
         WriteOp::Hashed { id, dev, ino, path, mtime_ns, ctime_ns, hash } => {
-            let blob = encode_blocks(&hash.blocks);
-            let id = match id {
-                Some(id) => {
-                    delete_anchors(conn, id)?;
-                    conn.prepare_cached(
-                        "UPDATE files SET dev=?2, ino=?3, path=?4, size=?5, mtime_ns=?6, ctime_ns=?7, digest=?8, blocks=?9, hashed_run=?10 WHERE id=?1",
-                    )?
-                    .execute(params![
-                        id,
-                        dev as i64,
-                        ino as i64,
-                        path_bytes(&path),
-                        hash.size as i64,
-                        mtime_ns,
-                        ctime_ns,
-                        &hash.digest[..DIGEST_LEN],
-                        blob,
-                        run_id
-                    ])?;
-                    id
-                }
-                None => {
-                    conn.prepare_cached(
-                        "INSERT INTO files (dev, ino, path, size, mtime_ns, ctime_ns, digest, blocks, hashed_run) VALUES (?1,?2,?3,?4,?5,?6,?7,?8,?9)",
-                    )?
-                    .execute(params![
-                        dev as i64,
-                        ino as i64,
-                        path_bytes(&path),
-                        hash.size as i64,
-                        mtime_ns,
-                        ctime_ns,
-                        &hash.digest[..DIGEST_LEN],
-                        blob,
-                        run_id
-                    ])?;
-                    let id = FileId(conn.last_insert_rowid());
-                    new_ids.push(((dev, ino), id));
-                    id
-                }
-            };
+            if let Some(id) = id {
+                delete_anchors(conn, id)?;
+            }
+            // A known file keeps its id (the row is replaced); a new one gets
+            // the next rowid.
+            conn.prepare_cached(
+                "INSERT OR REPLACE INTO files (id, dev, ino, path, size, mtime_ns, ctime_ns, digest, blocks, hashed_run) VALUES (?1,?2,?3,?4,?5,?6,?7,?8,?9,?10)",
+            )?
+            .execute(params![
+                id,
+                dev as i64,
+                ino as i64,
+                path_bytes(&path),
+                hash.size as i64,
+                mtime_ns,
+                ctime_ns,
+                &hash.digest[..DIGEST_LEN],
+                encode_blocks(&hash.blocks),
+                run_id
+            ])?;
+            let id = id.unwrap_or_else(|| {
+                let id = FileId(conn.last_insert_rowid());
+                new_ids.push(((dev, ino), id));
+                id
+            });
             let mut ins =
                 conn.prepare_cached("INSERT OR IGNORE INTO anchors (fp, file_id, blk) VALUES (?1, ?2, ?3)")?;
             let short: Vec<Fp> = hash.blocks.iter().map(|&f| short_fp(f)).collect();
