@@ -196,3 +196,86 @@ fn full_disk_under_the_database_stops_cleanly_and_keeps_it_intact() {
     assert_eq!(code, 0, "{err}");
     assert_eq!(json["files_scanned"].as_u64(), Some(3000));
 }
+
+#[test]
+fn files_deleted_truncated_and_grown_during_runs_are_handled() {
+    let Some(vol) = Volume::new(Fs::Btrfs, 1024) else { return };
+    let data = vol.path("churn");
+    std::fs::create_dir(&data).unwrap();
+    let mut rng = Rng::new(17);
+    let mut expect: HashMap<PathBuf, Option<Vec<u8>>> = HashMap::new();
+    for i in 0..300 {
+        let len = 64 * 1024 + rng.below(200_000) as usize;
+        let blob = rng.bytes(len);
+        for side in ["a", "b"] {
+            let p = data.join(format!("{i:03}{side}"));
+            std::fs::write(&p, &blob).unwrap();
+            expect.insert(p, Some(blob.clone()));
+        }
+    }
+    let stop = Arc::new(AtomicBool::new(false));
+    let churner = {
+        let stop = Arc::clone(&stop);
+        let mut expect = expect.clone();
+        std::thread::spawn(move || {
+            let mut rng = Rng::new(71);
+            let mut paths: Vec<PathBuf> = expect.keys().cloned().collect();
+            paths.sort();
+            while !stop.load(Ordering::Relaxed) {
+                let p = &paths[rng.below(paths.len() as u64) as usize];
+                match rng.below(4) {
+                    // Vanish.
+                    0 => {
+                        let _ = std::fs::remove_file(p);
+                        expect.insert(p.clone(), None);
+                    }
+                    // Come back with other content (maybe a new inode).
+                    1 => {
+                        let len = 4096 + rng.below(100_000) as usize;
+                        let blob = rng.bytes(len);
+                        std::fs::write(p, &blob).unwrap();
+                        expect.insert(p.clone(), Some(blob));
+                    }
+                    // Shrink in place.
+                    2 => {
+                        if let Some(Some(content)) = expect.get_mut(p) {
+                            let len = content.len() / 2;
+                            std::fs::OpenOptions::new().write(true).open(p).unwrap().set_len(len as u64).unwrap();
+                            content.truncate(len);
+                        }
+                    }
+                    // Grow.
+                    _ => {
+                        if let Some(Some(content)) = expect.get_mut(p) {
+                            let more = rng.bytes(8192);
+                            std::fs::OpenOptions::new().append(true).open(p).unwrap().write_all(&more).unwrap();
+                            content.extend_from_slice(&more);
+                        }
+                    }
+                }
+                std::thread::sleep(Duration::from_millis(1));
+            }
+            expect
+        })
+    };
+    let mut shared = 0;
+    for _ in 0..5 {
+        // Every run finishes, with a valid report (errors are counted, the
+        // run goes on).
+        let r = run_json(&vol, &[data.to_str().unwrap()]);
+        shared += num(&r, "deduped_bytes");
+    }
+    stop.store(true, Ordering::Relaxed);
+    let expect = churner.join().unwrap();
+    for (p, want) in &expect {
+        match want {
+            None => assert!(!p.exists(), "{} came back", p.display()),
+            Some(w) => assert!(std::fs::read(p).unwrap() == *w, "{} does not hold what was last written", p.display()),
+        }
+    }
+    assert!(shared > 0, "nothing was shared during the churn: the test proved nothing");
+    integrity_ok(&vol.db());
+    // With the churn over, a run is clean.
+    let r = run_json(&vol, &[data.to_str().unwrap()]);
+    assert_eq!(r["errors"].as_u64(), Some(0), "{r:#}");
+}
