@@ -196,7 +196,11 @@ free_bytes() {
         btrfs filesystem sync "$MNT" >/dev/null
     fi
     sync -f "$MNT"
-    stat -f -c '%f %S' "$MNT" | awk '{printf "%d\n", $1 * $2}'
+    # Shell arithmetic, not awk: mawk's printf %d clamps at 2^31 - 1, which
+    # made every volume over 2 GiB look like it freed nothing.
+    local free size
+    read -r free size < <(stat -f -c '%f %S' "$MNT")
+    echo $((free * size))
 }
 
 # step FS NAME CMD...: drop caches, run CMD under /usr/bin/time -v with stdout
@@ -301,7 +305,7 @@ for fs in "${filesystems[@]}"; do
     cp -a --sparse=always --reflink=never "$WORK/corpus/." "$DATA/"
     sync -f "$MNT"
     # Corpus facts on this volume, and the yardstick.
-    read -r files logical < <(find "$DATA" -type f -printf '%s\n' | awk '{n++; s += $1} END {print n, s}')
+    read -r files logical < <(find "$DATA" -type f -printf '%s\n' | awk '{n++; s += $1} END {printf "%d %.0f\n", n, s}')
     python3 "$IDEAL" "$DATA" >"$LOGS/$fs-ideal.json"
     record fs="$fs" step=corpus files="$files" logical_bytes="$logical" \
         allocated_bytes="$(du -sB1 "$DATA" | cut -f1)" \

@@ -265,6 +265,12 @@ fn a_non_root_user_can_dedupe_their_own_files() {
     std::fs::write(home.join("a"), &payload).unwrap();
     std::fs::write(home.join("b"), &payload).unwrap();
     sh("chown", &[OsStr::new("-R"), OsStr::new("65534:65534"), os(&home)]);
+    // Things this user may not read: a root-only directory and file.
+    std::fs::create_dir(home.join("locked")).unwrap();
+    std::fs::write(home.join("locked/inside"), &payload).unwrap();
+    std::fs::set_permissions(home.join("locked"), std::os::unix::fs::PermissionsExt::from_mode(0o700)).unwrap();
+    std::fs::write(home.join("secret"), &payload).unwrap();
+    std::fs::set_permissions(home.join("secret"), std::os::unix::fs::PermissionsExt::from_mode(0o600)).unwrap();
     let db = home.join("state/db.sqlite");
     // The binary must be reachable for the user: copy it next to the data.
     let bin = vol.path("dedupscan");
@@ -281,9 +287,12 @@ fn a_non_root_user_can_dedupe_their_own_files() {
         .output()
         .unwrap();
     let err = String::from_utf8_lossy(&out.stderr);
-    assert!(out.status.success(), "{err}");
+    // Finished, with the unreadable paths counted and named: exit code 1.
+    assert_eq!(out.status.code(), Some(1), "{err}");
     let r: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
     validate_report(&r);
+    assert_eq!(r["error_kinds"]["unreadable"].as_u64(), Some(2), "{r:#}");
+    assert!(err.contains("/locked") && err.contains("/secret") && err.contains("ermission denied"), "{err}");
     assert_eq!(num(&r, "deduped_bytes"), 512 * 1024, "{r:#}");
     assert!(same_physical(&home.join("a"), 0, &home.join("b"), 0, 512 * 1024));
     let m = std::fs::metadata(&db).unwrap();
