@@ -17,8 +17,9 @@ use std::io;
 use std::os::unix::fs::{FileTypeExt, MetadataExt};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::mpsc::{sync_channel, SyncSender};
 
-use walkdir::WalkDir;
+use ignore::{WalkBuilder, WalkState};
 
 use crate::policy::{Policy, SkipReason};
 use crate::progress::Progress;
@@ -58,9 +59,26 @@ pub struct WalkResult {
     pub errors: BTreeMap<&'static str, u64>,
 }
 
+/// Directories are read and their entries `lstat`ed by this many threads at
+/// once: on a cold disk, metadata reads in flight together finish sooner than
+/// one `find` reading them one after another.
+const CRAWL_THREADS: usize = 8;
+
+/// What a crawler thread found, for the one consumer.
+enum Found {
+    File(PathBuf, std::fs::Metadata),
+    Skip(SkipReason),
+    Error(&'static str, PathBuf, io::Error),
+}
+
 /// Crawl `roots` (canonical paths on one filesystem of kind `fs`).
 /// Every eligible file is handed to `each` as soon as it is found, so
 /// reading can start while the crawl goes on. `stop` ends the crawl early.
+///
+/// [`CRAWL_THREADS`] threads (the `ignore` crate's parallel walker) read
+/// directories, `lstat` entries and decide about directories; this thread
+/// applies the rules that need one view of everything (hard links) and calls
+/// `each`. Files arrive in no particular order.
 pub fn walk(
     roots: &[PathBuf],
     fs: FsKind,
@@ -86,90 +104,135 @@ pub fn walk(
                 continue;
             }
         };
-        let walker = WalkDir::new(root).follow_links(false).sort_by_file_name().into_iter().filter_entry(|e| {
-            if !e.file_type().is_dir() {
-                return true;
-            }
-            let ok = dir_allowed(e, root_dev, fs, &mounts, policy);
-            if let Err(r) = ok {
-                skip(r);
-            }
-            ok.is_ok()
-        });
-        for entry in walker {
-            if stop.load(Ordering::Relaxed) {
-                break;
-            }
-            let entry = match entry {
-                Ok(e) => e,
-                Err(e) => {
-                    let path = e.path().unwrap_or(root).to_owned();
-                    let io = e.into_io_error().unwrap_or_else(|| io::Error::other("walk error"));
-                    let kind = if io.kind() == io::ErrorKind::NotFound { "vanished" } else { "unreadable" };
-                    error(&result, progress, kind, &path, &io);
+        let (tx, rx) = sync_channel::<Found>(4096);
+        std::thread::scope(|s| {
+            let mounts = &mounts;
+            s.spawn(move || {
+                WalkBuilder::new(root)
+                    .standard_filters(false)
+                    .follow_links(false)
+                    .threads(CRAWL_THREADS)
+                    .build_parallel()
+                    .run(|| {
+                        let tx = tx.clone();
+                        Box::new(move |entry| visit(entry, root_dev, fs, mounts, policy, stop, &tx))
+                    });
+            });
+            for found in rx {
+                let (path, meta) = match found {
+                    Found::File(path, meta) => (path, meta),
+                    Found::Skip(r) => {
+                        skip(r);
+                        continue;
+                    }
+                    Found::Error(kind, path, e) => {
+                        error(&result, progress, kind, &path, &e);
+                        continue;
+                    }
+                };
+                if meta.nlink() > 1 && !seen_inodes.insert((meta.dev(), meta.ino())) {
+                    skip(SkipReason::Hardlink);
                     continue;
                 }
+                if meta.size() == 0 {
+                    skip(SkipReason::Empty);
+                    continue;
+                }
+                if let Err(r) = policy.check_file(&path, meta.dev(), meta.ino()) {
+                    skip(r);
+                    continue;
+                }
+                each(Candidate::from_metadata(path, &meta));
+            }
+        });
+    }
+    result.into_inner()
+}
+
+/// One entry, on a crawler thread: decide about directories (descend or
+/// not), `lstat` files, and report everything else by type.
+fn visit(
+    entry: Result<ignore::DirEntry, ignore::Error>,
+    root_dev: u64,
+    fs: FsKind,
+    mounts: &HashSet<PathBuf>,
+    policy: &Policy,
+    stop: &AtomicBool,
+    tx: &SyncSender<Found>,
+) -> WalkState {
+    if stop.load(Ordering::Relaxed) {
+        return WalkState::Quit;
+    }
+    let found = match entry {
+        Err(e) => {
+            let path = error_path(&e).map(Path::to_owned).unwrap_or_default();
+            let io = match e.io_error() {
+                Some(io) => io::Error::new(io.kind(), io.to_string()),
+                None => io::Error::other(e.to_string()),
             };
-            let ft = entry.file_type();
+            let kind = if io.kind() == io::ErrorKind::NotFound { "vanished" } else { "unreadable" };
+            Found::Error(kind, path, io)
+        }
+        Ok(e) => {
+            let Some(ft) = e.file_type() else { return WalkState::Continue };
             if ft.is_dir() {
-                continue;
+                match dir_allowed(&e, root_dev, fs, mounts, policy) {
+                    Ok(()) => return WalkState::Continue,
+                    Err(r) => {
+                        let _ = tx.send(Found::Skip(r));
+                        return WalkState::Skip;
+                    }
+                }
             }
             if !ft.is_file() {
-                skip(match () {
+                Found::Skip(match () {
                     _ if ft.is_symlink() => SkipReason::Symlink,
                     _ if ft.is_fifo() => SkipReason::Fifo,
                     _ if ft.is_socket() => SkipReason::Socket,
                     _ => SkipReason::Device,
-                });
-                continue;
-            }
-            let meta = match entry.metadata() {
-                Ok(m) => m,
-                Err(_) => {
-                    skip(SkipReason::Vanished);
-                    continue;
+                })
+            } else {
+                // d_type said regular; lstat must agree (the name may have
+                // been replaced by a FIFO in between).
+                match e.metadata() {
+                    Ok(m) if m.file_type().is_file() => Found::File(e.into_path(), m),
+                    _ => Found::Skip(SkipReason::Vanished),
                 }
-            };
-            // d_type said regular; lstat must agree (the name may have been
-            // replaced by a FIFO in between).
-            if !meta.file_type().is_file() {
-                skip(SkipReason::Vanished);
-                continue;
             }
-            if meta.nlink() > 1 && !seen_inodes.insert((meta.dev(), meta.ino())) {
-                skip(SkipReason::Hardlink);
-                continue;
-            }
-            if meta.size() == 0 {
-                skip(SkipReason::Empty);
-                continue;
-            }
-            let path = entry.into_path();
-            if let Err(r) = policy.check_file(&path, meta.dev(), meta.ino()) {
-                skip(r);
-                continue;
-            }
-            each(Candidate::from_metadata(path, &meta));
         }
+    };
+    match tx.send(found) {
+        Ok(()) => WalkState::Continue,
+        Err(_) => WalkState::Quit,
     }
-    result.into_inner()
+}
+
+/// The path an `ignore` error is about, if it says.
+fn error_path(e: &ignore::Error) -> Option<&Path> {
+    match e {
+        ignore::Error::WithPath { path, .. } => Some(path),
+        ignore::Error::WithDepth { err, .. } | ignore::Error::WithLineNumber { err, .. } => error_path(err),
+        ignore::Error::Loop { child, .. } => Some(child),
+        _ => None,
+    }
 }
 
 /// Inode number of every btrfs subvolume's root directory.
 const BTRFS_FIRST_FREE_OBJECTID: u64 = 256;
 
 fn dir_allowed(
-    e: &walkdir::DirEntry,
+    e: &ignore::DirEntry,
     root_dev: u64,
     fs: FsKind,
     mounts: &HashSet<PathBuf>,
     policy: &Policy,
 ) -> Result<(), SkipReason> {
+    let meta = e.metadata().ok();
     if e.depth() > 0 {
         if mounts.contains(e.path()) {
             return Err(SkipReason::MountPoint);
         }
-        let dev = e.metadata().map(|m| m.dev()).unwrap_or(root_dev);
+        let dev = meta.as_ref().map_or(root_dev, |m| m.dev());
         // Another st_dev is another filesystem, except for btrfs subvolumes.
         if dev != root_dev && fs != FsKind::Btrfs {
             return Err(SkipReason::MountPoint);
@@ -178,7 +241,7 @@ fn dir_allowed(
     // A btrfs subvolume's root directory is inode 256.
     if fs == FsKind::Btrfs
         && !policy.include_readonly_snapshots
-        && e.metadata().is_ok_and(|m| m.ino() == BTRFS_FIRST_FREE_OBJECTID)
+        && meta.is_some_and(|m| m.ino() == BTRFS_FIRST_FREE_OBJECTID)
         && crate::sys::inode::is_readonly_subvolume(e.path())
     {
         return Err(SkipReason::ReadonlySnapshot);
