@@ -12,9 +12,6 @@ for pair in mkfs.btrfs:btrfs-progs mkfs.xfs:xfsprogs xfs_io:xfsprogs mkfs.ext4:e
   cmd=${pair%%:*} pkg=${pair#*:}
   command -v "$cmd" >/dev/null 2>&1 || need+=("$pkg")
 done
-if ! command -v cargo >/dev/null 2>&1 && [ ! -x "$HOME/.cargo/bin/cargo" ]; then
-  need+=(cargo rustc)
-fi
 if [ ${#need[@]} -gt 0 ]; then
   if [ "$(id -u)" -ne 0 ]; then
     echo "dedupscan: missing packages: ${need[*]} — install them (as root: apt-get install ${need[*]})" >&2
@@ -26,4 +23,9 @@ if [ ${#need[@]} -gt 0 ]; then
   apt-get install -y -qq $(printf '%s\n' "${need[@]}" | sort -u) >/dev/null
 fi
 [ -x "$HOME/.cargo/bin/cargo" ] && export PATH="$HOME/.cargo/bin:$PATH"
-cargo --version >/dev/null
+# Rust 1.85 or newer (Debian bookworm's own cargo, 1.63, is too old): rustup.
+rustv=$(rustc --version 2>/dev/null | awk '{print $2}')
+if [ -z "$rustv" ] || [ "$(printf '%s\n1.85.0\n' "$rustv" | sort -V | head -n1)" != "1.85.0" ]; then
+  echo "dedupscan: needs Rust 1.85 or newer (found: ${rustv:-none}); install it with rustup (https://rustup.rs)" >&2
+  exit 1
+fi
