@@ -70,6 +70,19 @@ struct Dest {
     parts: Vec<(u64, u64)>,
 }
 
+/// One destination of one request: borrows the open file of a [`Dest`].
+struct Target<'f> {
+    id: FileId,
+    file: &'f File,
+    off: u64,
+}
+
+impl Dest {
+    fn target(&self, rel: u64) -> Target<'_> {
+        Target { id: self.id, file: &self.file, off: self.off + rel }
+    }
+}
+
 struct Executor<'a> {
     files: &'a HashMap<FileId, Candidate>,
     block_size: u64,
@@ -207,12 +220,12 @@ impl Executor<'_> {
             }
         }
         for batch in whole.chunks(MAX_DESTS) {
-            self.submit(src, r.src_off, r.len, batch);
+            let targets: Vec<Target<'_>> = batch.iter().map(|d| d.target(0)).collect();
+            self.submit(src, r.src_off, r.len, &targets);
         }
         for d in &partial {
             for &(o, l) in &d.parts {
-                let one = Dest { id: d.id, file: d.file.try_clone().expect("dup fd"), off: d.off + o, parts: vec![] };
-                self.submit(src, r.src_off + o, l, std::slice::from_ref(&one));
+                self.submit(src, r.src_off + o, l, &[d.target(o)]);
             }
         }
     }
@@ -318,7 +331,7 @@ impl Executor<'_> {
 
     /// Share (or verify) `src[off..off+len]` into every destination, in
     /// requests of at most 16 MiB.
-    fn submit(&mut self, src: &File, off: u64, len: u64, dests: &[Dest]) {
+    fn submit(&mut self, src: &File, off: u64, len: u64, dests: &[Target<'_>]) {
         let mut alive: Vec<bool> = vec![true; dests.len()];
         let mut done = 0;
         while done < len && alive.iter().any(|&a| a) && self.out.refused.is_none() {
@@ -390,7 +403,7 @@ impl Executor<'_> {
     }
 
     /// Re-issue the rest of a request the kernel shared only partly.
-    fn finish_short(&mut self, src: &File, src_off: u64, chunk: u64, d: &Dest, done: u64, first: u64) -> bool {
+    fn finish_short(&mut self, src: &File, src_off: u64, chunk: u64, d: &Target<'_>, done: u64, first: u64) -> bool {
         let mut got = first;
         while got < chunk {
             let fd = [(d.file.as_fd(), d.off + done + got)];
@@ -443,7 +456,7 @@ impl Executor<'_> {
     }
 
     /// Our own byte-for-byte compare, for dry runs.
-    fn compare(&mut self, a: &File, a_off: u64, d: &Dest, b_off: u64, len: u64) -> std::io::Result<bool> {
+    fn compare(&mut self, a: &File, a_off: u64, d: &Target<'_>, b_off: u64, len: u64) -> std::io::Result<bool> {
         let mut pos = 0;
         while pos < len {
             let n = ((len - pos) as usize).min(self.buf_a.len());

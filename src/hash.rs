@@ -101,7 +101,6 @@ pub fn hash_file_with(
     let mut blocks = Vec::with_capacity(nblocks);
     let mut whole = Sha256::new();
     whole.update(size.to_le_bytes());
-    let zero_digest = |len: u64| -> [u8; 32] { zero_block_digest(len) };
     if buf.len() < CHUNK {
         buf.resize(CHUNK, 0);
     }
@@ -118,7 +117,7 @@ pub fn hash_file_with(
         let data_start = data_start.max(pos);
         while pos < data_start {
             let len = block_size.min(size - pos);
-            whole.update(zero_digest(len));
+            whole.update(zero_block_digest(len));
             blocks.push(ZERO_FP);
             pos += len;
         }
@@ -135,7 +134,7 @@ pub fn hash_file_with(
             bytes_read += got as u64;
             for blk in buf[..got].chunks(block_size as usize) {
                 if is_zero(blk) {
-                    whole.update(zero_digest(blk.len() as u64));
+                    whole.update(zero_block_digest(blk.len() as u64));
                     blocks.push(ZERO_FP);
                 } else {
                     let d: [u8; 32] = Sha256::digest(blk).into();
