@@ -1,17 +1,13 @@
-//! Block and whole-file digests.
+//! Block fingerprints.
 //!
 //! In: an open file and its expected size. Out: a [`FileHash`] with one
-//! 64-bit fingerprint per block (the first 8 bytes of the block's SHA-256)
-//! and a SHA-256 digest of the whole content. Runs on the rayon hashing
+//! 64-bit fingerprint per block (the first 8 bytes of the block's SHA-256).
+//! Runs on the rayon hashing
 //! threads; one call reads one file sequentially in large chunks.
 //!
 //! Holes are found with `SEEK_DATA`/`SEEK_HOLE` and never read. Holes and
 //! all-zero blocks get the fingerprint [`ZERO_FP`] and are never used as
 //! matches: sharing zeros frees nothing that a hole would not.
-//!
-//! The whole-file digest is the SHA-256 of the size and of every block's
-//! full SHA-256 (holes count as zeros), so it identifies the content without
-//! hashing the data twice.
 //!
 //! I/O: `POSIX_FADV_SEQUENTIAL` on open, `WILLNEED` on the next chunk before
 //! hashing the current one (reading overlaps hashing), and with `--drop-cache`
@@ -35,29 +31,15 @@ pub const ZERO_FP: u64 = 0;
 /// Bytes read per `pread`: large enough that the disk streams.
 pub const CHUNK: usize = 1 << 20;
 
-/// The digests of one file.
+/// The block fingerprints of one file.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct FileHash {
     /// Size the file had while it was read.
     pub size: u64,
-    /// SHA-256 over the size and the per-block SHA-256 digests.
-    pub digest: [u8; 32],
     /// One fingerprint per block (the last block may be partial).
     pub blocks: Vec<u64>,
     /// Bytes actually read from disk (holes are not read).
     pub bytes_read: u64,
-}
-
-/// SHA-256 of `len` zero bytes; the common block sizes are computed once.
-fn zero_block_digest(len: u64) -> [u8; 32] {
-    use std::sync::OnceLock;
-    static COMMON: OnceLock<Vec<(u64, [u8; 32])>> = OnceLock::new();
-    let common = COMMON
-        .get_or_init(|| (12..=20).map(|shift| (1u64 << shift, Sha256::digest(vec![0u8; 1 << shift]).into())).collect());
-    match common.iter().find(|(l, _)| *l == len) {
-        Some((_, d)) => *d,
-        None => Sha256::digest(vec![0u8; len as usize]).into(),
-    }
 }
 
 /// Fingerprint of a block digest: its first 8 bytes, never [`ZERO_FP`].
@@ -99,8 +81,6 @@ pub fn hash_file_with(
     assert!(block_size.is_power_of_two() && block_size as usize <= CHUNK);
     let nblocks = size.div_ceil(block_size) as usize;
     let mut blocks = Vec::with_capacity(nblocks);
-    let mut whole = Sha256::new();
-    whole.update(size.to_le_bytes());
     if buf.len() < CHUNK {
         buf.resize(CHUNK, 0);
     }
@@ -117,7 +97,6 @@ pub fn hash_file_with(
         let data_start = data_start.max(pos);
         while pos < data_start {
             let len = block_size.min(size - pos);
-            whole.update(zero_block_digest(len));
             blocks.push(ZERO_FP);
             pos += len;
         }
@@ -134,11 +113,9 @@ pub fn hash_file_with(
             bytes_read += got as u64;
             for blk in buf[..got].chunks(block_size as usize) {
                 if is_zero(blk) {
-                    whole.update(zero_block_digest(blk.len() as u64));
                     blocks.push(ZERO_FP);
                 } else {
                     let d: [u8; 32] = Sha256::digest(blk).into();
-                    whole.update(d);
                     blocks.push(fingerprint(&d));
                 }
             }
@@ -150,7 +127,7 @@ pub fn hash_file_with(
         }
     }
     debug_assert_eq!(blocks.len(), nblocks);
-    Ok(FileHash { size, digest: whole.finalize().into(), blocks, bytes_read })
+    Ok(FileHash { size, blocks, bytes_read })
 }
 
 /// Next data region at or after `pos`: `(start, end)` or `None` when the rest
@@ -206,7 +183,7 @@ mod tests {
     }
 
     #[test]
-    fn identical_content_same_digest_and_blocks() {
+    fn identical_content_same_blocks() {
         let data: Vec<u8> = (0..20000u32).map(|i| (i * 7 % 251) as u8).collect();
         let a = file_with(&[(0, &data)], data.len() as u64);
         let b = file_with(&[(0, &data)], data.len() as u64);
@@ -222,20 +199,18 @@ mod tests {
         let sparse = file_with(&[(0, &x), (3 * 4096, &x)], 4 * 4096);
         let dense = file_with(&[(0, &x), (4096, &[0u8; 8192]), (3 * 4096, &x)], 4 * 4096);
         let (hs, hd) = (h(&sparse, 4 * 4096), h(&dense, 4 * 4096));
-        assert_eq!(hs.digest, hd.digest);
         assert_eq!(hs.blocks, hd.blocks);
         assert_eq!(hs.blocks[1], ZERO_FP);
         assert_eq!(hs.blocks[0], hs.blocks[3]);
     }
 
     #[test]
-    fn one_byte_changes_digest_and_one_block() {
+    fn one_byte_changes_one_block() {
         let mut data = vec![5u8; 3 * 4096];
         let a = file_with(&[(0, &data)], data.len() as u64);
         data[4096 + 17] = 6;
         let b = file_with(&[(0, &data)], data.len() as u64);
         let (ha, hb) = (h(&a, 12288), h(&b, 12288));
-        assert_ne!(ha.digest, hb.digest);
         assert_eq!(ha.blocks[0], hb.blocks[0]);
         assert_ne!(ha.blocks[1], hb.blocks[1]);
     }

@@ -91,12 +91,6 @@ pub fn summarize(path: &Path) -> Result<DbSummary> {
     let live = live_status(&db, block_size)?;
     let (files, logical): (i64, i64) =
         conn.query_row("SELECT count(*), coalesce(sum(size), 0) FROM files", [], |r| Ok((r.get(0)?, r.get(1)?)))?;
-    let (dup_files, dup_bytes): (i64, i64) = conn.query_row(
-        "SELECT coalesce(sum(n - 1), 0), coalesce(sum((n - 1) * size), 0)
-           FROM (SELECT size, count(*) AS n FROM files GROUP BY size, digest HAVING n > 1)",
-        [],
-        |r| Ok((r.get(0)?, r.get(1)?)),
-    )?;
     let mut st = conn.prepare("SELECT id, started_at, finished_at, command, dry_run, report FROM runs ORDER BY id")?;
     let runs = st
         .query_map([], |r| {
@@ -125,8 +119,8 @@ pub fn summarize(path: &Path) -> Result<DbSummary> {
         top_directories: live.dirs,
         files: files as u64,
         logical_bytes: logical as u64,
-        whole_file_duplicate_files: dup_files as u64,
-        whole_file_duplicate_bytes: dup_bytes as u64,
+        whole_file_duplicate_files: live.whole_dup_files,
+        whole_file_duplicate_bytes: live.whole_dup_bytes,
         freed_bytes_total: freed,
         runs,
     })
@@ -138,6 +132,8 @@ struct Live {
     shared: u64,
     unshared: u64,
     unknown: u64,
+    whole_dup_files: u64,
+    whole_dup_bytes: u64,
     groups: Vec<RemainingGroup>,
     dirs: Vec<RemainingDir>,
 }
@@ -152,15 +148,31 @@ fn live_status(db: &Db, block_size: u64) -> Result<Live> {
             if let Ok(m) = std::fs::symlink_metadata(&k.path) {
                 allocated += m.blocks() * 512;
             }
-            let c = Candidate { path: k.path, dev, ino, size: k.size, mtime_ns: k.mtime_ns, ctime_ns: k.ctime_ns };
+            let c = Candidate { path: k.path, dev, ino, size: k.size, mtime: k.mtime, ctime: k.ctime };
             (k.id, c)
         })
         .collect();
     let allowed: HashSet<FileId> = files.keys().copied().collect();
     let opts = PlanOptions { block_size, ..Default::default() };
-    let (plan, _) = db.plan(&allowed, None, opts)?;
+    let planned = db.plan(&allowed, None, opts)?;
+    let plan = planned.plan;
     let status = range_states(&plan, &files, block_size);
-    let mut live = Live { allocated, duplicate: 0, shared: 0, unshared: 0, unknown: 0, groups: vec![], dirs: vec![] };
+    let mut live = Live {
+        allocated,
+        duplicate: 0,
+        shared: 0,
+        unshared: 0,
+        unknown: 0,
+        whole_dup_files: 0,
+        whole_dup_bytes: 0,
+        groups: vec![],
+        dirs: vec![],
+    };
+    for g in &planned.whole_groups {
+        let copies = g.len() as u64 - 1;
+        live.whole_dup_files += copies;
+        live.whole_dup_bytes += copies * files[&g[0]].size;
+    }
     let mut by_src: HashMap<FileId, (u64, HashSet<FileId>)> = HashMap::new();
     let mut by_dir: HashMap<PathBuf, u64> = HashMap::new();
     for (r, st) in plan.ranges.iter().zip(status) {

@@ -93,32 +93,28 @@ impl Plan {
 /// fingerprint are zero, so identical blocks are sampled alike in every file.
 pub const ANCHOR_SHIFT: u32 = 4;
 
-/// Indices of the blocks of `blocks` that go into the anchor index: every
-/// block whose fingerprint falls in 1/2^[`ANCHOR_SHIFT`] of the hash space,
-/// plus the block with the smallest fingerprint, so that every file with data
-/// has at least one anchor and two small files that share most of their
-/// blocks share an anchor too.
+const ANCHOR_MASK: Fp = (1 << ANCHOR_SHIFT) - 1;
+
+/// Indices of the *sampled* anchors of `blocks`, the ones the database
+/// indexes: every block whose fingerprint falls in 1/2^[`ANCHOR_SHIFT`] of
+/// the hash space.
+pub fn sampled_anchors(blocks: &[Fp]) -> impl Iterator<Item = u64> + '_ {
+    blocks.iter().enumerate().filter(|(_, &fp)| fp != 0 && fp & ANCHOR_MASK == 0).map(|(i, _)| i as u64)
+}
+
+/// Index of the block with the smallest fingerprint, unless it is sampled
+/// already: so that every file with data has at least one anchor, and two
+/// small files that share most of their blocks share an anchor too. Found
+/// again from the block maps at plan time, never stored.
+pub fn min_anchor(blocks: &[Fp]) -> Option<u64> {
+    let (i, &fp) = blocks.iter().enumerate().filter(|(_, &fp)| fp != 0).min_by_key(|(_, &fp)| fp)?;
+    (fp & ANCHOR_MASK != 0).then_some(i as u64)
+}
+
+/// Every anchor of `blocks`, sampled and smallest, in block order.
 pub fn anchors(blocks: &[Fp]) -> Vec<u64> {
-    let mask = (1 << ANCHOR_SHIFT) - 1;
-    let mut out: Vec<u64> = Vec::new();
-    let mut min: Option<(Fp, u64)> = None;
-    for (i, &fp) in blocks.iter().enumerate() {
-        if fp == 0 {
-            continue;
-        }
-        if fp & mask == 0 {
-            out.push(i as u64);
-        }
-        if min.is_none_or(|(m, _)| fp < m) {
-            min = Some((fp, i as u64));
-        }
-    }
-    if let Some((fp, i)) = min {
-        if fp & mask != 0 {
-            out.push(i);
-            out.sort_unstable();
-        }
-    }
+    let mut out: Vec<u64> = sampled_anchors(blocks).chain(min_anchor(blocks)).collect();
+    out.sort_unstable();
     out
 }
 

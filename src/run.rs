@@ -119,10 +119,10 @@ pub fn run(cfg: &Config, progress: &dyn Progress, stop: &AtomicBool) -> Result<R
     report.files_unchanged = cls.unchanged;
     report.skip(SkipReason::Nodedup, cls.nodedup);
     report.files_renamed = cls.renamed;
-    let (db, new_ids) =
+    let (db, written) =
         writer.join().map_err(|_| anyhow::anyhow!("database writer panicked"))?.context("writing the database")?;
     let mut ids = cls.ids;
-    ids.extend(new_ids);
+    ids.extend(written.new_ids.iter().copied());
     report.files_hashed = stats.files.load(Ordering::Relaxed);
     report.bytes_hashed = stats.bytes.load(Ordering::Relaxed);
     let HashTally { skipped, errors, failed } = stats.tally.into_inner().unwrap();
@@ -142,7 +142,8 @@ pub fn run(cfg: &Config, progress: &dyn Progress, stop: &AtomicBool) -> Result<R
     ));
 
     if cfg.action == Action::Run && !report.interrupted {
-        share(cfg, &db, &fs, &ids, &failed, &mut report, progress, stop)?;
+        let scanned = Scanned { index: &index, ids: &ids, hashed: &written.hashed, failed: &failed };
+        share(cfg, &db, &fs, &scanned, &mut report, progress, stop)?;
         let complete = !cfg.dry_run && !report.interrupted && report.sharing_refused.is_none();
         if complete {
             db.set_meta(LAST_SHARE_RUN, &run_id.to_string())?;
@@ -166,7 +167,7 @@ const LAST_SHARE_RUN: &str = "last_complete_share_run";
 /// caught. A wrong belief can only cost a missed match, never data: the
 /// kernel compares every byte before sharing.
 fn unchanged(k: &Known, c: &Candidate) -> bool {
-    k.size == c.size && k.mtime_ns == c.mtime_ns && (k.ctime_ns == c.ctime_ns || k.path != c.path)
+    k.size == c.size && k.mtime == c.mtime && (k.ctime == c.ctime || k.path != c.path)
 }
 
 /// Files waiting for a hashing thread at most: the crawler runs ahead of
@@ -226,7 +227,7 @@ impl<'a> Classifier<'a> {
                 self.unchanged += 1;
                 if k.path != c.path {
                     self.renamed += 1;
-                    let _ = writes.send(WriteOp::Renamed { id: k.id, path: c.path, ctime_ns: c.ctime_ns });
+                    let _ = writes.send(WriteOp::Renamed { id: k.id, dev: c.dev, path: c.path, ctime: c.ctime });
                 }
                 None
             }
@@ -302,8 +303,8 @@ fn hash_all(
                             dev: now.dev,
                             ino: now.ino,
                             path: now.path,
-                            mtime_ns: now.mtime_ns,
-                            ctime_ns: now.ctime_ns,
+                            mtime: now.mtime,
+                            ctime: now.ctime,
                             hash: h,
                         };
                         let _ = tx.send(op);
@@ -387,14 +388,24 @@ fn hash_one(
     Ok((now, h))
 }
 
+/// What the scan phase leaves for planning.
+struct Scanned<'a> {
+    /// The database's files as they were before this run.
+    index: &'a HashMap<(u64, u64), Known>,
+    /// Files seen by this run: `(dev, ino)` → id.
+    ids: &'a HashMap<(u64, u64), FileId>,
+    /// Files hashed by this run.
+    hashed: &'a [FileId],
+    /// Files that could not be hashed this run.
+    failed: &'a HashSet<(u64, u64)>,
+}
+
 /// Phases 3 and 4: plan from the database, then share or verify.
-#[allow(clippy::too_many_arguments)]
 fn share(
     cfg: &Config,
     db: &Db,
     fs: &sys::FsInfo,
-    ids: &HashMap<(u64, u64), FileId>,
-    failed: &HashSet<(u64, u64)>,
+    scanned: &Scanned,
     report: &mut Report,
     progress: &dyn Progress,
     stop: &AtomicBool,
@@ -402,12 +413,18 @@ fn share(
     let t = Instant::now();
     progress.phase("2/3 plan", None, false);
     // Files of this run, as recorded (the facts they were hashed under).
-    let allowed: HashSet<FileId> = ids.iter().filter(|(key, _)| !failed.contains(key)).map(|(_, id)| *id).collect();
+    let allowed: HashSet<FileId> =
+        scanned.ids.iter().filter(|(key, _)| !scanned.failed.contains(key)).map(|(_, id)| *id).collect();
     // Incremental: everything hashed before the last complete sharing run
     // was matched then; plan only the groups that hold a newer file.
     let last_share: Option<i64> = db.meta(LAST_SHARE_RUN)?.and_then(|v| v.parse().ok());
     let fresh = match (cfg.incremental, last_share) {
-        (true, Some(last)) => Some(db.hashed_after(last)?.intersection(&allowed).copied().collect::<HashSet<_>>()),
+        (true, Some(last)) => Some(
+            (scanned.index.values().filter(|k| k.hashed_run > last).map(|k| k.id))
+                .chain(scanned.hashed.iter().copied())
+                .filter(|id| allowed.contains(id))
+                .collect::<HashSet<_>>(),
+        ),
         _ => None,
     };
     if fresh.as_ref().is_some_and(|f| f.is_empty()) {
@@ -420,7 +437,8 @@ fn share(
         min_blocks: (cfg.min_range / cfg.block_size).max(1),
         ..Default::default()
     };
-    let (plan, whole_groups) = db.plan(&allowed, fresh.as_ref(), opts)?;
+    let planned = db.plan(&allowed, fresh.as_ref(), opts)?;
+    let (plan, whole_groups) = (planned.plan, planned.whole_groups.len());
     // The recorded facts of the files the plan names, for the executor's
     // identity checks.
     let files = db.file_facts(plan.ranges.iter().flat_map(|r| [r.src, r.dest]).collect::<HashSet<_>>())?;

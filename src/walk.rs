@@ -33,8 +33,26 @@ pub struct Candidate {
     pub dev: u64,
     pub ino: u64,
     pub size: u64,
-    pub mtime_ns: i64,
-    pub ctime_ns: i64,
+    /// [`time_tag`] of the modification time.
+    pub mtime: TimeTag,
+    /// [`time_tag`] of the inode change time.
+    pub ctime: TimeTag,
+}
+
+/// A 32-bit tag of a timestamp: all change detection asks of a time is
+/// "equal or not", so the database keeps 4 bytes instead of 8. Signed, so
+/// SQLite stores it in 4 bytes.
+pub type TimeTag = i32;
+
+/// Tag of the time `sec`.`nsec`: the splitmix64 finaliser of its
+/// nanoseconds, so every bit of the time moves every bit of the tag (a time
+/// set back by a whole number of days changes the tag too).
+pub fn time_tag(sec: i64, nsec: i64) -> TimeTag {
+    let mut z = (sec as u64).wrapping_mul(1_000_000_000).wrapping_add(nsec as u64);
+    z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+    z ^= z >> 31;
+    (z >> 32) as u32 as i32
 }
 
 impl Candidate {
@@ -45,8 +63,8 @@ impl Candidate {
             dev: m.dev(),
             ino: m.ino(),
             size: m.size(),
-            mtime_ns: m.mtime() * 1_000_000_000 + m.mtime_nsec(),
-            ctime_ns: m.ctime() * 1_000_000_000 + m.ctime_nsec(),
+            mtime: time_tag(m.mtime(), m.mtime_nsec()),
+            ctime: time_tag(m.ctime(), m.ctime_nsec()),
         }
     }
 }
@@ -252,4 +270,21 @@ fn dir_allowed(
 fn error(result: &RefCell<WalkResult>, progress: &dyn Progress, kind: &'static str, path: &Path, e: &io::Error) {
     progress.warn(&format!("{}: {kind}: {e}", display_path(path)));
     *result.borrow_mut().errors.entry(kind).or_default() += 1;
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn time_tags_tell_times_apart() {
+        let t = time_tag(1_700_000_000, 123);
+        assert_eq!(t, time_tag(1_700_000_000, 123));
+        assert_ne!(t, time_tag(1_700_000_000, 124));
+        // Whole seconds set back by 2^23 s (97 days) agree in the low 32 bits
+        // of their nanoseconds; the tag must still differ.
+        let (a, b) = (1_700_000_000i64, 1_700_000_000i64 - (1 << 23));
+        assert_eq!((a * 1_000_000_000) as u32, (b * 1_000_000_000) as u32);
+        assert_ne!(time_tag(a, 0), time_tag(b, 0));
+    }
 }

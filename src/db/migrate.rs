@@ -11,6 +11,7 @@ pub const MIGRATIONS: &[&str] = &[
     include_str!("../../schema/0001_initial.sql"),
     include_str!("../../schema/0002_hashed_run.sql"),
     include_str!("../../schema/0003_compact_fingerprints.sql"),
+    include_str!("../../schema/0004_small_database.sql"),
 ];
 
 /// The schema version this build writes.
@@ -65,7 +66,7 @@ mod tests {
             .collect::<Result<_, _>>()
             .unwrap();
         assert!(cols.contains(&"hashed_run".to_owned()), "v2 added hashed_run: {cols:?}");
-        // v3 drops fingerprints in the old format (rehashed once), keeps history.
+        // v3 and v4 drop fingerprints in the old format (rehashed once), keep history.
         let files: i64 = c.query_row("SELECT count(*) FROM files", [], |r| r.get(0)).unwrap();
         let runs: i64 = c.query_row("SELECT count(*) FROM runs", [], |r| r.get(0)).unwrap();
         assert_eq!((files, runs), (0, 1));

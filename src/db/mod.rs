@@ -8,19 +8,21 @@
 pub mod migrate;
 pub mod writer;
 
+use std::borrow::Cow;
 use std::collections::{HashMap, HashSet};
 use std::fs::File;
-use std::os::unix::ffi::{OsStrExt, OsStringExt};
+use std::os::unix::ffi::OsStrExt;
 use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
 
 use nix::fcntl::{Flock, FlockArg};
+use rusqlite::types::ValueRef;
 use rusqlite::{params, Connection, OpenFlags, OptionalExtension};
 
 use crate::hash::ZERO_FP;
 use crate::plan::{self, short_fp, Fp, Plan, PlanFile, PlanOptions};
 use crate::types::FileId;
-use crate::walk::Candidate;
+use crate::walk::{Candidate, TimeTag};
 
 /// Why a database could not be used. Each message says what to do.
 #[derive(Debug, thiserror::Error)]
@@ -47,8 +49,19 @@ pub struct Known {
     pub id: FileId,
     pub path: PathBuf,
     pub size: u64,
-    pub mtime_ns: i64,
-    pub ctime_ns: i64,
+    pub mtime: TimeTag,
+    pub ctime: TimeTag,
+    /// The run that hashed it.
+    pub hashed_run: i64,
+}
+
+/// A plan built from the database.
+#[derive(Debug, Default)]
+pub struct Planned {
+    pub plan: Plan,
+    /// The whole-file duplicate groups it was built from (each sorted by
+    /// id, at least two files).
+    pub whole_groups: Vec<Vec<FileId>>,
 }
 
 /// An open database plus the lock that keeps other runs out.
@@ -129,17 +142,20 @@ impl Db {
 
     /// Every known file, keyed by (dev, inode).
     pub fn load_index(&self) -> rusqlite::Result<HashMap<(u64, u64), Known>> {
-        let mut st = self.conn.prepare("SELECT id, dev, ino, path, size, mtime_ns, ctime_ns FROM files")?;
+        let mut st = self.conn.prepare(&format!(
+            "SELECT f.id, d.dev, f.ino, {PATH_COLS}, f.size, f.mtime, f.ctime, f.hashed_run {FROM_FILES}"
+        ))?;
         let rows = st.query_map([], |r| {
             let key = (r.get::<_, i64>(1)? as u64, r.get::<_, i64>(2)? as u64);
             Ok((
                 key,
                 Known {
                     id: r.get(0)?,
-                    path: PathBuf::from(std::ffi::OsString::from_vec(r.get(3)?)),
-                    size: r.get::<_, i64>(4)? as u64,
-                    mtime_ns: r.get(5)?,
-                    ctime_ns: r.get(6)?,
+                    path: join_path(r.get_ref(3)?.as_blob()?, r.get_ref(4)?.as_blob()?),
+                    size: r.get::<_, i64>(5)? as u64,
+                    mtime: r.get(6)?,
+                    ctime: r.get(7)?,
+                    hashed_run: r.get(8)?,
                 },
             ))
         })?;
@@ -149,7 +165,7 @@ impl Db {
     /// Drop every block fingerprint (after the block size changed, all
     /// files must be hashed again).
     pub fn forget_all_hashes(&self) -> rusqlite::Result<()> {
-        self.conn.execute_batch("DELETE FROM anchors; DELETE FROM files;")
+        self.conn.execute_batch("DELETE FROM anchors; DELETE FROM files; DELETE FROM dirs;")
     }
 
     /// Record the start of a run; returns its id.
@@ -170,47 +186,68 @@ impl Db {
             .map(drop)
     }
 
-    /// Files hashed by a run after `run` (fresh since then).
-    pub fn hashed_after(&self, run: i64) -> rusqlite::Result<HashSet<FileId>> {
-        let mut st = self.conn.prepare("SELECT id FROM files WHERE hashed_run > ?1")?;
-        let rows = st.query_map([run], |r| r.get(0))?;
-        rows.collect()
+    /// Build the plan over the `allowed` files: whole-file groups first,
+    /// then anchor groups. With `fresh`, only groups holding a fresh file are
+    /// planned (incremental runs).
+    ///
+    /// One pass over every block map groups whole files (by size and a hash
+    /// of the map) and finds each file's smallest-fingerprint anchor, both in
+    /// memory (a few dozen bytes per file, nothing per block); the sampled
+    /// anchors come from the index, by key range for a full plan and by key
+    /// for the fresh files' anchors in an incremental one.
+    pub fn plan(
+        &self,
+        allowed: &HashSet<FileId>,
+        fresh: Option<&HashSet<FileId>>,
+        opts: PlanOptions,
+    ) -> rusqlite::Result<Planned> {
+        let pass = self.map_pass(allowed, fresh)?;
+        let mut whole = group_whole_files(pass.whole_keys);
+        let covered: HashSet<FileId> = whole.iter().flat_map(|g| g[1..].iter().copied()).collect();
+        let mut anchor_groups = match fresh {
+            Some(_) => self.anchor_groups_by_key(pass.fresh_anchor_fps, allowed, &covered)?,
+            None => self.anchor_groups(allowed, &covered)?,
+        };
+        anchor_groups.extend(group_min_anchors(pass.min_anchors, &covered));
+        if let Some(fresh) = fresh {
+            whole.retain(|g| g.iter().any(|id| fresh.contains(id)));
+            anchor_groups.retain(|g| g.iter().any(|(id, _)| fresh.contains(id)));
+        }
+        let mut involved: Vec<FileId> =
+            whole.iter().flatten().copied().chain(anchor_groups.iter().flatten().map(|(id, _)| *id)).collect();
+        involved.sort_unstable();
+        involved.dedup();
+        let files = self.plan_files(involved)?;
+        Ok(Planned { plan: plan::plan(&files, &whole, &anchor_groups, opts), whole_groups: whole })
     }
 
-    /// Groups of files with the same size and whole-file digest, among
-    /// `allowed`, each sorted by id (oldest first).
-    pub fn whole_file_groups(&self, allowed: &HashSet<FileId>) -> rusqlite::Result<Vec<Vec<FileId>>> {
-        let mut st =
-            self.conn.prepare("SELECT id, size, digest FROM files WHERE size > 0 ORDER BY size, digest, id")?;
+    /// Read every block map once; see [`Db::plan`].
+    fn map_pass(&self, allowed: &HashSet<FileId>, fresh: Option<&HashSet<FileId>>) -> rusqlite::Result<MapPass> {
+        let mut pass = MapPass::default();
+        let mut st = self.conn.prepare("SELECT id, size, blocks FROM files WHERE size > 0")?;
         let mut rows = st.query([])?;
-        let mut groups = Vec::new();
-        let mut cur: Vec<FileId> = Vec::new();
-        let mut cur_key: Option<(i64, Vec<u8>)> = None;
         while let Some(r) = rows.next()? {
             let id: FileId = r.get(0)?;
             if !allowed.contains(&id) {
                 continue;
             }
-            let key = (r.get::<_, i64>(1)?, r.get::<_, Vec<u8>>(2)?);
-            if cur_key.as_ref() != Some(&key) {
-                if cur.len() > 1 {
-                    groups.push(std::mem::take(&mut cur));
-                }
-                cur.clear();
-                cur_key = Some(key);
+            let blob = stored_map(&self.conn, r.get_ref(2)?)?;
+            pass.whole_keys.push((r.get::<_, i64>(1)? as u64, map_hash(&blob), id));
+            let blocks = decode_blocks(&blob);
+            if let Some(b) = plan::min_anchor(&blocks) {
+                pass.min_anchors.push((blocks[b as usize], id, b));
             }
-            cur.push(id);
+            if fresh.is_some_and(|f| f.contains(&id)) {
+                pass.fresh_anchor_fps.extend(plan::sampled_anchors(&blocks).map(|b| blocks[b as usize]));
+            }
         }
-        if cur.len() > 1 {
-            groups.push(cur);
-        }
-        Ok(groups)
+        Ok(pass)
     }
 
-    /// Occurrences of every anchor fingerprint seen at least twice among
+    /// Occurrences of every sampled anchor seen at least twice among
     /// `allowed` files, skipping files in `covered` (already handled as
-    /// whole-file duplicates).
-    pub fn anchor_groups(
+    /// whole-file duplicates). Streams the index in key order.
+    fn anchor_groups(
         &self,
         allowed: &HashSet<FileId>,
         covered: &HashSet<FileId>,
@@ -241,85 +278,51 @@ impl Db {
         Ok(groups)
     }
 
-    /// Build the plan over the `allowed` files: whole-file groups first,
-    /// then anchor groups. With `fresh`, only groups holding a fresh file are
-    /// planned (incremental runs). Returns the plan and the number of
-    /// whole-file groups.
-    pub fn plan(
+    /// The groups of the sampled anchors `fps` (the fresh files' anchors),
+    /// looked up by key, so an incremental run never scans the whole index.
+    fn anchor_groups_by_key(
         &self,
-        allowed: &HashSet<FileId>,
-        fresh: Option<&HashSet<FileId>>,
-        opts: PlanOptions,
-    ) -> rusqlite::Result<(Plan, usize)> {
-        let mut whole = self.whole_file_groups(allowed)?;
-        let covered: HashSet<FileId> = whole.iter().flat_map(|g| g[1..].iter().copied()).collect();
-        let anchor_groups = match fresh {
-            Some(fresh) => {
-                whole.retain(|g| g.iter().any(|id| fresh.contains(id)));
-                self.anchor_groups_for(fresh, allowed, &covered)?
-            }
-            None => self.anchor_groups(allowed, &covered)?,
-        };
-        let mut involved: Vec<FileId> =
-            whole.iter().flatten().copied().chain(anchor_groups.iter().flatten().map(|(id, _)| *id)).collect();
-        involved.sort_unstable();
-        involved.dedup();
-        let files = self.plan_files(involved)?;
-        Ok((plan::plan(&files, &whole, &anchor_groups, opts), whole.len()))
-    }
-
-    /// Anchor groups that hold an anchor of one of the `fresh` files: each
-    /// fresh file's anchors are recomputed from its block map and looked up
-    /// by key range, so an incremental run never scans the whole index.
-    pub fn anchor_groups_for(
-        &self,
-        fresh: &HashSet<FileId>,
+        mut fps: Vec<Fp>,
         allowed: &HashSet<FileId>,
         covered: &HashSet<FileId>,
     ) -> rusqlite::Result<Vec<Vec<(FileId, u64)>>> {
-        let mut blob_st = self.conn.prepare_cached("SELECT blocks FROM files WHERE id = ?1")?;
-        let mut range_st =
-            self.conn.prepare_cached("SELECT fp, file_id, blk FROM anchors WHERE fp BETWEEN ?1 AND ?2")?;
-        let mut prefixes: HashSet<u32> = HashSet::new();
-        let mut fresh_ids: Vec<FileId> = fresh.iter().copied().collect();
-        fresh_ids.sort_unstable();
-        for id in fresh_ids {
-            let Some(blob): Option<Vec<u8>> = blob_st.query_row([id], |r| r.get(0)).optional()? else { continue };
-            let blocks = decode_blocks(&blob);
-            prefixes.extend(plan::anchors(&blocks).into_iter().map(|i| blocks[i as usize]));
-        }
-        let mut by_fp: std::collections::BTreeMap<i64, Vec<(FileId, u64)>> = Default::default();
-        for p in prefixes {
-            let hi = (p as u64) << 32;
-            let rows = range_st.query_map(rusqlite::params![hi as i64, (hi | 0xFFFF_FFFF) as i64], |r| {
-                Ok((r.get::<_, i64>(0)?, r.get::<_, FileId>(1)?, r.get::<_, i64>(2)? as u64))
-            })?;
+        fps.sort_unstable();
+        fps.dedup();
+        let mut st = self.conn.prepare_cached("SELECT file_id, blk FROM anchors WHERE fp = ?1")?;
+        let mut groups = Vec::new();
+        for fp in fps {
+            let rows = st.query_map([fp], |r| Ok((r.get::<_, FileId>(0)?, r.get::<_, i64>(1)? as u64)))?;
+            let mut g = Vec::new();
             for row in rows {
-                let (fp, id, blk) = row?;
+                let (id, blk) = row?;
                 if allowed.contains(&id) && !covered.contains(&id) {
-                    by_fp.entry(fp).or_default().push((id, blk));
+                    g.push((id, blk));
                 }
             }
+            if g.len() > 1 {
+                groups.push(g);
+            }
         }
-        Ok(by_fp.into_values().filter(|g| g.len() > 1 && g.iter().any(|(id, _)| fresh.contains(id))).collect())
+        Ok(groups)
     }
 
     /// The recorded facts of the given files, as the executor checks them
     /// before use.
     pub fn file_facts(&self, ids: impl IntoIterator<Item = FileId>) -> rusqlite::Result<HashMap<FileId, Candidate>> {
-        let mut st =
-            self.conn.prepare_cached("SELECT path, dev, ino, size, mtime_ns, ctime_ns FROM files WHERE id = ?1")?;
+        let mut st = self.conn.prepare_cached(&format!(
+            "SELECT {PATH_COLS}, d.dev, f.ino, f.size, f.mtime, f.ctime {FROM_FILES} WHERE f.id = ?1"
+        ))?;
         let mut out = HashMap::new();
         for id in ids {
             let row = st
                 .query_row([id], |r| {
                     Ok(Candidate {
-                        path: PathBuf::from(std::ffi::OsString::from_vec(r.get(0)?)),
-                        dev: r.get::<_, i64>(1)? as u64,
-                        ino: r.get::<_, i64>(2)? as u64,
-                        size: r.get::<_, i64>(3)? as u64,
-                        mtime_ns: r.get(4)?,
-                        ctime_ns: r.get(5)?,
+                        path: join_path(r.get_ref(0)?.as_blob()?, r.get_ref(1)?.as_blob()?),
+                        dev: r.get::<_, i64>(2)? as u64,
+                        ino: r.get::<_, i64>(3)? as u64,
+                        size: r.get::<_, i64>(4)? as u64,
+                        mtime: r.get(5)?,
+                        ctime: r.get(6)?,
                     })
                 })
                 .optional()?;
@@ -333,14 +336,23 @@ impl Db {
     /// Block maps of the given files, ranked as sources (see
     /// [`PlanFile::rank`]): hashed by an earlier run first, then by path.
     pub fn plan_files(&self, ids: impl IntoIterator<Item = FileId>) -> rusqlite::Result<Vec<PlanFile>> {
-        let mut st = self.conn.prepare_cached("SELECT size, blocks, hashed_run, path FROM files WHERE id = ?1")?;
-        let mut rows: Vec<((i64, Vec<u8>), PlanFile)> = Vec::new();
+        let mut st = self.conn.prepare_cached(&format!(
+            "SELECT f.size, f.blocks, f.hashed_run, {PATH_COLS} {FROM_FILES} WHERE f.id = ?1"
+        ))?;
+        let mut rows: Vec<((i64, PathBuf), PlanFile)> = Vec::new();
         for id in ids {
-            let row: Option<(i64, Vec<u8>, i64, Vec<u8>)> =
-                st.query_row([id], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?))).optional()?;
-            if let Some((size, blob, run, path)) = row {
-                rows.push(((run, path), PlanFile { id, rank: 0, size: size as u64, blocks: decode_blocks(&blob) }));
-            }
+            let row = st
+                .query_row([id], |r| {
+                    let f = PlanFile {
+                        id,
+                        rank: 0,
+                        size: r.get::<_, i64>(0)? as u64,
+                        blocks: decode_blocks(&stored_map(&self.conn, r.get_ref(1)?)?),
+                    };
+                    Ok(((r.get(2)?, join_path(r.get_ref(3)?.as_blob()?, r.get_ref(4)?.as_blob()?)), f))
+                })
+                .optional()?;
+            rows.extend(row);
         }
         rows.sort_by(|a, b| a.0.cmp(&b.0));
         Ok(rows
@@ -351,6 +363,75 @@ impl Db {
                 f
             })
             .collect())
+    }
+}
+
+/// The columns a file's path is rebuilt from, and the join they need.
+const PATH_COLS: &str = "d.path, f.name";
+const FROM_FILES: &str = "FROM files f JOIN dirs d ON d.id = f.dir";
+
+/// A file's path from its directory's path and its name.
+pub fn join_path(dir: &[u8], name: &[u8]) -> PathBuf {
+    let mut p = PathBuf::from(std::ffi::OsStr::from_bytes(dir));
+    p.push(std::ffi::OsStr::from_bytes(name));
+    p
+}
+
+/// What [`Db::plan`] takes from its pass over the block maps.
+#[derive(Default)]
+struct MapPass {
+    /// `(size, hash of the block map, id)` of every allowed file with data.
+    whole_keys: Vec<(u64, u64, FileId)>,
+    /// `(fingerprint, id, block)`: each file's smallest-fingerprint block,
+    /// where it is not a sampled anchor already.
+    min_anchors: Vec<(Fp, FileId, u64)>,
+    /// Sampled anchors of the fresh files (incremental plans).
+    fresh_anchor_fps: Vec<Fp>,
+}
+
+/// Hash of an encoded block map: equal maps, equal hashes. Only compared
+/// within one process; the planner checks the maps themselves before it
+/// trusts a group.
+pub(crate) fn map_hash(blob: &[u8]) -> u64 {
+    use std::hash::{DefaultHasher, Hasher};
+    let mut h = DefaultHasher::new();
+    h.write(blob);
+    h.finish()
+}
+
+/// Whole-file duplicate groups from sorted-by-key `(size, map hash, id)`:
+/// each group sorted by id, at least two files.
+fn group_whole_files(mut keys: Vec<(u64, u64, FileId)>) -> Vec<Vec<FileId>> {
+    keys.sort_unstable();
+    keys.chunk_by(|a, b| (a.0, a.1) == (b.0, b.1))
+        .filter(|g| g.len() > 1)
+        .map(|g| g.iter().map(|k| k.2).collect())
+        .collect()
+}
+
+/// Groups of the smallest-fingerprint anchors that occur at least twice,
+/// among files not `covered`.
+fn group_min_anchors(mut mins: Vec<(Fp, FileId, u64)>, covered: &HashSet<FileId>) -> Vec<Vec<(FileId, u64)>> {
+    mins.retain(|m| !covered.contains(&m.1));
+    mins.sort_unstable();
+    mins.chunk_by(|a, b| a.0 == b.0).filter(|g| g.len() > 1).map(|g| g.iter().map(|m| (m.1, m.2)).collect()).collect()
+}
+
+/// Smallest encoded block map (16 blocks) that copies store once, as a
+/// reference to a twin (see `schema/0004_small_database.sql`): below it, a
+/// reference and its index entry would cost about what they save.
+pub const TWIN_MIN_MAP: usize = 64;
+
+/// A block map as `files.blocks` stores it: the map itself, or the id of
+/// the twin that holds it.
+pub(crate) fn stored_map<'a>(conn: &Connection, v: ValueRef<'a>) -> rusqlite::Result<Cow<'a, [u8]>> {
+    match v {
+        ValueRef::Blob(b) => Ok(Cow::Borrowed(b)),
+        ValueRef::Integer(holder) => {
+            let mut st = conn.prepare_cached("SELECT blocks FROM files WHERE id = ?1")?;
+            Ok(Cow::Owned(st.query_row([holder], |r| r.get::<_, Vec<u8>>(0))?))
+        }
+        other => Err(rusqlite::Error::InvalidColumnType(0, "blocks".into(), other.data_type())),
     }
 }
 
@@ -432,5 +513,134 @@ mod tests {
         let holes = vec![0u64; 100_000];
         assert_eq!(encode_blocks(&holes).len(), 8);
         assert_eq!(decode_blocks(&encode_blocks(&holes)).len(), 100_000);
+    }
+
+    use crate::hash::FileHash;
+    use writer::{WriteOp, Written};
+
+    /// Apply `ops` through the writer thread's loop, as run `run`.
+    fn write(db: Db, run: i64, ops: Vec<WriteOp>) -> (Db, Written) {
+        let (tx, rx) = std::sync::mpsc::sync_channel(ops.len() + 1);
+        for op in ops {
+            tx.send(op).unwrap();
+        }
+        drop(tx);
+        writer::run(db, run, rx).unwrap()
+    }
+
+    fn hashed(id: Option<FileId>, ino: u64, path: &str, blocks: &[u64]) -> WriteOp {
+        let hash = FileHash { size: blocks.len() as u64 * 4096, blocks: blocks.to_vec(), bytes_read: 0 };
+        WriteOp::Hashed { id, dev: 1, ino, path: path.into(), mtime: 0, ctime: 0, hash }
+    }
+
+    /// A block map of `n` blocks, one in five a sampled anchor.
+    fn map(seed: u64, n: u64) -> Vec<u64> {
+        (1..=n)
+            .map(|i| if i % 5 == 0 { (seed * 1000 + i) << 36 } else { ((seed * 1000 + i) << 36) | 1 << 32 })
+            .collect()
+    }
+
+    fn id_of(db: &Db, ino: u64) -> FileId {
+        db.conn.query_row("SELECT id FROM files WHERE ino = ?1", [ino as i64], |r| r.get(0)).unwrap()
+    }
+
+    fn stored_as(db: &Db, id: FileId) -> String {
+        db.conn.query_row("SELECT typeof(blocks) FROM files WHERE id = ?1", [id], |r| r.get(0)).unwrap()
+    }
+
+    /// The anchors table holds exactly the sampled anchors of every file's
+    /// (resolved) block map.
+    fn assert_anchors_consistent(db: &Db) {
+        let mut want: Vec<(i64, FileId, i64)> = Vec::new();
+        let mut st = db.conn.prepare("SELECT id, blocks FROM files").unwrap();
+        let mut rows = st.query([]).unwrap();
+        while let Some(r) = rows.next().unwrap() {
+            let id: FileId = r.get(0).unwrap();
+            let blocks = decode_blocks(&stored_map(&db.conn, r.get_ref(1).unwrap()).unwrap());
+            want.extend(plan::sampled_anchors(&blocks).map(|b| (blocks[b as usize] as i64, id, b as i64)));
+        }
+        want.sort();
+        let got: Vec<(i64, FileId, i64)> = db
+            .conn
+            .prepare("SELECT fp, file_id, blk FROM anchors ORDER BY fp, file_id, blk")
+            .unwrap()
+            .query_map([], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)))
+            .unwrap()
+            .collect::<Result<_, _>>()
+            .unwrap();
+        assert_eq!(got, want);
+    }
+
+    fn whole_groups(db: &Db) -> Vec<Vec<FileId>> {
+        let all: HashSet<FileId> = db.load_index().unwrap().values().map(|k| k.id).collect();
+        let mut groups = db.plan(&all, None, PlanOptions::default()).unwrap().whole_groups;
+        groups.sort();
+        groups
+    }
+
+    #[test]
+    fn copies_store_one_block_map_and_hand_it_over() {
+        let dir = tempfile::tempdir().unwrap();
+        let db = Db::open(&dir.path().join("db"), "fs").unwrap();
+        let (m, small) = (map(1, 20), map(2, 3));
+        let ops = vec![
+            hashed(None, 1, "/v/a", &m),
+            hashed(None, 2, "/v/b", &m),
+            hashed(None, 3, "/w/c", &m),
+            hashed(None, 4, "/v/s1", &small),
+            hashed(None, 5, "/v/s2", &small),
+        ];
+        let (db, _) = write(db, 1, ops);
+        let (a, b, c) = (id_of(&db, 1), id_of(&db, 2), id_of(&db, 3));
+        // The copies refer to the first; short maps are stored every time.
+        assert_eq!(stored_as(&db, a), "blob");
+        assert_eq!((stored_as(&db, b), stored_as(&db, c)), ("integer".into(), "integer".into()));
+        assert_eq!((stored_as(&db, id_of(&db, 4)), stored_as(&db, id_of(&db, 5))), ("blob".into(), "blob".into()));
+        assert_anchors_consistent(&db);
+        assert_eq!(whole_groups(&db), vec![vec![a, b, c], vec![id_of(&db, 4), id_of(&db, 5)]]);
+
+        // The holder goes: the next copy holds the map, the other points at it.
+        let (db, _) = write(db, 2, vec![WriteOp::Removed { id: a }]);
+        assert_eq!(stored_as(&db, b), "blob");
+        let c_ref: i64 = db.conn.query_row("SELECT blocks FROM files WHERE id = ?1", [c], |r| r.get(0)).unwrap();
+        assert_eq!(c_ref, b.0);
+        assert_anchors_consistent(&db);
+        assert_eq!(whole_groups(&db)[0], vec![b, c]);
+
+        // The new holder is rewritten with other content: the last copy
+        // takes the map; b's anchors are its new ones.
+        let (db, _) = write(db, 3, vec![hashed(Some(b), 2, "/v/b", &map(3, 20))]);
+        assert_eq!(stored_as(&db, c), "blob");
+        assert_anchors_consistent(&db);
+        assert_eq!(whole_groups(&db), vec![vec![id_of(&db, 4), id_of(&db, 5)]]);
+        let plan = db.plan_files([c]).unwrap();
+        assert_eq!(plan[0].blocks, decode_blocks(&encode_blocks(&m)));
+
+        // Directories without files are dropped; paths survive the split.
+        let (db, _) = write(db, 4, vec![WriteOp::Removed { id: c }]);
+        let dirs: Vec<Vec<u8>> = db
+            .conn
+            .prepare("SELECT path FROM dirs")
+            .unwrap()
+            .query_map([], |r| r.get(0))
+            .unwrap()
+            .collect::<Result<_, _>>()
+            .unwrap();
+        assert_eq!(dirs, vec![b"/v".to_vec()]);
+        let facts = db.file_facts([b]).unwrap();
+        assert_eq!(facts[&b].path, Path::new("/v/b"));
+    }
+
+    #[test]
+    fn a_renamed_file_moves_to_its_new_directory() {
+        let dir = tempfile::tempdir().unwrap();
+        let db = Db::open(&dir.path().join("db"), "fs").unwrap();
+        let (db, _) = write(db, 1, vec![hashed(None, 1, "/v/a", &map(1, 2))]);
+        let a = id_of(&db, 1);
+        let (db, _) = write(db, 2, vec![WriteOp::Renamed { id: a, dev: 1, path: "/w/x/b".into(), ctime: 9 }]);
+        let k = &db.load_index().unwrap()[&(1, 1)];
+        assert_eq!((k.path.as_path(), k.ctime, k.hashed_run), (Path::new("/w/x/b"), 9, 1));
+        let n: i64 = db.conn.query_row("SELECT count(*) FROM dirs", [], |r| r.get(0)).unwrap();
+        assert_eq!(n, 1);
     }
 }

@@ -5,19 +5,20 @@
 //! runs). Out: rows committed in batches, one transaction each, so an
 //! interrupted run loses at most the last batch.
 
+use std::collections::HashMap;
+use std::os::unix::ffi::OsStrExt;
+use std::path::{Path, PathBuf};
 use std::sync::mpsc::{Receiver, RecvTimeoutError};
 use std::time::{Duration, Instant};
 
+use rusqlite::types::Value;
 use rusqlite::{params, Connection, OptionalExtension};
 
-use super::{decode_blocks, encode_blocks, path_bytes, Db};
+use super::{decode_blocks, encode_blocks, map_hash, path_bytes, stored_map, Db, TWIN_MIN_MAP};
 use crate::hash::FileHash;
-use crate::plan::{anchors, short_fp, Fp};
+use crate::plan::{sampled_anchors, short_fp, Fp};
 use crate::types::FileId;
-
-/// Bytes of the whole-file digest kept: 128 bits identify content among any
-/// number of files a volume can hold, and the kernel compares anyway.
-pub const DIGEST_LEN: usize = 16;
+use crate::walk::TimeTag;
 
 /// Files per transaction at most.
 pub const BATCH_FILES: usize = 512;
@@ -30,30 +31,44 @@ pub const CHANNEL_CAP: usize = 256;
 #[derive(Debug)]
 pub enum WriteOp {
     /// A freshly hashed file; `id` is its existing row, if any.
-    Hashed {
-        id: Option<FileId>,
-        dev: u64,
-        ino: u64,
-        path: std::path::PathBuf,
-        mtime_ns: i64,
-        ctime_ns: i64,
-        hash: FileHash,
-    },
+    Hashed { id: Option<FileId>, dev: u64, ino: u64, path: PathBuf, mtime: TimeTag, ctime: TimeTag, hash: FileHash },
     /// A known, unchanged file seen under a new name (whose ctime the
     /// rename moved).
-    Renamed { id: FileId, path: std::path::PathBuf, ctime_ns: i64 },
+    Renamed { id: FileId, dev: u64, path: PathBuf, ctime: TimeTag },
     /// A known file that is gone (or no longer eligible).
     Removed { id: FileId },
 }
 
-/// Ids given to files that had no row: `(dev, ino)` → id.
-pub type NewIds = Vec<((u64, u64), FileId)>;
+/// What the writer did, for the rest of the run.
+#[derive(Debug, Default)]
+pub struct Written {
+    /// Ids given to files that had no row: `(dev, ino)` → id.
+    pub new_ids: Vec<((u64, u64), FileId)>,
+    /// Every file hashed by this run (new rows and replaced ones).
+    pub hashed: Vec<FileId>,
+}
+
+/// The writer's state: the run it marks rows with, what it did, and the
+/// directory rows it knows.
+struct Writer {
+    run_id: i64,
+    out: Written,
+    /// `(dev, directory path)` → `dirs.id`, loaded once: lookups never
+    /// touch the database, and the table needs no index.
+    dirs: HashMap<(u64, PathBuf), i64>,
+    /// A file left a directory: drop directories without files at the end.
+    prune_dirs: bool,
+    /// Block maps of [`TWIN_MIN_MAP`] bytes or more written by this run,
+    /// `(size, map hash)` → the file holding it, and back.
+    holders: HashMap<(u64, u64), FileId>,
+    holder_keys: HashMap<FileId, (u64, u64)>,
+}
 
 /// Run the writer loop until the channel closes; rows hashed now are marked
-/// with `run_id`. Returns the database and the ids of the new rows.
-pub fn run(db: Db, run_id: i64, rx: Receiver<WriteOp>) -> rusqlite::Result<(Db, NewIds)> {
+/// with `run_id`. Returns the database and what was written.
+pub fn run(db: Db, run_id: i64, rx: Receiver<WriteOp>) -> rusqlite::Result<(Db, Written)> {
+    let mut w = Writer::new(&db.conn, run_id)?;
     let mut batch: Vec<WriteOp> = Vec::with_capacity(BATCH_FILES);
-    let mut new_ids = NewIds::new();
     let mut since = Instant::now();
     loop {
         let timeout = BATCH_TIME.saturating_sub(since.elapsed());
@@ -64,97 +79,178 @@ pub fn run(db: Db, run_id: i64, rx: Receiver<WriteOp>) -> rusqlite::Result<(Db, 
                 }
                 batch.push(op);
                 if batch.len() >= BATCH_FILES {
-                    commit(&db.conn, run_id, &mut batch, &mut new_ids)?;
+                    w.commit(&db.conn, &mut batch)?;
                 }
             }
             Err(RecvTimeoutError::Timeout) => {
-                commit(&db.conn, run_id, &mut batch, &mut new_ids)?;
+                w.commit(&db.conn, &mut batch)?;
                 since = Instant::now();
             }
             Err(RecvTimeoutError::Disconnected) => {
-                commit(&db.conn, run_id, &mut batch, &mut new_ids)?;
-                return Ok((db, new_ids));
+                w.commit(&db.conn, &mut batch)?;
+                if w.prune_dirs {
+                    db.conn.execute("DELETE FROM dirs WHERE id NOT IN (SELECT dir FROM files)", [])?;
+                }
+                return Ok((db, w.out));
             }
         }
     }
 }
 
-/// Apply and clear `batch` in one transaction.
-pub fn commit(conn: &Connection, run_id: i64, batch: &mut Vec<WriteOp>, new_ids: &mut NewIds) -> rusqlite::Result<()> {
-    if batch.is_empty() {
-        return Ok(());
-    }
-    let tx = conn.unchecked_transaction()?;
-    for op in batch.drain(..) {
-        apply(&tx, run_id, op, new_ids)?;
-    }
-    tx.commit()
-}
-
-/// Delete a file's anchors. The block map keeps only the high half of each
-/// fingerprint, which is the high half of the anchor's key: each anchor is
-/// found again by key range.
+/// Delete a file's anchors: they are the sampled blocks of its block map,
+/// found again by key.
 fn delete_anchors(conn: &Connection, id: FileId) -> rusqlite::Result<()> {
-    let old: Option<Vec<u8>> =
+    let old: Option<Value> =
         conn.prepare_cached("SELECT blocks FROM files WHERE id = ?1")?.query_row([id], |r| r.get(0)).optional()?;
-    if let Some(blob) = old {
+    if let Some(v) = old {
+        let blob = stored_map(conn, (&v).into())?;
         let blocks = decode_blocks(&blob);
-        let mut del =
-            conn.prepare_cached("DELETE FROM anchors WHERE fp BETWEEN ?1 AND ?2 AND file_id = ?3 AND blk = ?4")?;
-        for i in anchors(&blocks) {
-            let hi = (blocks[i as usize] as u64) << 32;
-            del.execute(params![hi as i64, (hi | 0xFFFF_FFFF) as i64, id, i as i64])?;
+        let mut del = conn.prepare_cached("DELETE FROM anchors WHERE fp = ?1 AND file_id = ?2 AND blk = ?3")?;
+        for i in sampled_anchors(&blocks) {
+            del.execute(params![blocks[i as usize], id, i as i64])?;
         }
     }
     Ok(())
 }
 
-fn apply(conn: &Connection, run_id: i64, op: WriteOp, new_ids: &mut NewIds) -> rusqlite::Result<()> {
-    match op {
-        WriteOp::Hashed { id, dev, ino, path, mtime_ns, ctime_ns, hash } => {
-            if let Some(id) = id {
-                delete_anchors(conn, id)?;
-            }
-            // A known file keeps its id (the row is replaced); a new one gets
-            // the next rowid.
-            conn.prepare_cached(
-                "INSERT OR REPLACE INTO files (id, dev, ino, path, size, mtime_ns, ctime_ns, digest, blocks, hashed_run) VALUES (?1,?2,?3,?4,?5,?6,?7,?8,?9,?10)",
-            )?
-            .execute(params![
-                id,
-                dev as i64,
-                ino as i64,
-                path_bytes(&path),
-                hash.size as i64,
-                mtime_ns,
-                ctime_ns,
-                &hash.digest[..DIGEST_LEN],
-                encode_blocks(&hash.blocks),
-                run_id
-            ])?;
-            let id = id.unwrap_or_else(|| {
-                let id = FileId(conn.last_insert_rowid());
-                new_ids.push(((dev, ino), id));
-                id
-            });
-            let mut ins =
-                conn.prepare_cached("INSERT OR IGNORE INTO anchors (fp, file_id, blk) VALUES (?1, ?2, ?3)")?;
-            let short: Vec<Fp> = hash.blocks.iter().map(|&f| short_fp(f)).collect();
-            for i in anchors(&short) {
-                ins.execute(params![hash.blocks[i as usize] as i64, id, i as i64])?;
-            }
-        }
-        WriteOp::Renamed { id, path, ctime_ns } => {
-            conn.prepare_cached("UPDATE files SET path = ?2, ctime_ns = ?3 WHERE id = ?1")?.execute(params![
-                id,
-                path_bytes(&path),
-                ctime_ns
-            ])?;
-        }
-        WriteOp::Removed { id } => {
-            delete_anchors(conn, id)?;
-            conn.prepare_cached("DELETE FROM files WHERE id = ?1")?.execute([id])?;
-        }
+impl Writer {
+    fn new(conn: &Connection, run_id: i64) -> rusqlite::Result<Writer> {
+        let mut st = conn.prepare("SELECT id, dev, path FROM dirs")?;
+        let dirs = st
+            .query_map([], |r| {
+                let path = PathBuf::from(std::ffi::OsStr::from_bytes(r.get_ref(2)?.as_blob()?));
+                Ok(((r.get::<_, i64>(1)? as u64, path), r.get::<_, i64>(0)?))
+            })?
+            .collect::<rusqlite::Result<_>>()?;
+        Ok(Writer {
+            run_id,
+            out: Written::default(),
+            dirs,
+            prune_dirs: false,
+            holders: HashMap::new(),
+            holder_keys: HashMap::new(),
+        })
     }
-    Ok(())
+
+    fn commit(&mut self, conn: &Connection, batch: &mut Vec<WriteOp>) -> rusqlite::Result<()> {
+        if batch.is_empty() {
+            return Ok(());
+        }
+        let tx = conn.unchecked_transaction()?;
+        for op in batch.drain(..) {
+            self.apply(&tx, op)?;
+        }
+        tx.commit()
+    }
+
+    /// The `dirs` row of the directory holding `path` on `dev` (created if
+    /// new), and the file's name.
+    fn locate<'p>(&mut self, conn: &Connection, dev: u64, path: &'p Path) -> rusqlite::Result<(i64, &'p [u8])> {
+        let dir = path.parent().unwrap_or(Path::new(""));
+        let name = path.file_name().map_or(path_bytes(path), |n| n.as_bytes());
+        if let Some(&id) = self.dirs.get(&(dev, dir.to_owned())) {
+            return Ok((id, name));
+        }
+        conn.prepare_cached("INSERT INTO dirs (dev, path) VALUES (?1, ?2)")?
+            .execute(params![dev as i64, path_bytes(dir)])?;
+        let id = conn.last_insert_rowid();
+        self.dirs.insert((dev, dir.to_owned()), id);
+        Ok((id, name))
+    }
+
+    /// The file of this run that holds the same block map as `blob` (of
+    /// size and map hash `key`), if the map is long enough to share.
+    fn holder_of(&self, conn: &Connection, key: (u64, u64), blob: &[u8]) -> rusqlite::Result<Option<FileId>> {
+        let Some(&h) = self.holders.get(&key).filter(|_| blob.len() >= TWIN_MIN_MAP) else { return Ok(None) };
+        // A hash is not proof: compare the maps.
+        let held: Option<Vec<u8>> =
+            conn.prepare_cached("SELECT blocks FROM files WHERE id = ?1")?.query_row([h], |r| r.get(0)).optional()?;
+        Ok((held.as_deref() == Some(blob)).then_some(h))
+    }
+
+    /// Before the row of `id` is replaced or deleted: if it holds the block
+    /// map of twins, give the map to the first of them and point the others
+    /// at it.
+    fn hand_over(&mut self, conn: &Connection, id: FileId) -> rusqlite::Result<()> {
+        if let Some(key) = self.holder_keys.remove(&id) {
+            self.holders.remove(&key);
+        }
+        let twins: Vec<FileId> = conn
+            .prepare_cached("SELECT id FROM files WHERE typeof(blocks) = 'integer' AND blocks = ?1 ORDER BY id")?
+            .query_map([id], |r| r.get(0))?
+            .collect::<rusqlite::Result<_>>()?;
+        if let Some(&heir) = twins.first() {
+            conn.prepare_cached("UPDATE files SET blocks = (SELECT blocks FROM files WHERE id = ?2) WHERE id = ?1")?
+                .execute(params![heir, id])?;
+            conn.prepare_cached("UPDATE files SET blocks = ?1 WHERE typeof(blocks) = 'integer' AND blocks = ?2")?
+                .execute(params![heir, id])?;
+        }
+        Ok(())
+    }
+
+    fn apply(&mut self, conn: &Connection, op: WriteOp) -> rusqlite::Result<()> {
+        match op {
+            WriteOp::Hashed { id, dev, ino, path, mtime, ctime, hash } => {
+                if let Some(id) = id {
+                    self.hand_over(conn, id)?;
+                    delete_anchors(conn, id)?;
+                    self.prune_dirs = true;
+                }
+                let (dir, name) = self.locate(conn, dev, &path)?;
+                let blob = encode_blocks(&hash.blocks);
+                let key = (hash.size, map_hash(&blob));
+                let holder = self.holder_of(conn, key, &blob)?;
+                let sharable = blob.len() >= TWIN_MIN_MAP;
+                let stored = match holder {
+                    Some(h) => Value::Integer(h.0),
+                    None => Value::Blob(blob),
+                };
+                // A known file keeps its id (the row is replaced); a new one
+                // gets the next rowid.
+                conn.prepare_cached(
+                    "INSERT OR REPLACE INTO files (id, dir, name, ino, size, mtime, ctime, hashed_run, blocks) VALUES (?1,?2,?3,?4,?5,?6,?7,?8,?9)",
+                )?
+                .execute(params![
+                    id,
+                    dir,
+                    name,
+                    ino as i64,
+                    hash.size as i64,
+                    mtime,
+                    ctime,
+                    self.run_id,
+                    stored,
+                ])?;
+                let id = id.unwrap_or_else(|| {
+                    let id = FileId(conn.last_insert_rowid());
+                    self.out.new_ids.push(((dev, ino), id));
+                    id
+                });
+                self.out.hashed.push(id);
+                if sharable && holder.is_none() {
+                    self.holders.insert(key, id);
+                    self.holder_keys.insert(id, key);
+                }
+                let mut ins =
+                    conn.prepare_cached("INSERT OR IGNORE INTO anchors (fp, file_id, blk) VALUES (?1, ?2, ?3)")?;
+                let short: Vec<Fp> = hash.blocks.iter().map(|&f| short_fp(f)).collect();
+                for i in sampled_anchors(&short) {
+                    ins.execute(params![short[i as usize], id, i as i64])?;
+                }
+            }
+            WriteOp::Renamed { id, dev, path, ctime } => {
+                let (dir, name) = self.locate(conn, dev, &path)?;
+                conn.prepare_cached("UPDATE files SET dir = ?2, name = ?3, ctime = ?4 WHERE id = ?1")?
+                    .execute(params![id, dir, name, ctime])?;
+                self.prune_dirs = true;
+            }
+            WriteOp::Removed { id } => {
+                self.hand_over(conn, id)?;
+                delete_anchors(conn, id)?;
+                conn.prepare_cached("DELETE FROM files WHERE id = ?1")?.execute([id])?;
+                self.prune_dirs = true;
+            }
+        }
+        Ok(())
+    }
 }
