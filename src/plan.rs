@@ -16,6 +16,8 @@
 
 use std::collections::HashMap;
 
+use rustc_hash::FxHashMap;
+
 use crate::hash::ZERO_FP;
 
 /// What the planner and the block maps keep of a block's fingerprint: the
@@ -122,8 +124,10 @@ type Loc = (u32, u64); // (index into files, block index)
 
 struct Planner<'a> {
     files: &'a [PlanFile],
-    index: HashMap<FileId, u32>,
-    parent: HashMap<Loc, Loc>,
+    index: FxHashMap<FileId, u32>,
+    /// Every linked block → its root. The hottest map of a run: FxHash,
+    /// because the keys are small integers chosen by us, not by an attacker.
+    parent: FxHashMap<Loc, Loc>,
     opts: PlanOptions,
 }
 
@@ -286,7 +290,7 @@ pub fn plan(
     opts: PlanOptions,
 ) -> Plan {
     let index = files.iter().enumerate().map(|(i, f)| (f.id, i as u32)).collect();
-    let mut p = Planner { files, index, parent: HashMap::new(), opts };
+    let mut p = Planner { files, index, parent: FxHashMap::default(), opts };
     for g in whole_groups {
         p.whole_file_group(g);
     }

@@ -11,7 +11,7 @@ pub mod writer;
 use std::borrow::Cow;
 use std::collections::{HashMap, HashSet};
 use std::fs::File;
-use std::os::unix::ffi::OsStrExt;
+use std::os::unix::ffi::{OsStrExt, OsStringExt};
 use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
 
@@ -201,6 +201,9 @@ impl Db {
         fresh: Option<&HashSet<FileId>>,
         opts: PlanOptions,
     ) -> rusqlite::Result<Planned> {
+        // One read transaction: without it every query takes and drops
+        // SQLite's shared lock (two fcntl calls per looked-up file).
+        let _read = self.conn.unchecked_transaction()?;
         let pass = self.map_pass(allowed, fresh)?;
         let mut whole = group_whole_files(pass.whole_keys);
         let covered: HashSet<FileId> = whole.iter().flat_map(|g| g[1..].iter().copied()).collect();
@@ -339,7 +342,9 @@ impl Db {
         let mut st = self.conn.prepare_cached(&format!(
             "SELECT f.size, f.blocks, f.hashed_run, {PATH_COLS} {FROM_FILES} WHERE f.id = ?1"
         ))?;
-        let mut rows: Vec<((i64, PathBuf), PlanFile)> = Vec::new();
+        // Paths compare as bytes (much faster than by component, and just as
+        // deterministic).
+        let mut rows: Vec<((i64, Vec<u8>), PlanFile)> = Vec::new();
         for id in ids {
             let row = st
                 .query_row([id], |r| {
@@ -349,7 +354,8 @@ impl Db {
                         size: r.get::<_, i64>(0)? as u64,
                         blocks: decode_blocks(&stored_map(&self.conn, r.get_ref(1)?)?),
                     };
-                    Ok(((r.get(2)?, join_path(r.get_ref(3)?.as_blob()?, r.get_ref(4)?.as_blob()?)), f))
+                    let path = join_path(r.get_ref(3)?.as_blob()?, r.get_ref(4)?.as_blob()?);
+                    Ok(((r.get(2)?, path.into_os_string().into_vec()), f))
                 })
                 .optional()?;
             rows.extend(row);
