@@ -14,8 +14,6 @@
 //! in which the executor runs the ranges does not matter and no extent is
 //! kept alive by a chain of copies.
 
-use std::collections::HashMap;
-
 use rustc_hash::FxHashMap;
 
 use crate::hash::ZERO_FP;
@@ -303,6 +301,7 @@ pub fn plan(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::collections::HashMap;
 
     const BS: u64 = 4096;
 
