@@ -274,6 +274,7 @@ fn hash_all(
     stop: &AtomicBool,
 ) -> Result<HashStats> {
     let stats = HashStats::default();
+    let fs_kind = cfg.fs.as_ref().map_or(FsKind::Other, |f| f.kind);
     let pool = rayon::ThreadPoolBuilder::new()
         .num_threads(cfg.threads)
         .thread_name(|i| format!("hash-{i}"))
@@ -291,8 +292,9 @@ fn hash_all(
                 }
                 let key = (cand.dev, cand.ino);
                 let res = policy.check_file_xattr(&cand.path).map_err(HashFail::Skip);
-                let hashed = res
-                    .and_then(|_| READ_BUF.with_borrow_mut(|buf| hash_one(&cand, cfg.block_size, cfg.drop_cache, buf)));
+                let hashed = res.and_then(|_| {
+                    READ_BUF.with_borrow_mut(|buf| hash_one(&cand, fs_kind, cfg.block_size, cfg.drop_cache, buf))
+                });
                 match hashed {
                     Ok((now, h)) => {
                         stats.files.fetch_add(1, Ordering::Relaxed);
@@ -353,6 +355,7 @@ enum HashFail {
 /// Open, check and hash one file. Returns the facts it was hashed under.
 fn hash_one(
     c: &Candidate,
+    fs: FsKind,
     block_size: u64,
     drop_cache: bool,
     buf: &mut Vec<u8>,
@@ -368,7 +371,7 @@ fn hash_one(
         return Err(HashFail::Skip(SkipReason::Vanished));
     }
     use std::os::fd::AsFd;
-    let flags = sys::inode_flags(file.as_fd()).map_err(|e| HashFail::Error("flags", e.into()))?;
+    let flags = sys::inode_flags(file.as_fd(), fs).map_err(|e| HashFail::Error("flags", e.into()))?;
     Policy::check_flags(flags).map_err(HashFail::Skip)?;
     let now = Candidate::from_metadata(c.path.clone(), &before);
     if now.size == 0 {

@@ -10,6 +10,8 @@ use std::path::Path;
 
 use nix::errno::Errno;
 
+use super::FsKind;
+
 /// Open a volume file for reading only: never for writing, never through a
 /// symlink in the last component, never blocking on a FIFO that appeared
 /// since the `lstat`, and without updating its access time where the kernel
@@ -61,6 +63,8 @@ const FS_APPEND_FL: i32 = 0x0000_0020;
 const FS_NOCOW_FL: i32 = 0x0080_0000;
 const FS_DAX_FL: i32 = 0x0200_0000;
 const FS_XFLAG_REALTIME: u32 = 0x0000_0001;
+const FS_XFLAG_IMMUTABLE: u32 = 0x0000_0008;
+const FS_XFLAG_APPEND: u32 = 0x0000_0010;
 const FS_XFLAG_DAX: u32 = 0x0000_8000;
 
 // FS_IOC_GETFLAGS is declared with `long` but the kernel reads and writes an
@@ -80,25 +84,32 @@ struct FsXattr {
 }
 nix::ioctl_read!(ioctl_fsgetxattr, b'X', 31, FsXattr);
 
-/// Read the flags of an open file. Filesystems without these ioctls report
-/// no flags.
-pub fn inode_flags(fd: BorrowedFd<'_>) -> Result<InodeFlags, Errno> {
+/// Read the flags of an open file on a filesystem of kind `fs`, with one
+/// ioctl where one says all that applies (this runs for every file hashed):
+/// on btrfs `FS_IOC_GETFLAGS` (there is no realtime or DAX there), on XFS
+/// `FS_IOC_FSGETXATTR` (there is no NOCOW there); elsewhere both.
+/// Filesystems without these ioctls report no flags.
+pub fn inode_flags(fd: BorrowedFd<'_>, fs: FsKind) -> Result<InodeFlags, Errno> {
     let mut fl: libc::c_int = 0;
-    // SAFETY: `fl` is a valid int the kernel writes the flags into.
-    match unsafe { ioctl_getflags(fd.as_raw_fd(), &mut fl) } {
-        Ok(_) => {}
-        Err(Errno::ENOTTY) | Err(Errno::EOPNOTSUPP) | Err(Errno::EINVAL) => fl = 0,
-        Err(e) => return Err(e),
+    if fs != FsKind::Xfs {
+        // SAFETY: `fl` is a valid int the kernel writes the flags into.
+        match unsafe { ioctl_getflags(fd.as_raw_fd(), &mut fl) } {
+            Ok(_) => {}
+            Err(Errno::ENOTTY) | Err(Errno::EOPNOTSUPP) | Err(Errno::EINVAL) => fl = 0,
+            Err(e) => return Err(e),
+        }
     }
-    let mut x = FsXattr::default();
-    // SAFETY: `x` is a valid, writable `struct fsxattr`.
-    let xflags = match unsafe { ioctl_fsgetxattr(fd.as_raw_fd(), &mut x) } {
-        Ok(_) => x.fsx_xflags,
-        Err(_) => 0,
-    };
+    let mut xflags = 0;
+    if fs != FsKind::Btrfs {
+        let mut x = FsXattr::default();
+        // SAFETY: `x` is a valid, writable `struct fsxattr`.
+        if unsafe { ioctl_fsgetxattr(fd.as_raw_fd(), &mut x) }.is_ok() {
+            xflags = x.fsx_xflags;
+        }
+    }
     Ok(InodeFlags {
-        immutable: fl & FS_IMMUTABLE_FL != 0,
-        append_only: fl & FS_APPEND_FL != 0,
+        immutable: fl & FS_IMMUTABLE_FL != 0 || xflags & FS_XFLAG_IMMUTABLE != 0,
+        append_only: fl & FS_APPEND_FL != 0 || xflags & FS_XFLAG_APPEND != 0,
         nocow: fl & FS_NOCOW_FL != 0,
         dax: fl & FS_DAX_FL != 0 || xflags & FS_XFLAG_DAX != 0,
         realtime: xflags & FS_XFLAG_REALTIME != 0,
@@ -157,7 +168,7 @@ mod tests {
     fn plain_file_has_no_flags_and_no_nodedup() {
         let f = tempfile::NamedTempFile::new().unwrap();
         use std::os::fd::AsFd;
-        let fl = inode_flags(f.as_file().as_fd()).unwrap();
+        let fl = inode_flags(f.as_file().as_fd(), FsKind::Other).unwrap();
         assert!(!fl.immutable && !fl.append_only);
         assert!(!has_xattr(f.path(), "user.nodedup"));
     }
