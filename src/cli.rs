@@ -21,7 +21,6 @@ use clap::{Args, Parser, Subcommand, ValueEnum};
 #[command(
     name = "dedupscan",
     version,
-    args_conflicts_with_subcommands = true,
     subcommand_negates_reqs = true,
     after_help = "Exit codes: 0 success, 1 finished but some paths or ranges had errors, 2 usage error, 3 fatal error, 4 database locked by another run."
 )]
@@ -34,6 +33,41 @@ pub struct Cli {
 
     #[command(flatten)]
     pub global: GlobalArgs,
+}
+
+impl Cli {
+    /// Parse the command line (usage errors print and exit with 2).
+    pub fn parse_args() -> Cli {
+        Self::try_parse_args(std::env::args_os()).unwrap_or_else(|e| e.exit())
+    }
+
+    /// Parse `args`. Options every command takes may come before a
+    /// command's name (`dedupscan --db FILE scan PATH`), but the default
+    /// command's own paths and options may not: they would be silently
+    /// ignored (`dedupscan --incremental scan PATH` would rehash everything).
+    pub fn try_parse_args<I, T>(args: I) -> Result<Cli, clap::Error>
+    where
+        I: IntoIterator<Item = T>,
+        T: Into<std::ffi::OsString> + Clone,
+    {
+        use clap::parser::ValueSource;
+        use clap::{CommandFactory, FromArgMatches};
+        let mut cmd = Cli::command();
+        let m = cmd.try_get_matches_from_mut(args)?;
+        if let Some(sub) = m.subcommand_name() {
+            let run_args = RunArgs::augment_args(clap::Command::new("run"));
+            for a in run_args.get_arguments() {
+                if m.value_source(a.get_id().as_str()) == Some(ValueSource::CommandLine) {
+                    let what = a.get_long().map_or_else(|| a.get_id().to_string(), |l| format!("--{l}"));
+                    return Err(cmd.error(
+                        clap::error::ErrorKind::ArgumentConflict,
+                        format!("`{what}` before `{sub}`: paths and options of `{sub}` go after its name, e.g. `dedupscan {sub} --incremental PATH`"),
+                    ));
+                }
+            }
+        }
+        Cli::from_arg_matches(&m).map_err(|e| e.format(&mut cmd))
+    }
 }
 
 /// Options every command takes.
@@ -202,7 +236,7 @@ mod tests {
     use super::*;
 
     fn parse(args: &[&str]) -> Result<Cli, clap::Error> {
-        Cli::try_parse_from(std::iter::once("dedupscan").chain(args.iter().copied()))
+        Cli::try_parse_args(std::iter::once("dedupscan").chain(args.iter().copied()))
     }
 
     #[test]
@@ -227,6 +261,21 @@ mod tests {
         let c = parse(&["report", "--json", "--db", "/tmp/x.sqlite"]).unwrap();
         assert!(matches!(c.command, Some(Command::Report(_))));
         assert!(c.global.json);
+        // Options every command takes may come before the command's name.
+        for args in [&["--db", "/tmp/x.sqlite", "scan", "/a"][..], &["--json", "-q", "scan", "/a"]] {
+            match parse(args).unwrap().command {
+                Some(Command::Scan(s)) => assert_eq!(s.paths, vec![PathBuf::from("/a")]),
+                other => panic!("{args:?}: {other:?}"),
+            }
+        }
+        let c = parse(&["--db", "/tmp/x.sqlite", "report"]).unwrap();
+        assert!(matches!(c.command, Some(Command::Report(_))));
+        // The default command's own paths and options are not taken
+        // before another command's name.
+        for args in [&["--incremental", "scan", "/a"][..], &["--dry-run", "report"]] {
+            let e = parse(args).unwrap_err();
+            assert_eq!(e.kind(), clap::error::ErrorKind::ArgumentConflict, "{args:?}");
+        }
     }
 
     #[test]

@@ -3,8 +3,6 @@
 use std::sync::atomic::AtomicBool;
 use std::sync::Arc;
 
-use clap::Parser;
-
 use dedupscan::cli::Cli;
 use dedupscan::config::{Action, Config};
 use dedupscan::db::DbError;
@@ -13,7 +11,7 @@ use dedupscan::progress::{Bars, LogLines, Progress};
 use dedupscan::{history, run};
 
 fn main() {
-    let cli = Cli::parse(); // usage errors exit with 2
+    let cli = Cli::parse_args(); // usage errors exit with 2
     let code = match Config::from_cli(cli) {
         Ok(cfg) => dispatch(&cfg),
         Err(e) => {
