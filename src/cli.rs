@@ -133,7 +133,7 @@ pub struct ScanArgs {
     #[arg(long, value_name = "BYTES", default_value = "4K", value_parser = parse_block_size)]
     pub block_size: u64,
 
-    /// Hashing threads [default: 4 per CPU, 4 to 32: most wait on the disk].
+    /// Hashing threads [default: 8 per CPU, 8 to 64: most wait on the disk].
     #[arg(long, value_name = "N")]
     pub threads: Option<usize>,
 

@@ -145,10 +145,12 @@ impl Config {
         };
         // Hashing threads also keep reads in flight: on a cold disk most of
         // them wait for I/O, so more threads than CPUs keep both busy
-        // (measured in docs/BENCHMARKS.md: 2 → 8 threads, 2.98 s → 2.49 s).
+        // (measured in docs/BENCHMARKS.md: 2 → 8 threads, 2.98 s → 2.49 s
+        // on SMALL; 8 → 16 threads on FULL, btrfs, 0.90/0.74× → 0.80/0.68×
+        // of a cold raw read). Each costs a 1 MiB read buffer.
         let threads = threads.unwrap_or_else(|| {
             let cpus = std::thread::available_parallelism().map_or(2, |n| n.get());
-            (cpus * 4).clamp(4, 32)
+            (cpus * 8).clamp(8, 64)
         });
         Ok(Config {
             action,

@@ -25,7 +25,7 @@ function __fish_dedupscan_using_subcommand
 end
 
 complete -c dedupscan -n "__fish_dedupscan_needs_command" -l block-size -d 'Block size for fingerprints: a power of two from 4K to 1M (suffixes K, M)' -r
-complete -c dedupscan -n "__fish_dedupscan_needs_command" -l threads -d 'Hashing threads [default: 4 per CPU, 4 to 32: most wait on the disk]' -r
+complete -c dedupscan -n "__fish_dedupscan_needs_command" -l threads -d 'Hashing threads [default: 8 per CPU, 8 to 64: most wait on the disk]' -r
 complete -c dedupscan -n "__fish_dedupscan_needs_command" -l exclude -d 'Leave out paths matching this glob (repeatable; matched on the full path, e.g. \'**/*.qcow2\' or \'/srv/tmp/**\')' -r
 complete -c dedupscan -n "__fish_dedupscan_needs_command" -l exclude-from -d 'Read more exclude globs from FILE, one per line (\'#\' starts a comment)' -r -F
 complete -c dedupscan -n "__fish_dedupscan_needs_command" -l max-runtime -d 'Stop cleanly when this much time is spent (e.g. 90m, 2h); work done is committed and the next --incremental run carries on' -r
@@ -52,7 +52,7 @@ complete -c dedupscan -n "__fish_dedupscan_needs_command" -a "scan" -d 'Only cra
 complete -c dedupscan -n "__fish_dedupscan_needs_command" -a "report" -d 'Print what the database knows: files, bytes, and the history of runs'
 complete -c dedupscan -n "__fish_dedupscan_needs_command" -a "help" -d 'Print this message or the help of the given subcommand(s)'
 complete -c dedupscan -n "__fish_dedupscan_using_subcommand scan" -l block-size -d 'Block size for fingerprints: a power of two from 4K to 1M (suffixes K, M)' -r
-complete -c dedupscan -n "__fish_dedupscan_using_subcommand scan" -l threads -d 'Hashing threads [default: 4 per CPU, 4 to 32: most wait on the disk]' -r
+complete -c dedupscan -n "__fish_dedupscan_using_subcommand scan" -l threads -d 'Hashing threads [default: 8 per CPU, 8 to 64: most wait on the disk]' -r
 complete -c dedupscan -n "__fish_dedupscan_using_subcommand scan" -l exclude -d 'Leave out paths matching this glob (repeatable; matched on the full path, e.g. \'**/*.qcow2\' or \'/srv/tmp/**\')' -r
 complete -c dedupscan -n "__fish_dedupscan_using_subcommand scan" -l exclude-from -d 'Read more exclude globs from FILE, one per line (\'#\' starts a comment)' -r -F
 complete -c dedupscan -n "__fish_dedupscan_using_subcommand scan" -l max-runtime -d 'Stop cleanly when this much time is spent (e.g. 90m, 2h); work done is committed and the next --incremental run carries on' -r
