@@ -123,6 +123,12 @@ pub fn run(cfg: &Config, progress: &dyn Progress, stop: &AtomicBool) -> Result<R
         writer.join().map_err(|_| anyhow::anyhow!("database writer panicked"))?.context("writing the database")?;
     let mut ids = cls.ids;
     ids.extend(written.new_ids.iter().copied());
+    // The index of known files (a path per file) is done with: free it
+    // before planning and sharing. An incremental plan keeps which run
+    // hashed each file.
+    let hashed_runs: Vec<(FileId, i64)> =
+        if cfg.incremental { index.values().map(|k| (k.id, k.hashed_run)).collect() } else { Vec::new() };
+    drop(index);
     report.files_hashed = stats.files.load(Ordering::Relaxed);
     report.bytes_hashed = stats.bytes.load(Ordering::Relaxed);
     let HashTally { skipped, errors, failed } = stats.tally.into_inner().unwrap();
@@ -142,7 +148,7 @@ pub fn run(cfg: &Config, progress: &dyn Progress, stop: &AtomicBool) -> Result<R
     ));
 
     if cfg.action == Action::Run && !report.interrupted {
-        let scanned = Scanned { index: &index, ids: &ids, hashed: &written.hashed, failed: &failed };
+        let scanned = Scanned { hashed_runs: &hashed_runs, ids: &ids, hashed: &written.hashed, failed: &failed };
         share(cfg, &db, &fs, &scanned, &mut report, progress, stop)?;
         let complete = !cfg.dry_run && !report.interrupted && report.sharing_refused.is_none();
         if complete {
@@ -393,8 +399,8 @@ fn hash_one(
 
 /// What the scan phase leaves for planning.
 struct Scanned<'a> {
-    /// The database's files as they were before this run.
-    index: &'a HashMap<(u64, u64), Known>,
+    /// Which run hashed each file known before this run (incremental runs).
+    hashed_runs: &'a [(FileId, i64)],
     /// Files seen by this run: `(dev, ino)` → id.
     ids: &'a HashMap<(u64, u64), FileId>,
     /// Files hashed by this run.
@@ -423,7 +429,7 @@ fn share(
     let last_share: Option<i64> = db.meta(LAST_SHARE_RUN)?.and_then(|v| v.parse().ok());
     let fresh = match (cfg.incremental, last_share) {
         (true, Some(last)) => Some(
-            (scanned.index.values().filter(|k| k.hashed_run > last).map(|k| k.id))
+            (scanned.hashed_runs.iter().filter(|(_, run)| *run > last).map(|(id, _)| *id))
                 .chain(scanned.hashed.iter().copied())
                 .filter(|id| allowed.contains(id))
                 .collect::<HashSet<_>>(),
