@@ -11,7 +11,7 @@ pub mod writer;
 use std::borrow::Cow;
 use std::collections::{HashMap, HashSet};
 use std::fs::File;
-use std::os::unix::ffi::{OsStrExt, OsStringExt};
+use std::os::unix::ffi::OsStrExt;
 use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
 
@@ -354,8 +354,8 @@ impl Db {
                         size: r.get::<_, i64>(0)? as u64,
                         blocks: decode_blocks(&stored_map(&self.conn, r.get_ref(1)?)?),
                     };
-                    let path = join_path(r.get_ref(3)?.as_blob()?, r.get_ref(4)?.as_blob()?);
-                    Ok(((r.get(2)?, path.into_os_string().into_vec()), f))
+                    let path = [r.get_ref(3)?.as_blob()?, b"/", r.get_ref(4)?.as_blob()?].concat();
+                    Ok(((r.get(2)?, path), f))
                 })
                 .optional()?;
             rows.extend(row);
@@ -439,6 +439,13 @@ pub(crate) fn stored_map<'a>(conn: &Connection, v: ValueRef<'a>) -> rusqlite::Re
         }
         other => Err(rusqlite::Error::InvalidColumnType(0, "blocks".into(), other.data_type())),
     }
+}
+
+/// The block map of file `id` (through its twin if it has one), if the
+/// file is known.
+pub(crate) fn file_map(conn: &Connection, id: FileId) -> rusqlite::Result<Option<Vec<u8>>> {
+    let mut st = conn.prepare_cached("SELECT blocks FROM files WHERE id = ?1")?;
+    st.query_row([id], |r| Ok(stored_map(conn, r.get_ref(0)?)?.into_owned())).optional()
 }
 
 /// Block map blob: per block the 4-byte fingerprint ([`short_fp`]), little

@@ -12,9 +12,9 @@ use std::sync::mpsc::{Receiver, RecvTimeoutError};
 use std::time::{Duration, Instant};
 
 use rusqlite::types::Value;
-use rusqlite::{params, Connection, OptionalExtension};
+use rusqlite::{params, Connection};
 
-use super::{decode_blocks, encode_blocks, map_hash, path_bytes, stored_map, Db, TWIN_MIN_MAP};
+use super::{decode_blocks, encode_blocks, file_map, map_hash, path_bytes, Db, TWIN_MIN_MAP};
 use crate::hash::FileHash;
 use crate::plan::{sampled_anchors, short_fp, Fp};
 use crate::types::FileId;
@@ -100,10 +100,7 @@ pub fn run(db: Db, run_id: i64, rx: Receiver<WriteOp>) -> rusqlite::Result<(Db, 
 /// Delete a file's anchors: they are the sampled blocks of its block map,
 /// found again by key.
 fn delete_anchors(conn: &Connection, id: FileId) -> rusqlite::Result<()> {
-    let old: Option<Value> =
-        conn.prepare_cached("SELECT blocks FROM files WHERE id = ?1")?.query_row([id], |r| r.get(0)).optional()?;
-    if let Some(v) = old {
-        let blob = stored_map(conn, (&v).into())?;
+    if let Some(blob) = file_map(conn, id)? {
         let blocks = decode_blocks(&blob);
         let mut del = conn.prepare_cached("DELETE FROM anchors WHERE fp = ?1 AND file_id = ?2 AND blk = ?3")?;
         for i in sampled_anchors(&blocks) {
@@ -159,13 +156,12 @@ impl Writer {
     }
 
     /// The file of this run that holds the same block map as `blob` (of
-    /// size and map hash `key`), if the map is long enough to share.
+    /// size and map hash `key`). Only maps of [`TWIN_MIN_MAP`] bytes or more
+    /// are held, so an equal map is long enough to share.
     fn holder_of(&self, conn: &Connection, key: (u64, u64), blob: &[u8]) -> rusqlite::Result<Option<FileId>> {
-        let Some(&h) = self.holders.get(&key).filter(|_| blob.len() >= TWIN_MIN_MAP) else { return Ok(None) };
+        let Some(&h) = self.holders.get(&key) else { return Ok(None) };
         // A hash is not proof: compare the maps.
-        let held: Option<Vec<u8>> =
-            conn.prepare_cached("SELECT blocks FROM files WHERE id = ?1")?.query_row([h], |r| r.get(0)).optional()?;
-        Ok((held.as_deref() == Some(blob)).then_some(h))
+        Ok((file_map(conn, h)?.as_deref() == Some(blob)).then_some(h))
     }
 
     /// Before the row of `id` is replaced or deleted: if it holds the block
