@@ -156,6 +156,8 @@ row("ideal duplicate (4 KiB blocks) / whole-file part",
 row("(1) cold raw read, fastest of P=4/16/64",
     lambda fs, s, d: f"{sec(d.get('raw_read_best_s'))} (P={d.get('raw_read_best_parallelism')}; "
     + ", ".join(f"{sec(get(s, f'raw_read_P{n}', 'wall_s'))}" for n in (4, 16, 64)) + ")")
+row("    settle read of copies A / B / C (first read, in no ratio)",
+    lambda fs, s, d: " / ".join(sec(get(s, f"settle_{c}", "wall_s")) for c in "ABC"))
 row("    raw read throughput (allocated bytes)", lambda fs, s, d: "–" if d.get("raw_read_mib_s") is None else f"{d['raw_read_mib_s']:.0f} MiB/s")
 row("(2) dedupscan scan", lambda fs, s, d: sec(get(s, "ds_scan", "wall_s")) + status(s, "ds_scan"))
 row("    scan throughput (bytes hashed)", lambda fs, s, d: "–" if d.get("scan_hashed_mib_s") is None else f"{d['scan_hashed_mib_s']:.0f} MiB/s")

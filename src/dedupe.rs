@@ -178,29 +178,35 @@ pub fn execute_with_workers(
     }
     let units = units(&plan.ranges);
     let next = AtomicUsize::new(0);
-    let work = |ex: &mut Executor<'_>| {
+    // One worker: take the next unit until none is left or all must stop.
+    let run = || {
+        let mut ex = Executor::new(&shared);
         while !ex.halted() {
             let Some(&(start, end)) = units.get(next.fetch_add(1, Ordering::Relaxed)) else { break };
             ex.run_unit(&plan.ranges[start..end]);
         }
+        ex.out
     };
     let workers = workers.clamp(1, units.len().max(1));
     if workers == 1 {
-        let mut ex = Executor::new(&shared);
-        work(&mut ex);
-        out.merge(ex.out);
+        out.merge(run());
         return out;
     }
     std::thread::scope(|s| {
-        let handles: Vec<_> = (0..workers)
-            .map(|_| {
-                s.spawn(|| {
-                    let mut ex = Executor::new(&shared);
-                    work(&mut ex);
-                    ex.out
-                })
-            })
-            .collect();
+        let mut handles = Vec::new();
+        for k in 0..workers {
+            match std::thread::Builder::new().name(format!("share-{k}")).spawn_scoped(s, run) {
+                Ok(h) => handles.push(h),
+                Err(e) => {
+                    // Out of threads: carry on with those that started.
+                    progress.info(&format!("cannot start share worker {k}: {e}"));
+                    break;
+                }
+            }
+        }
+        if handles.is_empty() {
+            out.merge(run());
+        }
         for h in handles {
             match h.join() {
                 Ok(o) => out.merge(o),
@@ -451,8 +457,17 @@ impl<'a> Executor<'a> {
             if self.halted() {
                 return;
             }
+            let covered = bookend::union(ranges);
+            let Some(size) = self.files.get(&id).map(|c| c.size) else { continue };
+            // Covered from start to end (a whole-file copy, most
+            // destinations): every extent is shared whole, no remainder is
+            // left, so neither open nor FIEMAP it here (on btrfs FIEMAP
+            // walks the back references of every extent). The share phase
+            // still checks the file before using it.
+            if matches!(covered[..], [(0, len)] if len >= size) {
+                continue;
+            }
             let Some(file) = self.open(id) else { continue };
-            let size = self.files[&id].size;
             let Ok(extents) = sys::fiemap(file.as_fd(), 0, size) else { continue };
             let unstable =
                 fiemap_flags::UNKNOWN | fiemap_flags::DELALLOC | fiemap_flags::ENCODED | fiemap_flags::DATA_INLINE;
@@ -465,7 +480,7 @@ impl<'a> Executor<'a> {
                     unstable: e.flags & unstable != 0,
                 })
                 .collect();
-            let pieces = bookend::remainders(&extents, &bookend::union(ranges), size, b.max_ratio);
+            let pieces = bookend::remainders(&extents, &covered, size, b.max_ratio);
             if pieces.is_empty() {
                 continue;
             }

@@ -315,6 +315,9 @@ impl Db {
         let mut st = self.conn.prepare_cached(&format!(
             "SELECT {PATH_COLS}, d.dev, f.ino, f.size, f.mtime, f.ctime {FROM_FILES} WHERE f.id = ?1"
         ))?;
+        // One read transaction, as in `plan`: ~0.6 s less for the 100k
+        // files of the FULL benchmark's plan.
+        let _read = self.conn.unchecked_transaction()?;
         let mut out = HashMap::new();
         for id in ids {
             let row = st
