@@ -79,6 +79,13 @@ pub struct Outcome {
     pub refused: Option<String>,
 }
 
+/// A range's block addresses (see [`physical_map`]), and whether any of its
+/// extents is shared with another file or offset.
+struct Mapped {
+    blocks: Vec<Option<u64>>,
+    shared: bool,
+}
+
 /// One destination of a source range, maybe split into the sub-ranges that
 /// are not shared yet (offsets relative to the range start).
 struct Dest {
@@ -170,28 +177,42 @@ pub fn execute_with_workers(
     };
     let mut out = Outcome::default();
     if let Some(b) = bookends {
-        // Before any range is shared, and alone: a rewritten remainder may be
-        // the source of other ranges, which must then share its new extent.
-        let mut ex = Executor::new(&shared);
-        ex.free_bookends(plan, b);
-        out.merge(ex.out);
+        // Before any range is shared: a rewritten remainder may be the
+        // source of other ranges, which must then share its new extent.
+        // Destinations are independent of each other, so this pass runs on
+        // the workers too.
+        let dests = dest_coverage(plan);
+        let next = AtomicUsize::new(0);
+        out.merge(on_workers(&shared, workers.clamp(1, dests.len().max(1)), |ex| {
+            while !ex.halted() {
+                let Some((id, covered)) = dests.get(next.fetch_add(1, Ordering::Relaxed)) else { break };
+                ex.free_bookends(*id, covered, b);
+            }
+        }));
     }
     let units = units(&plan.ranges);
     let next = AtomicUsize::new(0);
-    // One worker: take the next unit until none is left or all must stop.
-    let run = || {
-        let mut ex = Executor::new(&shared);
+    out.merge(on_workers(&shared, workers.clamp(1, units.len().max(1)), |ex| {
         while !ex.halted() {
             let Some(&(start, end)) = units.get(next.fetch_add(1, Ordering::Relaxed)) else { break };
             ex.run_unit(&plan.ranges[start..end]);
         }
+    }));
+    out
+}
+
+/// Run `work` on `workers` executors, each on its own thread (one: on the
+/// calling thread), and merge what they did.
+fn on_workers(shared: &Shared<'_>, workers: usize, work: impl Fn(&mut Executor<'_>) + Sync) -> Outcome {
+    let run = || {
+        let mut ex = Executor::new(shared);
+        work(&mut ex);
         ex.out
     };
-    let workers = workers.clamp(1, units.len().max(1));
-    if workers == 1 {
-        out.merge(run());
-        return out;
+    if workers <= 1 {
+        return run();
     }
+    let mut out = Outcome::default();
     std::thread::scope(|s| {
         let mut handles = Vec::new();
         for k in 0..workers {
@@ -199,7 +220,7 @@ pub fn execute_with_workers(
                 Ok(h) => handles.push(h),
                 Err(e) => {
                     // Out of threads: carry on with those that started.
-                    progress.info(&format!("cannot start share worker {k}: {e}"));
+                    shared.progress.info(&format!("cannot start share worker {k}: {e}"));
                     break;
                 }
             }
@@ -216,6 +237,16 @@ pub fn execute_with_workers(
         }
     });
     out
+}
+
+/// Each destination of `plan` with the union of its planned ranges, in id
+/// order.
+fn dest_coverage(plan: &Plan) -> Vec<(FileId, Vec<(u64, u64)>)> {
+    let mut by_dest: BTreeMap<FileId, Vec<(u64, u64)>> = BTreeMap::new();
+    for r in &plan.ranges {
+        by_dest.entry(r.dest).or_default().push((r.dest_off, r.len));
+    }
+    by_dest.into_iter().map(|(id, ranges)| (id, bookend::union(ranges))).collect()
 }
 
 /// The plan's ranges cut into units of work, as `(start, end)` indices,
@@ -410,8 +441,17 @@ impl<'a> Executor<'a> {
     /// mapped and submitted [`MAX_DESTS`] at a time (one request's worth), so
     /// that a file with thousands of copies keeps at most that many files
     /// open per worker, well under the usual limit of 1024.
+    ///
+    /// The source is mapped only when a destination's range holds an extent
+    /// the kernel reports shared: a destination with no shared extent there
+    /// cannot already share the source's blocks, so on a first run (nothing
+    /// shared yet) this halves the FIEMAP calls, which on btrfs walk the
+    /// back references of every extent (a quarter of the share phase's CPU
+    /// on FULL/btrfs before this). An inline source is then only noticed
+    /// through a shared destination; sharing from it is a no-op the kernel
+    /// reports as success.
     fn source_group(&mut self, src: &File, r: &Range, group: &[Range]) {
-        let Some(src_map) = self.map(src.as_fd(), r.src, r.src_off, r.len) else { return };
+        let mut src_map: Option<Vec<Option<u64>>> = None;
         for batch in group.chunks(MAX_DESTS) {
             if self.halted() {
                 return;
@@ -420,8 +460,16 @@ impl<'a> Executor<'a> {
             let mut partial: Vec<Dest> = Vec::new();
             for d in batch {
                 let Some(file) = self.open(d.dest) else { continue };
-                let Some(dst_map) = self.map(file.as_fd(), d.dest, d.dest_off, d.len) else { continue };
-                let parts = unshared_parts(&src_map, &dst_map, self.block_size, r.len);
+                let Some(dst) = self.map(file.as_fd(), d.dest, d.dest_off, d.len) else { continue };
+                let parts = if dst.shared {
+                    if src_map.is_none() {
+                        let Some(m) = self.map(src.as_fd(), r.src, r.src_off, r.len) else { return };
+                        src_map = Some(m.blocks);
+                    }
+                    unshared_parts(src_map.as_deref().unwrap_or_default(), &dst.blocks, self.block_size, r.len)
+                } else {
+                    vec![(0, r.len)]
+                };
                 let unshared: u64 = parts.iter().map(|p| p.1).sum();
                 self.out.already_shared_bytes += r.len - unshared;
                 if parts.is_empty() {
@@ -446,52 +494,43 @@ impl<'a> Executor<'a> {
         }
     }
 
-    /// For every destination file, rewrite the uncovered remainders of its
-    /// partly covered extents (see [`crate::bookend`]).
-    fn free_bookends(&mut self, plan: &Plan, b: &Bookends) {
-        let mut by_dest: BTreeMap<FileId, Vec<(u64, u64)>> = BTreeMap::new();
-        for r in &plan.ranges {
-            by_dest.entry(r.dest).or_default().push((r.dest_off, r.len));
+    /// Rewrite the uncovered remainders of the partly covered extents of
+    /// destination `id`, whose planned ranges cover `covered` (see
+    /// [`crate::bookend`]).
+    fn free_bookends(&mut self, id: FileId, covered: &[(u64, u64)], b: &Bookends) {
+        let Some(size) = self.files.get(&id).map(|c| c.size) else { return };
+        // Covered from start to end (a whole-file copy, most
+        // destinations): every extent is shared whole, no remainder is
+        // left, so neither open nor FIEMAP it here (on btrfs FIEMAP
+        // walks the back references of every extent). The share phase
+        // still checks the file before using it.
+        if matches!(covered[..], [(0, len)] if len >= size) {
+            return;
         }
-        for (id, ranges) in by_dest {
-            if self.halted() {
-                return;
-            }
-            let covered = bookend::union(ranges);
-            let Some(size) = self.files.get(&id).map(|c| c.size) else { continue };
-            // Covered from start to end (a whole-file copy, most
-            // destinations): every extent is shared whole, no remainder is
-            // left, so neither open nor FIEMAP it here (on btrfs FIEMAP
-            // walks the back references of every extent). The share phase
-            // still checks the file before using it.
-            if matches!(covered[..], [(0, len)] if len >= size) {
-                continue;
-            }
-            let Some(file) = self.open(id) else { continue };
-            let Ok(extents) = sys::fiemap(file.as_fd(), 0, size) else { continue };
-            let unstable =
-                fiemap_flags::UNKNOWN | fiemap_flags::DELALLOC | fiemap_flags::ENCODED | fiemap_flags::DATA_INLINE;
-            let extents: Vec<DestExtent> = extents
-                .iter()
-                .map(|e| DestExtent {
-                    logical: e.logical,
-                    length: e.length,
-                    shared: e.is_shared(),
-                    unstable: e.flags & unstable != 0,
-                })
-                .collect();
-            let pieces = bookend::remainders(&extents, &covered, size, b.max_ratio);
-            if pieces.is_empty() {
-                continue;
-            }
-            match self.mode {
-                Mode::DryRun => self.out.rewritten_bytes += pieces.iter().map(|p| p.1).sum::<u64>(),
-                Mode::Share => {
-                    if let Err(e) = self.rewrite(&file, size, &pieces, &b.tmp_dir) {
-                        let path = display_path(&self.files[&id].path);
-                        self.progress.warn(&format!("{path}: cannot rewrite partly shared extents: {e}"));
-                        *self.out.errors.entry("rewrite".to_owned()).or_default() += 1;
-                    }
+        let Some(file) = self.open(id) else { return };
+        let Ok(extents) = sys::fiemap(file.as_fd(), 0, size) else { return };
+        let unstable =
+            fiemap_flags::UNKNOWN | fiemap_flags::DELALLOC | fiemap_flags::ENCODED | fiemap_flags::DATA_INLINE;
+        let extents: Vec<DestExtent> = extents
+            .iter()
+            .map(|e| DestExtent {
+                logical: e.logical,
+                length: e.length,
+                shared: e.is_shared(),
+                unstable: e.flags & unstable != 0,
+            })
+            .collect();
+        let pieces = bookend::remainders(&extents, covered, size, b.max_ratio);
+        if pieces.is_empty() {
+            return;
+        }
+        match self.mode {
+            Mode::DryRun => self.out.rewritten_bytes += pieces.iter().map(|p| p.1).sum::<u64>(),
+            Mode::Share => {
+                if let Err(e) = self.rewrite(&file, size, &pieces, &b.tmp_dir) {
+                    let path = display_path(&self.files[&id].path);
+                    self.progress.warn(&format!("{path}: cannot rewrite partly shared extents: {e}"));
+                    *self.out.errors.entry("rewrite".to_owned()).or_default() += 1;
                 }
             }
         }
@@ -535,7 +574,7 @@ impl<'a> Executor<'a> {
     /// Physical address per block of a range (`None` where unknown), or
     /// `None` for a file whose data is inline in metadata: sharing it frees
     /// nothing, and btrfs would report success every run.
-    fn map(&mut self, fd: BorrowedFd<'_>, id: FileId, off: u64, len: u64) -> Option<Vec<Option<u64>>> {
+    fn map(&mut self, fd: BorrowedFd<'_>, id: FileId, off: u64, len: u64) -> Option<Mapped> {
         Some(match sys::fiemap(fd, off, len) {
             Ok(ext) if ext.iter().any(|e| e.flags & sys::fiemap::flags::DATA_INLINE != 0) => {
                 if locked(&self.sh.inline).insert(id) {
@@ -543,13 +582,16 @@ impl<'a> Executor<'a> {
                 }
                 return None;
             }
-            Ok(ext) => physical_map(&ext, off, len, self.block_size),
+            Ok(ext) => Mapped {
+                blocks: physical_map(&ext, off, len, self.block_size),
+                shared: ext.iter().any(|e| e.is_shared()),
+            },
             Err(e) => {
                 if e != Errno::EOPNOTSUPP {
                     let path = self.files.get(&id).map(|c| display_path(&c.path)).unwrap_or_default();
                     self.progress.info(&format!("{path}: fiemap: {e}"));
                 }
-                vec![None; len.div_ceil(self.block_size) as usize]
+                Mapped { blocks: vec![None; len.div_ceil(self.block_size) as usize], shared: false }
             }
         })
     }
