@@ -126,6 +126,11 @@ pub struct Bookends {
 /// the journal and allocation-group locks (and open files) in check there.
 pub const MAX_WORKERS: usize = 4;
 
+/// Largest file whose data btrfs may keep inline in its metadata (an
+/// inline extent never exceeds the sector size; `max_inline` defaults to
+/// 2048 bytes).
+const INLINE_MAX: u64 = 4096;
+
 /// Ranges of one source are cut into units of about this many bytes, so that
 /// one large file (a VM image) does not end the phase on one thread.
 const UNIT_BYTES: u64 = 64 << 20;
@@ -447,11 +452,16 @@ impl<'a> Executor<'a> {
     /// cannot already share the source's blocks, so on a first run (nothing
     /// shared yet) this halves the FIEMAP calls, which on btrfs walk the
     /// back references of every extent (a quarter of the share phase's CPU
-    /// on FULL/btrfs before this). An inline source is then only noticed
-    /// through a shared destination; sharing from it is a no-op the kernel
-    /// reports as success.
+    /// on FULL/btrfs before this).
     fn source_group(&mut self, src: &File, r: &Range, group: &[Range]) {
         let mut src_map: Option<Vec<Option<u64>>> = None;
+        // A source that may be inline is mapped first, as before: sharing
+        // from an inline extent into a destination that is not makes btrfs
+        // copy the bytes into the destination every run instead of sharing.
+        if r.src_off == 0 && self.files.get(&r.src).is_some_and(|c| c.size <= INLINE_MAX.max(self.block_size)) {
+            let Some(m) = self.map(src.as_fd(), r.src, r.src_off, r.len) else { return };
+            src_map = Some(m.blocks);
+        }
         for batch in group.chunks(MAX_DESTS) {
             if self.halted() {
                 return;
