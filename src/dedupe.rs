@@ -186,35 +186,36 @@ pub fn execute_with_workers(
         // source of other ranges, which must then share its new extent.
         // Destinations are independent of each other, so this pass runs on
         // the workers too.
-        let dests = dest_coverage(plan);
-        let next = AtomicUsize::new(0);
-        out.merge(on_workers(&shared, workers.clamp(1, dests.len().max(1)), |ex| {
-            while !ex.halted() {
-                let Some((id, covered)) = dests.get(next.fetch_add(1, Ordering::Relaxed)) else { break };
-                ex.free_bookends(*id, covered, b);
-            }
+        out.merge(on_workers(&shared, workers, &dest_coverage(plan), |ex, (id, covered)| {
+            ex.free_bookends(*id, covered, b)
         }));
     }
-    let units = units(&plan.ranges);
-    let next = AtomicUsize::new(0);
-    out.merge(on_workers(&shared, workers.clamp(1, units.len().max(1)), |ex| {
-        while !ex.halted() {
-            let Some(&(start, end)) = units.get(next.fetch_add(1, Ordering::Relaxed)) else { break };
-            ex.run_unit(&plan.ranges[start..end]);
-        }
+    out.merge(on_workers(&shared, workers, &units(&plan.ranges), |ex, &(start, end)| {
+        ex.run_unit(&plan.ranges[start..end])
     }));
     out
 }
 
-/// Run `work` on `workers` executors, each on its own thread (one: on the
-/// calling thread), and merge what they did.
-fn on_workers(shared: &Shared<'_>, workers: usize, work: impl Fn(&mut Executor<'_>) + Sync) -> Outcome {
+/// Do `work` on every item, on up to `workers` executors, each on its own
+/// thread (one: on the calling thread) taking the next item from a shared
+/// counter until none is left or all must stop; merge what they did.
+fn on_workers<T: Sync>(
+    shared: &Shared<'_>,
+    workers: usize,
+    items: &[T],
+    work: impl Fn(&mut Executor<'_>, &T) + Sync,
+) -> Outcome {
+    let next = AtomicUsize::new(0);
     let run = || {
         let mut ex = Executor::new(shared);
-        work(&mut ex);
+        while !ex.halted() {
+            let Some(item) = items.get(next.fetch_add(1, Ordering::Relaxed)) else { break };
+            work(&mut ex, item);
+        }
         ex.out
     };
-    if workers <= 1 {
+    let workers = workers.clamp(1, items.len().max(1));
+    if workers == 1 {
         return run();
     }
     let mut out = Outcome::default();
@@ -458,9 +459,10 @@ impl<'a> Executor<'a> {
         // A source that may be inline is mapped first, as before: sharing
         // from an inline extent into a destination that is not makes btrfs
         // copy the bytes into the destination every run instead of sharing.
-        if r.src_off == 0 && self.files.get(&r.src).is_some_and(|c| c.size <= INLINE_MAX.max(self.block_size)) {
-            let Some(m) = self.map(src.as_fd(), r.src, r.src_off, r.len) else { return };
-            src_map = Some(m.blocks);
+        let may_be_inline =
+            r.src_off == 0 && self.files.get(&r.src).is_some_and(|c| c.size <= INLINE_MAX.max(self.block_size));
+        if may_be_inline && self.map_once(&mut src_map, src, r).is_none() {
+            return;
         }
         for batch in group.chunks(MAX_DESTS) {
             if self.halted() {
@@ -472,11 +474,8 @@ impl<'a> Executor<'a> {
                 let Some(file) = self.open(d.dest) else { continue };
                 let Some(dst) = self.map(file.as_fd(), d.dest, d.dest_off, d.len) else { continue };
                 let parts = if dst.shared {
-                    if src_map.is_none() {
-                        let Some(m) = self.map(src.as_fd(), r.src, r.src_off, r.len) else { return };
-                        src_map = Some(m.blocks);
-                    }
-                    unshared_parts(src_map.as_deref().unwrap_or_default(), &dst.blocks, self.block_size, r.len)
+                    let Some(src_blocks) = self.map_once(&mut src_map, src, r) else { return };
+                    unshared_parts(src_blocks, &dst.blocks, self.block_size, r.len)
                 } else {
                     vec![(0, r.len)]
                 };
@@ -502,6 +501,20 @@ impl<'a> Executor<'a> {
                 }
             }
         }
+    }
+
+    /// The source side of range `r`, mapped on first use only (`None`: it
+    /// is inline, nothing to share from it).
+    fn map_once<'m>(
+        &mut self,
+        cache: &'m mut Option<Vec<Option<u64>>>,
+        src: &File,
+        r: &Range,
+    ) -> Option<&'m [Option<u64>]> {
+        if cache.is_none() {
+            *cache = Some(self.map(src.as_fd(), r.src, r.src_off, r.len)?.blocks);
+        }
+        cache.as_deref()
     }
 
     /// Rewrite the uncovered remainders of the partly covered extents of

@@ -421,15 +421,6 @@ fn share(
 ) -> Result<()> {
     let t = Instant::now();
     progress.phase("2/3 plan", None, false);
-    let root = cfg.paths.first().expect("a path").clone();
-    // Free space before sharing, measured while planning: the two syncfs
-    // calls wait on the disk (~0.2 s on FULL/btrfs) and the plan only reads
-    // the database, so nothing we do changes the volume in between.
-    let sharing = !cfg.dry_run && fs.kind != FsKind::Other;
-    let before = sharing.then(|| {
-        let root = root.clone();
-        std::thread::spawn(move || free_bytes(&root))
-    });
     // Files of this run, as recorded (the facts they were hashed under).
     let allowed: HashSet<FileId> =
         scanned.ids.iter().filter(|(key, _)| !scanned.failed.contains(key)).map(|(_, id)| *id).collect();
@@ -455,6 +446,14 @@ fn share(
         min_blocks: (cfg.min_range / cfg.block_size).max(1),
         ..Default::default()
     };
+    let root = cfg.paths.first().expect("a path");
+    // Free space before sharing, measured while planning: the two syncfs
+    // calls wait on the disk (~0.2 s on FULL/btrfs) and the plan only reads
+    // the database, so nothing we do changes the volume in between.
+    let before = (!cfg.dry_run && fs.kind != FsKind::Other).then(|| {
+        let root = root.clone();
+        std::thread::spawn(move || free_bytes(&root))
+    });
     let planned = db.plan(&allowed, fresh.as_ref(), opts)?;
     let (plan, whole_groups) = (planned.plan, planned.whole_groups.len());
     // The recorded facts of the files the plan names, for the executor's
@@ -480,11 +479,9 @@ fn share(
         progress.warn(report.sharing_refused.as_deref().unwrap_or_default());
         return Ok(());
     }
-    let before = match before {
-        Some(h) => Some(h.join().map_err(|_| anyhow::anyhow!("free space measurement panicked"))??),
-        None => None,
-    };
-    let root = &root;
+    let before = before
+        .map(|h| h.join().map_err(|_| anyhow::anyhow!("free space measurement panicked")).and_then(|r| r))
+        .transpose()?;
     progress.phase(if cfg.dry_run { "3/3 verify" } else { "3/3 share" }, Some(plan.bytes()), true);
     let bookends = (fs.kind == FsKind::Btrfs && cfg.rewrite_ratio > 0.0).then(|| dedupe::Bookends {
         tmp_dir: if root.is_dir() { root.clone() } else { root.parent().unwrap_or(root).to_owned() },
