@@ -205,6 +205,11 @@ pub struct ReportArgs {
     /// A path on the filesystem whose database to read (when --db is not given).
     #[arg(value_name = "PATH")]
     pub path: Option<PathBuf>,
+
+    /// Also write the report as one self-contained HTML page to FILE: savings
+    /// history, space now, where duplicates remain (no script, nothing fetched).
+    #[arg(long, value_name = "FILE")]
+    pub html: Option<PathBuf>,
 }
 
 /// Parse sizes like `4096`, `4K`, `4KiB`, `1M`.

@@ -52,6 +52,8 @@ pub struct Config {
     pub max_runtime: Option<std::time::Duration>,
     /// Where to write the run's figures for Prometheus (`--metrics-file`).
     pub metrics_file: Option<PathBuf>,
+    /// `report --html FILE`.
+    pub html: Option<PathBuf>,
 }
 
 impl Config {
@@ -98,6 +100,7 @@ impl Config {
                     drop_cache: false,
                     max_runtime: None,
                     metrics_file: None,
+                    html: r.html,
                 });
             }
         };
@@ -171,6 +174,7 @@ impl Config {
             drop_cache,
             max_runtime,
             metrics_file,
+            html: None,
         })
     }
 }

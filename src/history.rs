@@ -220,6 +220,11 @@ fn live_status(db: &Db, block_size: u64) -> Result<Live> {
 const TOP: usize = 10;
 
 impl DbSummary {
+    /// The summary as one self-contained HTML page (see [`crate::html`]).
+    pub fn to_html(&self) -> String {
+        crate::html::render(self)
+    }
+
     pub fn to_text(&self) -> String {
         let mut s = format!(
             "database {} (filesystem {})\n  {} files, {} logical, {} allocated; whole-file duplicates: {} files, {}\n  duplicate ranges: {}, of which shared {}, not yet shared {}{}\n  freed so far (measured with statfs): {} over {} runs\n",

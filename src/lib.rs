@@ -14,6 +14,7 @@ pub mod dedupe;
 pub mod exit;
 pub mod hash;
 pub mod history;
+pub mod html;
 pub mod metrics;
 pub mod plan;
 pub mod policy;

@@ -39,18 +39,25 @@ fn dispatch(cfg: &Config) -> ExitCode {
     }
     let progress: Box<dyn Progress> =
         if cfg.bars { Box::new(Bars::new(cfg.verbosity)) } else { Box::new(LogLines::new(cfg.verbosity)) };
+    // The run's report, when it finished: for the metrics file.
+    let mut finished = None;
     let result = match cfg.action {
         Action::Report => history::summarize(&cfg.db_path).and_then(|s| {
+            if let Some(html) = &cfg.html {
+                std::fs::write(html, s.to_html())
+                    .map_err(|e| anyhow::anyhow!("cannot write {}: {e}", dedupscan::report::display_path(html)))?;
+            }
             print_out(cfg.json, &s, || s.to_text())?;
             Ok(ExitCode::Success)
         }),
         Action::Run | Action::Scan => run::run(cfg, progress.as_ref(), &stop).and_then(|r| {
             print_out(cfg.json, &r, || r.to_text())?;
-            let metrics_ok = write_metrics(cfg, &r);
-            Ok(if r.errors > 0 || !metrics_ok { ExitCode::PartialErrors } else { ExitCode::Success })
+            let code = if r.errors > 0 { ExitCode::PartialErrors } else { ExitCode::Success };
+            finished = Some(r);
+            Ok(code)
         }),
     };
-    match result {
+    let code = match result {
         Ok(code) => code,
         Err(e) => {
             eprintln!("dedupscan: {e:#}");
@@ -59,14 +66,26 @@ fn dispatch(cfg: &Config) -> ExitCode {
                 _ => ExitCode::Fatal,
             }
         }
+    };
+    // Metrics on every exit path of a run, locked and fatal included.
+    if cfg.action != Action::Report && !write_metrics(cfg, code, finished.as_ref()) && code == ExitCode::Success {
+        return ExitCode::PartialErrors;
     }
+    code
 }
 
 /// `--metrics-file`: a failure to write it is a warning and exit code 1,
 /// never a reason to lose the run's report.
-fn write_metrics(cfg: &Config, report: &dedupscan::report::Report) -> bool {
+fn write_metrics(cfg: &Config, code: ExitCode, report: Option<&dedupscan::report::Report>) -> bool {
     let Some(path) = &cfg.metrics_file else { return true };
-    match dedupscan::metrics::write_atomic(path, report) {
+    let outcome = dedupscan::metrics::Outcome {
+        exit_code: code.code(),
+        fs_uuid: cfg.fs.as_ref().map(|f| f.uuid.clone()).unwrap_or_default(),
+        filesystem: cfg.fs.as_ref().map(|f| f.kind.name().to_owned()).unwrap_or_default(),
+        paths: cfg.paths.iter().map(|p| dedupscan::report::display_path(p)).collect(),
+        report,
+    };
+    match dedupscan::metrics::write_atomic(path, &cfg.db_path, &outcome) {
         Ok(()) => true,
         Err(e) => {
             eprintln!("dedupscan: warning: cannot write metrics file {}: {e}", dedupscan::report::display_path(path));
