@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Packaging checks for CI: installs what `tests/packaging.rs` needs
-# (systemd-analyze from systemd, man from man-db) when it is missing, then
-# runs those tests. A missing tool after this is a failure, not a skip.
+# (systemd-analyze from systemd, man from man-db, promtool from prometheus)
+# when it is missing, then runs those tests. The package itself is checked
+# by packaging/check-deb.sh (scripts/test.sh runs both). A missing tool after this is a failure, not a skip.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 [ -x "$HOME/.cargo/bin/cargo" ] && export PATH="$HOME/.cargo/bin:$PATH"
@@ -9,6 +10,7 @@ cd "$(dirname "$0")/.."
 missing=()
 command -v systemd-analyze >/dev/null 2>&1 || missing+=(systemd)
 command -v man >/dev/null 2>&1 || missing+=(man-db groff-base)
+command -v promtool >/dev/null 2>&1 || missing+=(prometheus)
 if [ "${#missing[@]}" -gt 0 ]; then
     echo "== installing ${missing[*]}"
     if ! command -v apt-get >/dev/null 2>&1; then

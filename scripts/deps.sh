@@ -8,6 +8,7 @@ need=()
 for pair in mkfs.btrfs:btrfs-progs mkfs.xfs:xfsprogs xfs_io:xfsprogs mkfs.ext4:e2fsprogs \
             setfattr:attr chattr:e2fsprogs systemd-analyze:systemd man:man-db \
             strace:strace setpriv:util-linux \
+            lintian:lintian promtool:prometheus dpkg-shlibdeps:dpkg-dev unshare:util-linux \
             cc:gcc pkg-config:pkg-config python3:python3; do
   cmd=${pair%%:*} pkg=${pair#*:}
   command -v "$cmd" >/dev/null 2>&1 || need+=("$pkg")

@@ -19,3 +19,14 @@ cargo test --all-features -- --test-threads="${DEDUPSCAN_TEST_THREADS:-2}" 2>&1 
 # One closing line with the totals of every test binary.
 awk '/^test result:/ { for (i = 1; i <= NF; i++) { if ($(i+1) ~ /^passed/) p += $i; if ($(i+1) ~ /^failed/) f += $i } }
      END { printf "tests: %d passed, %d failed\n", p, f }' "$log"
+# The Debian package: built, lintian-clean, installed into a throwaway root
+# and purged (packaging/check-deb.sh; needs root, a release build: ~1-2 min).
+if [ "$(id -u)" -eq 0 ]; then
+    echo "== packaging/check-deb.sh"
+    packaging/check-deb.sh
+elif [ "${DEDUPSCAN_REQUIRE_FS_TESTS:-}" = 1 ]; then
+    echo "packaging/check-deb.sh needs root, and DEDUPSCAN_REQUIRE_FS_TESTS=1 forbids skipping it" >&2
+    exit 1
+else
+    echo "*** SKIPPED packaging/check-deb.sh: needs root ***"
+fi

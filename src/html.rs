@@ -217,10 +217,18 @@ fn savings(b: &mut String, s: &Value, runs: &[Run]) {
             y(*c)
         );
     }
-    // Dates under the first, middle and last run.
+    // Dates under the first, middle and last run; with the time of day
+    // when the runs span less than two days.
+    let span = points[points.len() - 1].0.started_at - points[0].0.started_at;
+    let label = |t: i64| if span < 2 * 86400 { date(t) } else { day(t) };
     let mut shown = vec![0, points.len() / 2, points.len() - 1];
     shown.dedup();
+    let mut last_label = String::new();
     for i in shown {
+        let text = label(points[i].0.started_at);
+        if text == last_label {
+            continue;
+        }
         let anchor = if i == 0 {
             "start"
         } else if i == points.len() - 1 {
@@ -235,12 +243,8 @@ fn savings(b: &mut String, s: &Value, runs: &[Run]) {
         } else {
             left + step * (i as f64 + 0.5)
         };
-        let _ = writeln!(
-            b,
-            "<text x=\"{x:.1}\" y=\"{}\" text-anchor=\"{anchor}\">{}</text>",
-            h - 10.0,
-            day(points[i].0.started_at)
-        );
+        let _ = writeln!(b, "<text x=\"{x:.1}\" y=\"{}\" text-anchor=\"{anchor}\">{text}</text>", h - 10.0);
+        last_label = text;
     }
     b.push_str("</svg>\n");
     let _ = writeln!(

@@ -1,8 +1,9 @@
-//! `report --html`: a database with several runs (dry run, real run, scan)
+//! Savings you can see. `report --html`: a database with several runs (dry run, real run, scan)
 //! and hostile file names on a real btrfs volume, rendered by the real
 //! binary. The page must be one self-contained document whose markup no
 //! name can change, with every section, SVG that parses, and the figures
-//! of `report --json`.
+//! of `report --json`. And `--metrics-file`: written on every exit path,
+//! the locked one included, with stable series and lifetime counters.
 
 mod common;
 
@@ -78,6 +79,10 @@ fn html_report_is_escaped_complete_and_matches_json() {
     let (code, _, err) = dedupscan(&db_args(&db, &["report", "--html", file.to_str().unwrap()]));
     assert_eq!(code, 0, "{err}");
     let page = std::fs::read_to_string(&file).unwrap();
+    // scripts/screenshot-report.sh takes this page to draw it.
+    if let Some(keep) = std::env::var_os("DEDUPSCAN_HTML_OUT") {
+        std::fs::copy(&file, keep).unwrap();
+    }
     check_page(&page, &json);
 }
 
@@ -240,4 +245,96 @@ fn check_page(page: &str, json: &serde_json::Value) {
         serde_json::from_value(last["report"]["skipped"].clone()).expect("skipped is a map of counts");
     assert!(!want.is_empty(), "the .nodedup directory was skipped");
     assert_eq!(skipped, want);
+}
+
+/// `name{labels}` → value of every sample in a text exposition.
+fn samples(text: &str) -> BTreeMap<String, f64> {
+    text.lines()
+        .filter(|l| !l.starts_with('#') && !l.is_empty())
+        .map(|l| {
+            let (series, value) = l.rsplit_once(' ').unwrap();
+            (series.to_owned(), value.parse().unwrap())
+        })
+        .collect()
+}
+
+/// The one sample of `name` (no labels beyond the volume's).
+fn single(s: &BTreeMap<String, f64>, name: &str) -> f64 {
+    let found: Vec<f64> = s.iter().filter(|(k, _)| k.split('{').next() == Some(name)).map(|(_, v)| *v).collect();
+    assert_eq!(found.len(), 1, "{name}: {found:?}");
+    found[0]
+}
+
+/// `promtool check metrics` on `text`, when promtool is installed (a
+/// failure when the environment requires every tool).
+fn promtool_check_metrics(text: &str) {
+    use std::io::Write as _;
+    let child = std::process::Command::new("promtool")
+        .args(["check", "metrics"])
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn();
+    let Ok(mut child) = child else {
+        assert!(
+            std::env::var("DEDUPSCAN_REQUIRE_FS_TESTS").as_deref() != Ok("1"),
+            "promtool is not installed (apt-get install prometheus) and DEDUPSCAN_REQUIRE_FS_TESTS=1"
+        );
+        let _ = writeln!(std::io::stderr(), "\n*** SKIPPED promtool check metrics: no promtool ***\n");
+        return;
+    };
+    child.stdin.take().unwrap().write_all(text.as_bytes()).unwrap();
+    let out = child.wait_with_output().unwrap();
+    let said = format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    assert!(out.status.success() && said.trim().is_empty(), "promtool check metrics:\n{said}");
+}
+
+/// The metrics file survives every exit path: after a locked run (exit 4)
+/// it says so, keeps the lifetime counters and the last success time, and
+/// has exactly the series of the successful run before it.
+#[test]
+fn metrics_file_is_written_on_success_and_when_locked() {
+    let Some(vol) = Volume::new(Fs::Btrfs, 256) else { return };
+    let data = vol.path("data");
+    let payload = Rng::new(18).bytes(512 * 1024);
+    std::fs::create_dir_all(&data).unwrap();
+    for n in ["a", "b", "c"] {
+        std::fs::write(data.join(n), &payload).unwrap();
+    }
+    let out = tempfile::tempdir().unwrap();
+    let prom = out.path().join("dedupscan.prom");
+    let db = vol.db();
+    let args = [data.to_str().unwrap(), "--metrics-file", prom.to_str().unwrap()];
+    let (code, _, err) = dedupscan(&db_args(&db, &args));
+    assert_eq!(code, 0, "{err}");
+    let first_text = std::fs::read_to_string(&prom).unwrap();
+    promtool_check_metrics(&first_text);
+    let first = samples(&first_text);
+    assert_eq!(single(&first, "dedupscan_last_exit_code"), 0.0);
+    assert!(single(&first, "dedupscan_freed_bytes_total") > 0.0, "{first_text}");
+    assert_eq!(single(&first, "dedupscan_deduped_bytes_total"), 2.0 * payload.len() as f64);
+    let success = single(&first, "dedupscan_last_success_timestamp_seconds");
+    assert!(success > 1e9);
+
+    // Another run holds the lock: exit 4, and the file says so.
+    let mut lock_path = db.clone().into_os_string();
+    lock_path.push(".lock");
+    let lock = std::fs::OpenOptions::new().write(true).open(&lock_path).unwrap();
+    let _held = nix::fcntl::Flock::lock(lock, nix::fcntl::FlockArg::LockExclusiveNonblock).unwrap();
+    std::thread::sleep(std::time::Duration::from_millis(1100)); // a later timestamp
+    let (code, _, err) = dedupscan(&db_args(&db, &args));
+    assert_eq!(code, 4, "{err}");
+    let locked_text = std::fs::read_to_string(&prom).unwrap();
+    promtool_check_metrics(&locked_text);
+    let locked = samples(&locked_text);
+    assert_eq!(single(&locked, "dedupscan_last_exit_code"), 4.0);
+    assert!(
+        single(&locked, "dedupscan_last_run_timestamp_seconds")
+            > single(&first, "dedupscan_last_run_timestamp_seconds")
+    );
+    assert_eq!(single(&locked, "dedupscan_last_success_timestamp_seconds"), success);
+    assert_eq!(single(&locked, "dedupscan_freed_bytes_total"), single(&first, "dedupscan_freed_bytes_total"));
+    // Same series, none vanished or appeared.
+    let keys = |s: &BTreeMap<String, f64>| s.keys().cloned().collect::<Vec<_>>();
+    assert_eq!(keys(&locked), keys(&first));
 }

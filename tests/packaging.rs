@@ -156,14 +156,21 @@ fn service_unit_settings() {
     let s = unit_values(&unit, "Service");
     for (key, want) in [
         ("Type", "oneshot"),
-        ("ExecStart", "/usr/bin/dedupscan %f --incremental --drop-cache --progress never"),
+        (
+            "ExecStart",
+            "/usr/bin/dedupscan %f --incremental --drop-cache --progress never $DEDUPSCAN_OPTIONS $DEDUPSCAN_VOLUME_OPTIONS",
+        ),
+        // Per-file errors and a locked database are not failures.
+        ("SuccessExitStatus", "1 4"),
+        ("MemoryHigh", "1G"),
+        ("StartupCPUWeight", "5"),
+        ("StartupIOWeight", "5"),
+        ("TimeoutStartSec", "7h"),
         ("IOSchedulingClass", "idle"),
         ("Nice", "19"),
         ("CPUWeight", "20"),
         ("ProtectSystem", "strict"),
         ("StateDirectory", "dedupscan"),
-        // FIDEDUPERANGE needs the destination's mount writable (EROFS otherwise).
-        ("ReadWritePaths", "%f"),
         ("PrivateNetwork", "yes"),
         ("NoNewPrivileges", "yes"),
         ("CapabilityBoundingSet", "CAP_DAC_READ_SEARCH CAP_SYS_ADMIN CAP_FOWNER"),
@@ -175,11 +182,33 @@ fn service_unit_settings() {
     assert_eq!(get(&s, "ProtectHome"), None, "dedupscan@.service must not set ProtectHome=");
     assert_eq!(get(&unit_values(&unit, "Unit"), "RequiresMountsFor"), Some("%f"));
 
-    // The command line is one the CLI accepts.
-    let exec = get(&s, "ExecStart").unwrap().replace("%f", "/srv");
+    // FIDEDUPERANGE needs the destination's mount writable (EROFS
+    // otherwise): the volume, and the metrics collector's directory if any.
+    let rw: Vec<&str> = s.iter().filter(|(k, _)| k == "ReadWritePaths").map(|(_, v)| v.as_str()).collect();
+    assert_eq!(rw, ["%f", "-/var/lib/prometheus/node-exporter"]);
+    // Options come from environment files (the first a conffile), not from
+    // drop-ins replacing ExecStart.
+    let env: Vec<&str> = s.iter().filter(|(k, _)| k == "EnvironmentFile").map(|(_, v)| v.as_str()).collect();
+    assert_eq!(env, ["-/etc/default/dedupscan", "-/etc/dedupscan/%i.conf"]);
+
+    // The command line, with the shipped defaults, is one the CLI accepts.
+    let defaults = read("packaging/default/dedupscan");
+    let options = defaults
+        .lines()
+        .find_map(|l| l.strip_prefix("DEDUPSCAN_OPTIONS="))
+        .expect("/etc/default/dedupscan sets DEDUPSCAN_OPTIONS")
+        .trim_matches('"')
+        .to_owned();
+    let exec = get(&s, "ExecStart")
+        .unwrap()
+        .replace("%f", "/srv")
+        .replace("$DEDUPSCAN_OPTIONS", &options)
+        .replace("$DEDUPSCAN_VOLUME_OPTIONS", "");
     let cli = Cli::try_parse_from(exec.split_whitespace()).unwrap_or_else(|e| panic!("ExecStart: {e}"));
     assert!(cli.command.is_none() && cli.run.scan.incremental && !cli.run.dry_run);
     assert_eq!(cli.run.scan.paths, vec![PathBuf::from("/srv")]);
+    // A default time cap, inside the unit's own hard cap.
+    assert_eq!(cli.run.scan.max_runtime, Some(std::time::Duration::from_secs(6 * 3600)));
 }
 
 #[test]
@@ -266,24 +295,128 @@ fn systemd_units_verify() {
 
 #[test]
 fn debian_assets_exist() {
-    let manifest = read("Cargo.toml");
-    let deb = manifest.split("[package.metadata.deb]").nth(1).expect("Cargo.toml has [package.metadata.deb]");
-    let assets = deb.split("assets = [").nth(1).expect("deb metadata lists assets");
-    let mut n = 0;
-    for line in assets.lines().take_while(|l| l.trim() != "]") {
-        let Some(src) = line.trim().strip_prefix("[\"").and_then(|l| l.split('"').next()) else { continue };
-        n += 1;
-        if src.starts_with("target/release/") {
-            continue; // built by cargo-deb
+    let manifest = read("packaging/debian/install");
+    let mut dests = Vec::new();
+    for line in manifest.lines().map(str::trim).filter(|l| !l.is_empty() && !l.starts_with('#')) {
+        let f: Vec<&str> = line.split_whitespace().collect();
+        assert_eq!(f.len(), 3, "SOURCE DESTINATION MODE: {line}");
+        dests.push(f[1].to_owned());
+        if f[0].starts_with("target/release/") {
+            continue; // built by build-deb.sh
         }
-        assert!(root().join(src).is_file(), "deb asset {src} does not exist");
+        assert!(root().join(f[0]).is_file(), "deb asset {} does not exist", f[0]);
     }
-    assert!(n >= 8, "expected the binary, units, man page and completions in the deb assets");
+    for want in [
+        "usr/bin/",
+        "lib/systemd/system/",
+        "etc/default/dedupscan",
+        "usr/share/man/man1/dedupscan.1.gz",
+        "usr/share/bash-completion/completions/dedupscan",
+        "usr/share/doc/dedupscan/changelog.Debian.gz",
+        "usr/share/doc/dedupscan/schema/",
+    ] {
+        assert!(dests.iter().any(|d| d == want), "the package lacks {want}");
+    }
     for script in ["postinst", "prerm", "postrm"] {
         let path = root().join("packaging/debian").join(script);
         let out = Command::new("sh").arg("-n").arg(&path).output().expect("sh");
         assert!(out.status.success(), "{script}: {}", text(&out));
         use std::os::unix::fs::PermissionsExt;
         assert!(std::fs::metadata(&path).unwrap().permissions().mode() & 0o111 != 0, "{script} is not executable");
+        // lintian: maintainer scripts use deb-systemd-helper/-invoke, and
+        // call systemctl for daemon-reload only.
+        for line in read(&format!("packaging/debian/{script}")).lines() {
+            let code = line.split('#').next().unwrap();
+            assert!(!code.contains("systemctl") || code.contains("daemon-reload"), "{script}: {line}");
+        }
+    }
+    // The Debian changelog names the crate's version.
+    let version = env!("CARGO_PKG_VERSION");
+    assert!(read("packaging/debian/changelog").starts_with(&format!("dedupscan ({version}-")));
+}
+
+#[test]
+fn man_page_has_a_date_no_backticks_and_references() {
+    let page = read("man/dedupscan.1");
+    let th = page.lines().find(|l| l.starts_with(".TH ")).expect(".TH line");
+    assert!(th.starts_with(&format!(".TH DEDUPSCAN 1 \"{}\" ", docs::release_date())), "{th}");
+    assert!(docs::release_date().len() == 10 && !th.contains("\"\""), "{th}");
+    assert!(!page.contains('`'), "literal backticks in the man page");
+    let see_also = page.split(".SH \"SEE ALSO\"").nth(1).expect("SEE ALSO");
+    for r in ["ioctl_fideduperange", "ioctl_fiemap", "compsize", "duperemove", "systemd.exec", "btrfs", "xfs"] {
+        assert!(see_also.contains(&format!("\\fB{r}\\fR(")), "SEE ALSO lacks {r}");
+    }
+}
+
+/// What bash completion offers for the words `line` (the last one being
+/// completed), in a directory holding a file and a subdirectory.
+fn complete_bash(line: &[&str]) -> Vec<String> {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(dir.path().join("afile"), "").unwrap();
+    std::fs::create_dir(dir.path().join("adir")).unwrap();
+    let words = line.iter().map(|w| format!("'{w}'")).collect::<Vec<_>>().join(" ");
+    let script = format!(
+        "source {}; COMP_WORDS=({words}); COMP_CWORD={}; COMP_LINE=\"{}\"; COMP_POINT=${{#COMP_LINE}}; _dedupscan dedupscan '{}' '{}'; printf '%s\\n' \"${{COMPREPLY[@]}}\"; complete -p dedupscan",
+        root().join("packaging/completions/dedupscan.bash").display(),
+        line.len() - 1,
+        line.join(" "),
+        line[line.len() - 1],
+        line[line.len() - 2],
+    );
+    let out = Command::new("bash").arg("-c").arg(&script).current_dir(dir.path()).output().expect("bash");
+    assert!(out.status.success(), "{}", text(&out));
+    String::from_utf8_lossy(&out.stdout).lines().filter(|l| !l.is_empty()).map(str::to_owned).collect()
+}
+
+#[test]
+fn bash_completion_offers_no_file_names_for_numbers_and_directories_for_paths() {
+    for opt in ["--threads", "--block-size", "--min-range", "--max-runtime", "--rewrite-ratio", "--exclude"] {
+        let got = complete_bash(&["dedupscan", opt, "a"]);
+        assert!(!got.iter().any(|w| w == "afile" || w == "adir"), "{opt} offers file names: {got:?}");
+    }
+    for opt in ["--db", "--exclude-from", "--metrics-file"] {
+        let got = complete_bash(&["dedupscan", opt, "a"]);
+        assert!(got.iter().any(|w| w == "afile"), "{opt} offers no files: {got:?}");
+    }
+    // Paths: nothing from the function, so bash falls back to directory
+    // names (`-o dirnames`), not to every file.
+    let got = complete_bash(&["dedupscan", "report", "a"]);
+    assert!(got.iter().all(|w| w.starts_with("complete ")), "{got:?}");
+    assert!(got.last().unwrap().contains("-o dirnames"), "{got:?}");
+}
+
+#[test]
+fn promtool_checks_the_alert_rules() {
+    if !have_tool("promtool", "promtool_checks_the_alert_rules") {
+        return;
+    }
+    let out = Command::new("promtool")
+        .args(["check", "rules"])
+        .arg(root().join("packaging/prometheus-alerts.yml"))
+        .output()
+        .expect("promtool");
+    assert!(out.status.success(), "promtool check rules:\n{}", text(&out));
+}
+
+/// Every `dedupscan_*` name the dashboard and the alerts use is one the
+/// metrics file has.
+#[test]
+fn dashboard_and_alerts_use_existing_metrics() {
+    let outcome = dedupscan::metrics::Outcome::default();
+    let exposition = dedupscan::metrics::render(&outcome, &[], std::time::SystemTime::now());
+    let known: std::collections::BTreeSet<&str> =
+        exposition.lines().filter_map(|l| l.strip_prefix("# TYPE ")).filter_map(|l| l.split(' ').next()).collect();
+    let dashboard = read("packaging/grafana-dashboard.json");
+    let v: serde_json::Value = serde_json::from_str(&dashboard).expect("dashboard is JSON");
+    assert!(v["panels"].as_array().is_some_and(|p| p.len() >= 8));
+    for (file, body) in [("dashboard", dashboard), ("alerts", read("packaging/prometheus-alerts.yml"))] {
+        let mut used = 0;
+        for word in body.split(|c: char| !(c.is_ascii_alphanumeric() || c == '_')) {
+            if word.starts_with("dedupscan_") && word.len() > "dedupscan_".len() {
+                assert!(known.contains(word), "{file} uses {word}, which the metrics file does not have");
+                used += 1;
+            }
+        }
+        assert!(used >= 4, "{file} uses only {used} metrics");
     }
 }

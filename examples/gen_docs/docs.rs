@@ -28,10 +28,52 @@ pub fn generate() -> Vec<Generated> {
     for (shell, name) in [(Shell::Bash, "dedupscan.bash"), (Shell::Zsh, "_dedupscan"), (Shell::Fish, "dedupscan.fish")]
     {
         let mut buf = Vec::new();
-        clap_complete::generate(shell, &mut Cli::command(), "dedupscan", &mut buf);
+        clap_complete::generate(shell, &mut with_hints(Cli::command()), "dedupscan", &mut buf);
+        if shell == Shell::Bash {
+            // An empty answer (a directory option, or a word that is no
+            // option) falls back to directory names, not to every file.
+            let text = String::from_utf8(buf).expect("completion is UTF-8");
+            let fixed = text.replace("-o bashdefault -o default dedupscan", "-o bashdefault -o dirnames dedupscan");
+            assert_ne!(text, fixed, "clap_complete's bash registration line changed: update with_hints' caller");
+            buf = fixed.into_bytes();
+        }
         out.push(Generated { path: PathBuf::from("packaging/completions").join(name), contents: buf });
     }
     out
+}
+
+/// What each argument's value is, for the completions (clap_complete
+/// offers file names for any value it knows nothing about): numbers,
+/// durations and globs get no file names, FILE options files, the PATH
+/// operands directories. Kept here rather than in `src/cli.rs` because only
+/// the completions read it.
+fn with_hints(cmd: clap::Command) -> clap::Command {
+    use clap::ValueHint;
+    let hint = |a: clap::Arg| -> clap::Arg {
+        if !a.get_action().takes_values() || a.get_value_hint() != ValueHint::Unknown {
+            return a;
+        }
+        if a.get_possible_values().iter().any(|_| true) {
+            return a;
+        }
+        let value = a.get_value_names().and_then(|v| v.first()).map(|s| s.as_str().to_owned()).unwrap_or_default();
+        let h = match value.as_str() {
+            "PATH" if a.is_positional() => ValueHint::DirPath,
+            "PATH" | "FILE" => ValueHint::FilePath,
+            _ => ValueHint::Other,
+        };
+        a.value_hint(h)
+    };
+    let ids: Vec<String> = cmd.get_arguments().map(|a| a.get_id().to_string()).collect();
+    let mut cmd = cmd;
+    for id in ids {
+        cmd = cmd.mut_arg(id, hint);
+    }
+    let subs: Vec<String> = cmd.get_subcommands().map(|s| s.get_name().to_owned()).collect();
+    for sub in subs {
+        cmd = cmd.mut_subcommand(sub, with_hints);
+    }
+    cmd
 }
 
 /// dedupscan(1): clap_mangen's sections for what clap knows (name,
@@ -42,17 +84,54 @@ pub fn man_page() -> String {
     let man = clap_mangen::Man::new(cmd);
     // roff's apostrophe preamble, then the title line. Not `render_title`:
     // clap_mangen drops an empty date argument from `.TH`, which shifts the
-    // source and manual into the wrong fields (and a real date would make the
-    // file change on every regeneration).
+    // source and manual into the wrong fields. The date is that of the
+    // release (the Debian changelog's latest entry), not today's, so the page
+    // does not change on every regeneration.
     let mut page = Roff::new().render();
-    page.push_str(&format!(".TH DEDUPSCAN 1 \"\" \"dedupscan {version}\" \"User Commands\"\n"));
+    page.push_str(&format!(".TH DEDUPSCAN 1 \"{}\" \"dedupscan {version}\" \"User Commands\"\n", release_date()));
     push_piece(&mut page, &man, clap_mangen::Man::render_name_section);
     page.push_str(&strip_preamble(synopsis().render()));
     push_piece(&mut page, &man, clap_mangen::Man::render_description_section);
     push_piece(&mut page, &man, clap_mangen::Man::render_options_section);
     page.push_str(&strip_preamble(hand_written().render()));
     push_piece(&mut page, &man, clap_mangen::Man::render_version_section);
-    page
+    backticks_to_bold(&page)
+}
+
+/// The date of the latest entry of `packaging/debian/changelog`, as
+/// YYYY-MM-DD (its trailer line reads ` -- NAME <MAIL>  Mon, 23 Nov 2026 ...`).
+pub fn release_date() -> String {
+    let log = include_str!("../../packaging/debian/changelog");
+    let trailer = log.lines().find(|l| l.starts_with(" -- ")).expect("changelog has a trailer line");
+    let date = trailer.rsplit("  ").next().expect("trailer has a date");
+    let f: Vec<&str> = date.split_whitespace().collect();
+    let month = ["Jan", "Feb", "Mar", "Apr", "May", "Jun", "Jul", "Aug", "Sep", "Oct", "Nov", "Dec"]
+        .iter()
+        .position(|m| *m == f[2])
+        .expect("month name")
+        + 1;
+    format!("{}-{month:02}-{:0>2}", f[3], f[1])
+}
+
+/// Doc comments quote commands and names in Markdown backticks; on the page
+/// they are bold (a literal backtick renders as a grave accent).
+fn backticks_to_bold(page: &str) -> String {
+    let mut out = String::with_capacity(page.len());
+    for line in page.split_inclusive('\n') {
+        let parts: Vec<&str> = line.split('`').collect();
+        if parts.len() % 2 == 0 {
+            out.push_str(line); // unbalanced: leave as is
+            continue;
+        }
+        for (i, part) in parts.iter().enumerate() {
+            if i % 2 == 1 {
+                out.push_str(&format!("\\fB{part}\\fR"));
+            } else {
+                out.push_str(part);
+            }
+        }
+    }
+    out
 }
 
 type Piece = fn(&clap_mangen::Man, &mut dyn std::io::Write) -> std::io::Result<()>;
@@ -243,19 +322,45 @@ fn hand_written() -> Roff {
     example(&mut r, &["systemctl enable --now dedupscan@$(systemd-escape --path /srv).timer"]);
     r.control("PP", []).text([roman("Savings and history as JSON:")]);
     example(&mut r, &["dedupscan report /srv --json"]);
+    r.control("PP", []).text([roman("The same as a page with charts, to open in a browser or print:")]);
+    example(&mut r, &["dedupscan report /srv --html /tmp/dedupscan-srv.html"]);
 
     r.control("SH", ["SEE ALSO"]);
-    r.text([
-        bold("ioctl_fideduperange"),
-        roman("(2), "),
-        bold("btrfs"),
-        roman("(5), "),
-        bold("xfs"),
-        roman("(5), "),
-        bold("systemd.timer"),
-        roman("(5), "),
-        bold("systemd-escape"),
-        roman("(1)"),
+    let mut refs = Vec::new();
+    for (i, (page, section)) in [
+        ("ioctl_fideduperange", "2"),
+        ("ioctl_ficlonerange", "2"),
+        ("ioctl_fiemap", "2"),
+        ("statfs", "2"),
+        ("btrfs", "5"),
+        ("xfs", "5"),
+        ("xfs_io", "8"),
+        ("compsize", "8"),
+        ("duperemove", "8"),
+        ("chattr", "1"),
+        ("setfattr", "1"),
+        ("systemd.service", "5"),
+        ("systemd.timer", "5"),
+        ("systemd.exec", "5"),
+        ("systemd-escape", "1"),
+        ("sqlite3", "1"),
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        if i > 0 {
+            refs.push(roman(", "));
+        }
+        refs.push(bold(page));
+        refs.push(roman(format!("({section})")));
+    }
+    r.text(refs);
+    r.control("PP", []).text([
+        roman("/usr/share/doc/dedupscan/ holds the README, the changelog and the JSON schemas of "),
+        bold("--json"),
+        roman(" and "),
+        bold("report --json"),
+        roman("."),
     ]);
     r
 }
