@@ -2,7 +2,7 @@
 //! generated man page and completions match the CLI, and the Debian
 //! package's assets exist.
 //!
-//! Tools that may be missing (`systemd-analyze`, `man`) make a test skip
+//! Tools that may be missing (`systemd-analyze`, `man`, `promtool`) make a test skip
 //! loudly; with `DEDUPSCAN_REQUIRE_FS_TESTS=1` (as in CI) a skip is a failure.
 //! `packaging/ci-check.sh` installs them.
 
@@ -30,7 +30,8 @@ fn have_tool(tool: &str, test: &str) -> bool {
     if Command::new(tool).arg("--version").output().is_ok() {
         return true;
     }
-    let msg = format!("{tool} is not installed (apt-get install systemd man-db, or run packaging/ci-check.sh)");
+    let msg =
+        format!("{tool} is not installed (apt-get install systemd man-db prometheus, or run packaging/ci-check.sh)");
     if std::env::var("DEDUPSCAN_REQUIRE_FS_TESTS").as_deref() == Ok("1") {
         panic!("{test}: {msg}, and DEDUPSCAN_REQUIRE_FS_TESTS=1 forbids skipping");
     }
@@ -386,8 +387,8 @@ fn bash_completion_offers_no_file_names_for_numbers_and_directories_for_paths() 
 }
 
 #[test]
-fn promtool_checks_the_alert_rules() {
-    if !have_tool("promtool", "promtool_checks_the_alert_rules") {
+fn promtool_checks_and_tests_the_alert_rules() {
+    if !have_tool("promtool", "promtool_checks_and_tests_the_alert_rules") {
         return;
     }
     let out = Command::new("promtool")
@@ -396,6 +397,14 @@ fn promtool_checks_the_alert_rules() {
         .output()
         .expect("promtool");
     assert!(out.status.success(), "promtool check rules:\n{}", text(&out));
+    // And they fire when they should (and not before): unit tests with
+    // synthetic series.
+    let out = Command::new("promtool")
+        .args(["test", "rules", "prometheus-alerts.test.yml"])
+        .current_dir(root().join("packaging"))
+        .output()
+        .expect("promtool");
+    assert!(out.status.success(), "promtool test rules:\n{}", text(&out));
 }
 
 /// Every `dedupscan_*` name the dashboard and the alerts use is one the
