@@ -170,7 +170,20 @@ fn savings(b: &mut String, s: &Value, runs: &[Run]) {
     let (w, h, left, top, bottom) = (720.0, 220.0, 64.0, 12.0, 30.0);
     let plot_h = h - top - bottom;
     let y = |v: i64| top + plot_h * (hi - v) as f64 / (hi - lo) as f64;
-    let step = (w - left - 8.0) / points.len() as f64;
+    // Runs sit on a time axis when they span an hour or more (gaps between
+    // runs show), else evenly (runs seconds apart would pile up).
+    let plot_w = w - left - 8.0;
+    let step = plot_w / points.len() as f64;
+    let (t0, span) = (points[0].0.started_at, points[points.len() - 1].0.started_at - points[0].0.started_at);
+    let bar_w = (step * 0.6).clamp(1.0, 24.0);
+    let cx = |i: usize| -> f64 {
+        if span >= 3600 {
+            let pad = bar_w / 2.0 + 2.0;
+            left + pad + (plot_w - 2.0 * pad) * (points[i].0.started_at - t0) as f64 / span as f64
+        } else {
+            left + step * (i as f64 + 0.5)
+        }
+    };
     let _ = writeln!(
         b,
         "<svg xmlns=\"http://www.w3.org/2000/svg\" class=\"chart\" viewBox=\"0 0 {w} {h}\" role=\"img\" aria-label=\"freed space per run and cumulated\">"
@@ -189,10 +202,9 @@ fn savings(b: &mut String, s: &Value, runs: &[Run]) {
             esc(&signed_human(v))
         );
     }
-    let bar_w = (step * 0.6).max(1.0);
     let mut line = String::new();
     for (i, (r, f, c)) in points.iter().enumerate() {
-        let x = left + step * i as f64 + (step - bar_w) / 2.0;
+        let x = cx(i) - bar_w / 2.0;
         let (y0, y1) = (y((*f).max(0)), y((*f).min(0)));
         let class = if *f < 0 { "lost" } else { "freed" };
         let _ = writeln!(
@@ -210,16 +222,10 @@ fn savings(b: &mut String, s: &Value, runs: &[Run]) {
     }
     let _ = writeln!(b, "<polyline class=\"cum\" points=\"{}\"/>", line.trim_end());
     for (i, (_, _, c)) in points.iter().enumerate() {
-        let _ = writeln!(
-            b,
-            "<circle class=\"dot\" cx=\"{:.1}\" cy=\"{:.1}\" r=\"2.5\"/>",
-            left + step * (i as f64 + 0.5),
-            y(*c)
-        );
+        let _ = writeln!(b, "<circle class=\"dot\" cx=\"{:.1}\" cy=\"{:.1}\" r=\"2.5\"/>", cx(i), y(*c));
     }
     // Dates under the first, middle and last run; with the time of day
     // when the runs span less than two days.
-    let span = points[points.len() - 1].0.started_at - points[0].0.started_at;
     let label = |t: i64| if span < 2 * 86400 { date(t) } else { day(t) };
     let mut shown = vec![0, points.len() / 2, points.len() - 1];
     shown.dedup();
@@ -241,7 +247,7 @@ fn savings(b: &mut String, s: &Value, runs: &[Run]) {
         } else if anchor == "end" {
             w
         } else {
-            left + step * (i as f64 + 0.5)
+            cx(i)
         };
         let _ = writeln!(b, "<text x=\"{x:.1}\" y=\"{}\" text-anchor=\"{anchor}\">{text}</text>", h - 10.0);
         last_label = text;
@@ -484,6 +490,38 @@ mod tests {
             assert!(page.contains(&format!("<section id=\"{id}\"")), "{id}");
         }
         assert!(!page.contains("<script"));
+    }
+
+    /// x of each savings bar, in run order.
+    fn bar_xs(page: &str) -> Vec<f64> {
+        page.split("<rect class=\"freed\"")
+            .skip(1)
+            .map(|r| {
+                let x = r.split(" x=\"").nth(1).unwrap();
+                x[..x.find('"').unwrap()].parse().unwrap()
+            })
+            .collect()
+    }
+
+    #[test]
+    fn savings_are_drawn_over_time() {
+        let run = |id: i64, day: i64| {
+            serde_json::json!({"id": id, "started_at": 1_700_000_000 + day * 86400, "command": "run",
+                               "dry_run": false, "report": {"freed_bytes": 4096}})
+        };
+        let v = serde_json::json!({"runs": [run(1, 0), run(2, 1), run(3, 10)]});
+        let x = bar_xs(&render_value(&v));
+        assert_eq!(x.len(), 3);
+        // Nine days between the last two runs, one between the first two.
+        let ratio = (x[2] - x[1]) / (x[1] - x[0]);
+        assert!((ratio - 9.0).abs() < 0.1, "{x:?}");
+        // Runs seconds apart are spread evenly instead.
+        let close = |id: i64| {
+            serde_json::json!({"id": id, "started_at": 1_700_000_000 + id, "command": "run",
+                                                  "dry_run": false, "report": {"freed_bytes": 1}})
+        };
+        let x = bar_xs(&render_value(&serde_json::json!({"runs": [close(1), close(2), close(3)]})));
+        assert!(((x[2] - x[1]) - (x[1] - x[0])).abs() < 0.2, "{x:?}");
     }
 
     #[test]
