@@ -78,6 +78,11 @@ fn html_report_is_escaped_complete_and_matches_json() {
     let file = out.path().join("report.html");
     let (code, _, err) = dedupscan(&db_args(&db, &["report", "--html", file.to_str().unwrap()]));
     assert_eq!(code, 0, "{err}");
+    // A page that cannot be written is an error, not a silent success.
+    let bad = out.path().join("missing/report.html");
+    let (code, _, err) = dedupscan(&db_args(&db, &["report", "--html", bad.to_str().unwrap()]));
+    assert_eq!(code, 3, "{err}");
+    assert!(err.contains("cannot write"), "{err}");
     let page = std::fs::read_to_string(&file).unwrap();
     // scripts/screenshot-report.sh takes this page to draw it.
     if let Some(keep) = std::env::var_os("DEDUPSCAN_HTML_OUT") {
