@@ -325,6 +325,8 @@ impl Metrics {
         let base = self.base.iter().map(|(k, v)| (*k, v.as_str()));
         let all: Vec<String> =
             base.chain(labels.iter().copied()).map(|(k, v)| format!("{k}=\"{}\"", escape_label(v))).collect();
+        // An empty f64 sum is -0.0: print it as 0.
+        let value = if value == 0.0 { 0.0 } else { value };
         let _ = writeln!(self.out, "dedupscan_{name}{{{}}} {value}", all.join(","));
     }
 
@@ -590,7 +592,9 @@ mod tests {
         assert_eq!(value(&s, "dedupscan_errors_by_kind", Some(("kind", "unreadable"))), 0.0);
         assert_eq!(value(&s, "dedupscan_skipped_files", Some(("reason", "nodedup"))), 0.0);
         // Known values are there before any run reported them.
-        let empty = parse_all(&render(&outcome(None), &[], UNIX_EPOCH));
+        let empty_text = render(&outcome(None), &[], UNIX_EPOCH);
+        assert!(!empty_text.contains(" -0\n"), "negative zero:\n{empty_text}");
+        let empty = parse_all(&empty_text);
         assert_eq!(value(&empty, "dedupscan_skipped_files", Some(("reason", "nocow"))), 0.0);
         assert_eq!(value(&empty, "dedupscan_errors_by_kind", Some(("kind", "vanished"))), 0.0);
     }
