@@ -66,6 +66,13 @@ deb $mirror bookworm-updates main
 deb $security bookworm-security main
 EOF
 cp /etc/resolv.conf "$root/etc/resolv.conf"
+# Site-local CA certificates (e.g. of a TLS-inspecting proxy), so that cargo
+# reaches crates.io from the chroot as it does from this machine; the
+# ca-certificates package, installed by deps.sh, adds them to the bundle.
+if compgen -G '/usr/local/share/ca-certificates/*.crt' >/dev/null; then
+  mkdir -p "$root/usr/local/share/ca-certificates"
+  cp /usr/local/share/ca-certificates/*.crt "$root/usr/local/share/ca-certificates/"
+fi
 
 step "clean clone of $(git -C "$repo" rev-parse --short HEAD) ($(git -C "$repo" rev-parse --abbrev-ref HEAD))"
 git clone -q --no-local "$repo" "$root/root/dedupscan"
