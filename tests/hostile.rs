@@ -187,7 +187,10 @@ fn btrfs_hostile_tree_shares_only_what_it_may() {
 
 #[test]
 fn unsupported_filesystems_scan_and_report_but_refuse_to_share() {
-    for fs in [Fs::Ext4, Fs::XfsNoReflink] {
+    // ext4 and tmpfs are refused before hashing (tests/ops.rs); XFS without
+    // reflink is found out when sharing.
+    {
+        let fs = Fs::XfsNoReflink;
         let Some(vol) = Volume::new(fs, 320) else { return };
         let d = vol.path("d");
         std::fs::create_dir(&d).unwrap();
