@@ -10,6 +10,14 @@ use dedupscan::exit::ExitCode;
 use dedupscan::progress::{Bars, LogLines, Progress};
 use dedupscan::{history, run};
 
+/// A line to stderr that never panics (see the same macro in lib.rs).
+macro_rules! eprintln {
+    ($($arg:tt)*) => {{
+        use std::io::Write as _;
+        let _ = writeln!(std::io::stderr(), $($arg)*);
+    }};
+}
+
 fn main() {
     let cli = Cli::parse_args(); // usage errors exit with 2
     let code = match Config::from_cli(cli) {

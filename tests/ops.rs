@@ -254,29 +254,37 @@ fn stopped_runs_exit_5_and_a_plain_rerun_carries_on() {
     }
 }
 
-/// The reader of stdout going away (`| head -1`) ends the output quietly:
-/// no panic, the run's own exit status. The read end is closed before the
-/// report is written, so the write fails with EPIPE every time.
+/// The reader of stdout or stderr going away (`| head -1`, `2>&1 | head -1`)
+/// ends that output quietly: no panic, the run goes on to its own exit
+/// status. The read end is closed before anything is written, so every
+/// write fails with EPIPE.
 #[test]
-fn a_closed_stdout_ends_quietly() {
+fn a_closed_stdout_or_stderr_ends_quietly() {
     let Some(vol) = Volume::new(Fs::Xfs, 300) else { return };
-    let d = vol.path("d");
-    two_copies(&d, 5);
     let db = vol.db();
-    for args in [
-        vec![s(&d), "--json", "--db", s(&db)],
-        vec!["report", "--json", "--db", s(&db)],
-        vec!["report", "--db", s(&db)],
-    ] {
-        let mut child = Command::new(bin()).args(&args).stdout(Stdio::piped()).stderr(Stdio::piped()).spawn().unwrap();
-        drop(child.stdout.take()); // closes the only read end
+    let (d1, d2) = (vol.path("d1"), vol.path("d2"));
+    two_copies(&d1, 5);
+    two_copies(&d2, 6);
+    let spawn = |args: &[&str], close_stdout: bool| {
+        let mut child = Command::new(bin()).args(args).stdout(Stdio::piped()).stderr(Stdio::piped()).spawn().unwrap();
+        // Close the only read end of one pipe; keep reading the other.
+        if close_stdout {
+            drop(child.stdout.take());
+        } else {
+            drop(child.stderr.take());
+        }
         let out = child.wait_with_output().unwrap();
-        let err = String::from_utf8_lossy(&out.stderr);
-        assert_eq!(out.status.code(), Some(0), "{args:?}: {err}");
-        assert!(!err.contains("panicked") && !err.contains("Broken pipe"), "{args:?}: {err}");
-    }
-    // The run itself was done and recorded.
-    assert!(same_physical(&d.join("a"), 0, &d.join("b"), 0, 256 * 1024));
+        let text = format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+        assert_eq!(out.status.code(), Some(0), "{args:?}: {text}");
+        assert!(!text.contains("panicked") && !text.contains("Broken pipe"), "{args:?}: {text}");
+    };
+    spawn(&[s(&d1), "--json", "--db", s(&db)], true);
+    spawn(&["report", "--json", "--db", s(&db)], true);
+    spawn(&["report", "--db", s(&db)], true);
+    spawn(&[s(&d2), "-v", "--progress", "never", "--db", s(&db)], false);
+    // The runs were done in full.
+    assert!(same_physical(&d1.join("a"), 0, &d1.join("b"), 0, 256 * 1024));
+    assert!(same_physical(&d2.join("a"), 0, &d2.join("b"), 0, 256 * 1024));
 }
 
 /// An exclude that matches nothing (a typo, a path elsewhere) is warned
