@@ -20,12 +20,13 @@ use crate::sys::{self, FsInfo, FsKind};
 /// records any filesystem, for a report or a later copy to btrfs/XFS.
 #[derive(Debug, thiserror::Error)]
 #[error(
-    "{path}: on {fs}, not btrfs or XFS: nothing can be shared there, so nothing was done (no file read, no database \
-     created); `dedupscan scan {path}` records its files anyway"
+    "{path}: on {fs}: dedupscan shares only on btrfs and on XFS made with reflink=1, so nothing was done (no file \
+     read, no database created); `dedupscan scan {path}` records its files anyway"
 )]
 pub struct Unsupported {
     pub path: String,
-    /// Name of the filesystem (`ext4`, `tmpfs`, or its magic number).
+    /// Name of the filesystem (`ext4`, `tmpfs`, `XFS made with reflink=0`,
+    /// or its magic number).
     pub fs: String,
 }
 
@@ -164,8 +165,17 @@ impl Config {
             canon.push(c);
         }
         let fs = fs.expect("at least one path");
-        if action == Action::Run && fs.kind == FsKind::Other {
-            return Err(Unsupported { path: display_path(&paths[0]), fs: fs_name(fs.magic) }.into());
+        if action == Action::Run {
+            let fs_name = match fs.kind {
+                FsKind::Other => Some(fs_name(fs.magic)),
+                FsKind::Xfs if sys::fs::xfs_has_reflink(&canon[0]) == Some(false) => {
+                    Some("XFS made with reflink=0".to_owned())
+                }
+                _ => None,
+            };
+            if let Some(fs) = fs_name {
+                return Err(Unsupported { path: display_path(&paths[0]), fs }.into());
+            }
         }
         let db_path = match g.db {
             Some(db) => db,

@@ -22,7 +22,8 @@ pub enum ExitCode {
     /// script sees that the volume was not fully processed.
     Interrupted = 5,
     /// The paths are on a filesystem dedupscan cannot share on (ext4,
-    /// tmpfs, …): refused before anything is hashed or a database created.
+    /// tmpfs, XFS made with reflink=0, …): refused before anything is
+    /// hashed or a database created.
     Unsupported = 6,
 }
 
@@ -54,7 +55,7 @@ impl ExitCode {
                 "stopped before finishing (SIGINT, SIGTERM or --max-runtime); work done is kept, the next run carries on"
             }
             ExitCode::Unsupported => {
-                "not btrfs or XFS: sharing refused before hashing, no database created (`scan` records it anyway)"
+                "not btrfs or XFS with reflink: refused before hashing, no database created (`scan` records it anyway)"
             }
         }
     }

@@ -71,18 +71,21 @@ impl Drop for Tmpfs {
     }
 }
 
-/// ext4 and tmpfs: the default command, with and without `--dry-run`, exits
-/// 6 with a message before anything is read, and creates no database —
-/// neither the one named by `--db` nor the default one for the filesystem.
-/// `scan` still records the files.
+/// ext4, tmpfs and XFS made with reflink=0: the default command, with and
+/// without `--dry-run`, exits 6 with a message before anything is read, and
+/// creates no database — neither the one named by `--db` nor the default
+/// one for the filesystem. `scan` still records the files.
 #[test]
 fn unsupported_filesystems_are_refused_before_hashing() {
     let Some(ext4) = Volume::new(Fs::Ext4, 64) else { return };
+    let Some(xfs0) = Volume::new(Fs::XfsNoReflink, 300) else { return };
     let tmpfs = Tmpfs::new();
     let dbs = tempfile::Builder::new().prefix("dedupscan-ops-db-").tempdir_in("/var/tmp").unwrap();
-    for (name, root, db) in
-        [("ext4", ext4.mnt.clone(), ext4.db()), ("tmpfs", tmpfs.0.path().to_owned(), dbs.path().join("tmpfs.sqlite"))]
-    {
+    for (name, root, db) in [
+        ("ext4", ext4.mnt.clone(), ext4.db()),
+        ("xfs reflink=0", xfs0.mnt.clone(), xfs0.db()),
+        ("tmpfs", tmpfs.0.path().to_owned(), dbs.path().join("tmpfs.sqlite")),
+    ] {
         let d = root.join("d");
         two_copies(&d, 3);
         let default_db = {
@@ -95,7 +98,8 @@ fn unsupported_filesystems_are_refused_before_hashing() {
             args.extend(extra);
             let (code, out, err) = run(&args);
             assert_eq!(code, 6, "{name} {extra:?}: exit {code}\nstdout: {out}\nstderr: {err}");
-            assert!(err.contains("not btrfs or XFS") && err.contains(s(&d)), "{name}: {err}");
+            assert!(err.contains("shares only on btrfs and on XFS made with reflink=1"), "{name}: {err}");
+            assert!(err.contains(s(&d)), "{name}: {err}");
             assert!(!out.contains("would share") && !out.contains("verified"), "{name}: {out}");
             assert!(!db.exists(), "{name} {extra:?}: a database was created");
             // The same without --db: the default database is not created either.

@@ -166,7 +166,7 @@ fn hand_written() -> Roff {
         ),
         (
             ExitCode::Unsupported,
-            "The paths are not on btrfs or XFS (e.g. ext4, tmpfs): nothing can be shared there, so the run is refused \
+            "The paths are not on btrfs or on XFS made with reflink=1 (e.g. ext4, tmpfs): nothing can be shared there, so the run is refused \
              before any file is read or a database created. dedupscan scan records such a filesystem anyway.",
         ),
     ] {
