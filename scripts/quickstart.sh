@@ -1,24 +1,56 @@
 #!/usr/bin/env bash
 # Build dedupscan and run it.
 #
-#   scripts/quickstart.sh PATH    preview (--dry-run) on PATH, then ask before sharing
+#   scripts/quickstart.sh PATH    preview (--dry-run) on PATH, then ask on the terminal
+#                                 before sharing; without a terminal (cron, a pipe, ssh
+#                                 without -t) nothing is shared unless --yes is given
+#   scripts/quickstart.sh --yes PATH   preview, then share without asking
 #   scripts/quickstart.sh         no path: create a demo XFS and a demo btrfs volume
 #                                 (loop-mounted images under /var/tmp) filled with
 #                                 duplicated data, run a dry run and a real run on
 #                                 each, compare with the ideal, clean up
 set -euo pipefail
+orig=$PWD # a relative PATH is relative to where the script was started
 cd "$(dirname "$0")/.."
 . scripts/deps.sh
-[ -x "$HOME/.cargo/bin/cargo" ] && export PATH="$HOME/.cargo/bin:$PATH"
-cargo build --release --quiet --bin dedupscan --example make_corpus
-bin=$PWD/target/release/dedupscan
+# --yes (anywhere among the arguments) is the script's own; the rest goes
+# to dedupscan.
+yes=0 args=()
+for a in "$@"; do
+  case $a in --yes | -y) yes=1 ;; *) args+=("$a") ;; esac
+done
+set -- ${args[@]+"${args[@]}"}
+if [ -n "${DEDUPSCAN_BIN:-}" ] && [ $# -gt 0 ]; then
+  bin=$DEDUPSCAN_BIN # a binary already built (tests/ops.rs)
+else
+  # The first build takes minutes (longer with Debian's cargo on 2 cores):
+  # cargo's own "Compiling ..." lines are the progress display.
+  echo "== building dedupscan (release)" >&2
+  cargo build --release --bin dedupscan --example make_corpus
+  bin=$PWD/target/release/dedupscan
+fi
 
 if [ $# -gt 0 ]; then
-  "$bin" "$@" --dry-run
-  if [ -t 0 ]; then
-    read -r -p "Share these ranges now? [y/N] " ok
-    [ "$ok" = y ] || [ "$ok" = Y ] || exit 0
+  cd "$orig"
+  echo "== preview: $bin $* --dry-run (changes nothing)" >&2
+  # 1: some paths had errors (listed above); the rest can still be shared.
+  rc=0
+  "$bin" "$@" --dry-run || rc=$?
+  [ $rc = 0 ] || [ $rc = 1 ] || exit $rc
+  if [ $yes = 0 ]; then
+    if [ ! -t 0 ]; then
+      echo "quickstart: nothing shared: no terminal to ask (stdin is not a terminal)." \
+           "To share without asking: $0 --yes $*" >&2
+      exit 0
+    fi
+    ok=
+    read -r -p "Share these ranges now? [y/N] " ok || true
+    case $ok in
+      y | Y | yes | YES | Yes) ;;
+      *) echo "quickstart: nothing shared." >&2; exit 0 ;;
+    esac
   fi
+  echo "== sharing: $bin $*" >&2
   exec "$bin" "$@"
 fi
 

@@ -5,13 +5,13 @@
 # DEDUPSCAN_REQUIRE_FS_TESTS=1 a skip is a failure).
 set -euo pipefail
 cd "$(dirname "$0")/.."
-. scripts/deps.sh
+DEDUPSCAN_DEPS_LINT=1 . scripts/deps.sh
 [ -x "$HOME/.cargo/bin/cargo" ] && export PATH="$HOME/.cargo/bin:$PATH"
 
 echo "== cargo fmt --check"
 cargo fmt --check
 echo "== cargo clippy --all-targets -- -D warnings (also type-checks benches and examples)"
-cargo clippy --quiet --all-targets -- -D warnings
+cargo clippy --all-targets -- -D warnings
 echo "== cargo test (unit + integration on real volumes)"
 log=$(mktemp)
 trap 'rm -f "$log"' EXIT

@@ -22,7 +22,7 @@ use clap::{Args, Parser, Subcommand, ValueEnum};
     name = "dedupscan",
     version,
     subcommand_negates_reqs = true,
-    after_help = "Exit codes: 0 success, 1 finished but some paths or ranges had errors, 2 usage error, 3 fatal error, 4 database locked by another run."
+    after_help = "Exit codes: 0 success, 1 finished but some paths or ranges had errors, 2 usage error (nothing done), 3 fatal error, 4 database locked by another run, 5 stopped before finishing (signal or --max-runtime; the next run carries on), 6 not btrfs or XFS with reflink (refused, nothing done)."
 )]
 pub struct Cli {
     #[command(subcommand)]
@@ -125,20 +125,28 @@ pub struct ScanArgs {
     #[arg(value_name = "PATH")]
     pub paths: Vec<PathBuf>,
 
-    /// Rehash only files whose size, mtime or ctime changed since the last run.
+    /// Rehash only files whose size, mtime or ctime changed since the last
+    /// run (the default: a rerun, also after an interrupted run, carries on
+    /// where the database stands). Kept for scripts that say so.
     #[arg(long)]
     pub incremental: bool,
+
+    /// Rehash every file, even those unchanged since the last run, and plan
+    /// every duplicate again (not only those involving new files).
+    #[arg(long, conflicts_with = "incremental")]
+    pub rehash: bool,
 
     /// Block size for fingerprints: a power of two from 4K to 1M (suffixes K, M).
     #[arg(long, value_name = "BYTES", default_value = "4K", value_parser = parse_block_size)]
     pub block_size: u64,
 
     /// Hashing threads [default: 8 per CPU, 8 to 64: most wait on the disk].
-    #[arg(long, value_name = "N")]
+    #[arg(long, value_name = "N", value_parser = parse_threads)]
     pub threads: Option<usize>,
 
     /// Leave out paths matching this glob (repeatable; matched on the full path,
-    /// e.g. '**/*.qcow2' or '/srv/tmp/**').
+    /// so it starts with '/' or '*', e.g. '**/*.qcow2' or '/srv/tmp/**'). A glob
+    /// that matches nothing is warned about.
     #[arg(long, value_name = "GLOB")]
     pub exclude: Vec<String>,
 
@@ -158,7 +166,7 @@ pub struct ScanArgs {
     pub drop_cache: bool,
 
     /// Stop cleanly when this much time is spent (e.g. 90m, 2h); work done
-    /// is committed and the next --incremental run carries on.
+    /// is committed, the exit status is 5 and the next run carries on.
     #[arg(long, value_name = "DURATION", value_parser = humantime::parse_duration)]
     pub max_runtime: Option<std::time::Duration>,
 
@@ -188,7 +196,7 @@ pub struct RunArgs {
     /// btrfs: where a destination extent is only partly shared, copy its
     /// remainder into a fresh extent so the old one is freed — when the
     /// remainder is at most RATIO times the shared part. 0 turns it off.
-    #[arg(long, value_name = "RATIO", default_value_t = 1.0)]
+    #[arg(long, value_name = "RATIO", default_value_t = 1.0, value_parser = parse_ratio)]
     pub rewrite_ratio: f64,
 }
 
@@ -226,6 +234,23 @@ pub fn parse_size(s: &str) -> Result<u64, String> {
         _ => return Err(format!("unknown unit in '{s}' (use K, M or G)")),
     };
     n.checked_mul(mult).ok_or_else(|| format!("'{s}' is too large"))
+}
+
+/// `--threads`: at least one (0 would hash nothing), at most 1024.
+fn parse_threads(s: &str) -> Result<usize, String> {
+    match s.trim().parse::<usize>() {
+        Ok(n @ 1..=1024) => Ok(n),
+        Ok(n) => Err(format!("must be from 1 to 1024, not {n}")),
+        Err(_) => Err(format!("'{s}' is not a number")),
+    }
+}
+
+/// `--rewrite-ratio`: a finite number, 0 or more.
+fn parse_ratio(s: &str) -> Result<f64, String> {
+    match s.trim().parse::<f64>() {
+        Ok(r) if r.is_finite() && r >= 0.0 => Ok(r),
+        _ => Err(format!("'{s}' is not a ratio (a number, 0 or more)")),
+    }
 }
 
 fn parse_block_size(s: &str) -> Result<u64, String> {
@@ -300,6 +325,31 @@ mod tests {
             other => panic!("{other:?}"),
         }
         assert!(parse(&["report", "--metrics-file", "/m/d.prom"]).is_err());
+    }
+
+    #[test]
+    fn bad_numbers_are_usage_errors() {
+        for args in [
+            &["/srv", "--threads", "0"][..],
+            &["/srv", "--threads", "-1"],
+            &["/srv", "--threads", "99999"],
+            &["/srv", "--rewrite-ratio", "-1"],
+            &["/srv", "--rewrite-ratio", "nan"],
+            &["/srv", "--rehash", "--incremental"],
+        ] {
+            assert!(parse(args).is_err(), "{args:?}");
+        }
+        assert_eq!(parse(&["/srv", "--threads", "3"]).unwrap().run.scan.threads, Some(3));
+        assert!(parse(&["/srv", "--rehash"]).unwrap().run.scan.rehash);
+    }
+
+    #[test]
+    fn help_lists_every_exit_code() {
+        use clap::CommandFactory;
+        let help = Cli::command().get_after_help().map(|h| h.to_string()).unwrap_or_default();
+        for c in crate::exit::ExitCode::ALL {
+            assert!(help.contains(&format!("{} ", c.code())), "--help lacks exit code {}", c.code());
+        }
     }
 
     #[test]

@@ -11,7 +11,24 @@ use anyhow::{bail, Context, Result};
 use crate::cli::{Cli, Command, LogLevel, ProgressMode, ScanArgs};
 use crate::progress::Verbosity;
 use crate::report::display_path;
-use crate::sys::{self, FsInfo};
+use crate::sys::{self, FsInfo, FsKind};
+
+/// The paths of a run (the default command, also with `--dry-run`) are on a
+/// filesystem dedupscan cannot share on. Found before any file is read or a
+/// database is created; `main` maps it to exit code 6
+/// ([`crate::exit::ExitCode::Unsupported`]). `scan` is not refused: it
+/// records any filesystem, for a report or a later copy to btrfs/XFS.
+#[derive(Debug, thiserror::Error)]
+#[error(
+    "{path}: on {fs}: dedupscan shares only on btrfs and on XFS made with reflink=1, so nothing was done (no file \
+     read, no database created); `dedupscan scan {path}` records its files anyway"
+)]
+pub struct Unsupported {
+    pub path: String,
+    /// Name of the filesystem (`ext4`, `tmpfs`, `XFS made with reflink=0`,
+    /// or its magic number).
+    pub fs: String,
+}
 
 /// What to do.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -106,7 +123,8 @@ impl Config {
         };
         let ScanArgs {
             paths,
-            incremental,
+            incremental: _,
+            rehash,
             block_size,
             threads,
             mut exclude,
@@ -116,11 +134,19 @@ impl Config {
             max_runtime,
             metrics_file,
         } = scan;
+        for g in &exclude {
+            check_exclude(g).map_err(|e| anyhow::anyhow!("--exclude '{g}': {e}"))?;
+        }
         for f in &exclude_from {
             let text = std::fs::read_to_string(f).with_context(|| format!("--exclude-from {}", display_path(f)))?;
-            exclude.extend(
-                text.lines().map(str::trim).filter(|l| !l.is_empty() && !l.starts_with('#')).map(str::to_owned),
-            );
+            for (n, line) in text.lines().enumerate() {
+                let g = line.trim();
+                if g.is_empty() || g.starts_with('#') {
+                    continue;
+                }
+                check_exclude(g).map_err(|e| anyhow::anyhow!("{}:{}: '{g}': {e}", display_path(f), n + 1))?;
+                exclude.push(g.to_owned());
+            }
         }
         if paths.is_empty() {
             bail!("no path given: name the directories to scan, e.g. `dedupscan /srv`");
@@ -142,6 +168,18 @@ impl Config {
             canon.push(c);
         }
         let fs = fs.expect("at least one path");
+        if action == Action::Run {
+            let fs_name = match fs.kind {
+                FsKind::Other => Some(fs_name(fs.magic)),
+                FsKind::Xfs if sys::fs::xfs_has_reflink(&canon[0]) == Some(false) => {
+                    Some("XFS made with reflink=0".to_owned())
+                }
+                _ => None,
+            };
+            if let Some(fs) = fs_name {
+                return Err(Unsupported { path: display_path(&paths[0]), fs }.into());
+            }
+        }
         let db_path = match g.db {
             Some(db) => db,
             None => default_db_path(&fs.uuid)?,
@@ -163,7 +201,9 @@ impl Config {
             block_size,
             threads: threads.max(1),
             excludes: exclude,
-            incremental,
+            // A rerun carries on from what the database knows; --rehash
+            // starts over.
+            incremental: !rehash,
             dry_run,
             min_range,
             rewrite_ratio,
@@ -177,6 +217,44 @@ impl Config {
             html: None,
         })
     }
+}
+
+/// Usage errors of one exclude glob, found before the database is opened:
+/// a glob that does not parse, or a relative one. Globs are matched against
+/// full paths, so a relative glob (`tmp/**`) would silently never match;
+/// rather than guess what it is relative to (the current directory? each
+/// scanned path? any depth?), it is refused with the two ways to say it.
+fn check_exclude(glob: &str) -> Result<(), String> {
+    globset::Glob::new(glob).map_err(|e| e.kind().to_string())?;
+    if !(glob.starts_with('/') || glob.starts_with('*')) {
+        let tail = glob.trim_start_matches("./");
+        return Err(format!(
+            "relative glob: globs are matched against the full path, so this one would never match; \
+             write '/full/path/{tail}' or '**/{tail}'"
+        ));
+    }
+    Ok(())
+}
+
+/// A filesystem's name from its `statfs` magic, for messages.
+fn fs_name(magic: i64) -> String {
+    match magic {
+        0xEF53 => "ext2/ext3/ext4",
+        0x0102_1994 => "tmpfs",
+        0x8584_58f6 => "ramfs",
+        0x2FC1_2FC1 => "zfs",
+        0xF2F5_2010 => "f2fs",
+        0xCA45_1A4E => "bcachefs",
+        0x794C_7630 => "overlayfs",
+        0x6969 => "nfs",
+        0xFF53_4D42 | 0xFE53_4D42 => "cifs/smb",
+        0x6573_5546 => "a FUSE filesystem",
+        0x4d44 => "vfat",
+        0x5346_544e => "ntfs",
+        0x7371_7368 => "squashfs",
+        _ => return format!("a filesystem with magic {magic:#x}"),
+    }
+    .to_owned()
 }
 
 /// Canonical path and the filesystem it is on.

@@ -4,19 +4,33 @@ use std::sync::atomic::AtomicBool;
 use std::sync::Arc;
 
 use dedupscan::cli::Cli;
-use dedupscan::config::{Action, Config};
+use dedupscan::config::{Action, Config, Unsupported};
 use dedupscan::db::DbError;
 use dedupscan::exit::ExitCode;
 use dedupscan::progress::{Bars, LogLines, Progress};
 use dedupscan::{history, run};
 
+/// A line to stderr that never panics (see the same macro in lib.rs).
+macro_rules! eprintln {
+    ($($arg:tt)*) => {{
+        use std::io::Write as _;
+        let _ = writeln!(std::io::stderr(), $($arg)*);
+    }};
+}
+
 fn main() {
     let cli = Cli::parse_args(); // usage errors exit with 2
     let code = match Config::from_cli(cli) {
         Ok(cfg) => dispatch(&cfg),
+        // Usage errors and unsupported filesystems are found here, before
+        // any database is opened or any file read.
         Err(e) => {
             eprintln!("dedupscan: {e:#}");
-            ExitCode::Usage
+            if e.downcast_ref::<Unsupported>().is_some() {
+                ExitCode::Unsupported
+            } else {
+                ExitCode::Usage
+            }
         }
     };
     std::process::exit(code.code());
@@ -26,7 +40,7 @@ fn dispatch(cfg: &Config) -> ExitCode {
     let stop = Arc::new(AtomicBool::new(false));
     for sig in [signal_hook::consts::SIGINT, signal_hook::consts::SIGTERM] {
         // A first signal asks for a clean stop; a second one kills at once.
-        let _ = signal_hook::flag::register_conditional_shutdown(sig, 130, Arc::clone(&stop));
+        let _ = signal_hook::flag::register_conditional_shutdown(sig, dedupscan::exit::KILLED, Arc::clone(&stop));
         let _ = signal_hook::flag::register(sig, Arc::clone(&stop));
     }
     if let Some(budget) = cfg.max_runtime {
@@ -52,7 +66,21 @@ fn dispatch(cfg: &Config) -> ExitCode {
         }),
         Action::Run | Action::Scan => run::run(cfg, progress.as_ref(), &stop).and_then(|r| {
             print_out(cfg.json, &r, || r.to_text())?;
-            let code = if r.errors > 0 { ExitCode::PartialErrors } else { ExitCode::Success };
+            let code = if r.interrupted {
+                // Not 0: a timer or script must see that the volume was not
+                // fully processed (the report says how far it got).
+                if cfg.verbosity > dedupscan::progress::Verbosity::Quiet {
+                    eprintln!(
+                        "dedupscan: stopped before finishing (signal or --max-runtime): the work done is kept; \
+                         the next run carries on (exit status 5)"
+                    );
+                }
+                ExitCode::Interrupted
+            } else if r.errors > 0 {
+                ExitCode::PartialErrors
+            } else {
+                ExitCode::Success
+            };
             finished = Some(r);
             Ok(code)
         }),
@@ -94,11 +122,16 @@ fn write_metrics(cfg: &Config, code: ExitCode, report: Option<&dedupscan::report
     }
 }
 
+/// Print the report on stdout. A reader that went away (`| head -1`) ends
+/// the output quietly: the run itself is done and its exit status stands.
 fn print_out<T: serde::Serialize>(json: bool, value: &T, text: impl FnOnce() -> String) -> anyhow::Result<()> {
-    if json {
-        println!("{}", serde_json::to_string_pretty(value)?);
-    } else {
-        print!("{}", text());
+    use std::io::Write;
+    let out = if json { serde_json::to_string_pretty(value)? + "\n" } else { text() };
+    let mut stdout = std::io::stdout().lock();
+    match stdout.write_all(out.as_bytes()).and_then(|()| stdout.flush()) {
+        Err(e) if e.kind() != std::io::ErrorKind::BrokenPipe => {
+            Err(anyhow::Error::new(e).context("writing the report"))
+        }
+        _ => Ok(()),
     }
-    Ok(())
 }

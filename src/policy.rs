@@ -113,6 +113,10 @@ impl SkipReason {
 #[derive(Debug, Default)]
 pub struct Policy {
     excludes: GlobSet,
+    /// The exclude globs as given, and whether each has matched a path this
+    /// run (so that a glob matching nothing can be warned about).
+    exclude_globs: Vec<String>,
+    exclude_hits: Vec<std::sync::atomic::AtomicBool>,
     /// (dev, inode) of files never to touch: our database files, swap files.
     own_files: HashSet<(u64, u64)>,
     swap_files: HashSet<(u64, u64)>,
@@ -143,14 +147,47 @@ impl Policy {
             .filter_map(|p| std::fs::symlink_metadata(p).ok())
             .map(|m| (m.dev(), m.ino()))
             .collect();
-        Ok(Policy { excludes: b.build()?, own_files, swap_files, include_readonly_snapshots: false })
+        Ok(Policy {
+            excludes: b.build()?,
+            exclude_globs: excludes.to_vec(),
+            exclude_hits: excludes.iter().map(|_| Default::default()).collect(),
+            own_files,
+            swap_files,
+            include_readonly_snapshots: false,
+        })
+    }
+
+    /// Whether `path` matches an exclude glob (remembering which matched).
+    fn excluded(&self, path: &Path) -> bool {
+        if self.exclude_globs.is_empty() {
+            return false;
+        }
+        let hits = self.excludes.matches(path);
+        for i in &hits {
+            self.exclude_hits[*i].store(true, std::sync::atomic::Ordering::Relaxed);
+        }
+        !hits.is_empty()
+    }
+
+    /// Exclude globs that matched no path so far (a typo, or a path outside
+    /// the scanned ones).
+    pub fn unmatched_excludes(&self) -> Vec<&str> {
+        (self.exclude_globs.iter().zip(&self.exclude_hits))
+            .filter(|(_, hit)| !hit.load(std::sync::atomic::Ordering::Relaxed))
+            .map(|(g, _)| g.as_str())
+            .collect()
     }
 
     /// Whether the walk may descend into directory `dir`.
     pub fn check_dir(&self, dir: &Path) -> Result<(), SkipReason> {
-        if self.excludes.is_match(dir) {
+        if self.excluded(dir) {
             return Err(SkipReason::Excluded);
         }
+        self.check_dir_marks(dir)
+    }
+
+    /// The nodedup markers of directory `dir`.
+    fn check_dir_marks(&self, dir: &Path) -> Result<(), SkipReason> {
         if sys::inode::has_xattr(dir, NODEDUP_XATTR) || dir.join(NODEDUP_MARKER).symlink_metadata().is_ok() {
             return Err(SkipReason::Nodedup);
         }
@@ -160,12 +197,8 @@ impl Policy {
     /// Whether any directory above `path` (up to `/`) carries a nodedup
     /// marker: a starting path inside a protected tree is protected too.
     pub fn check_ancestors(&self, path: &Path) -> Result<(), SkipReason> {
-        path.ancestors().skip(1).try_for_each(|a| {
-            self.check_dir(a).or_else(|r| match r {
-                SkipReason::Excluded => Ok(()),
-                other => Err(other),
-            })
-        })
+        // Excludes do not apply above the starting path.
+        path.ancestors().skip(1).try_for_each(|a| self.check_dir_marks(a))
     }
 
     /// Checks on a regular file that need nothing but its path and inode.
@@ -176,7 +209,7 @@ impl Policy {
         if self.swap_files.contains(&(dev, ino)) {
             return Err(SkipReason::Swapfile);
         }
-        if self.excludes.is_match(path) {
+        if self.excluded(path) {
             return Err(SkipReason::Excluded);
         }
         Ok(())

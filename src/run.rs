@@ -51,6 +51,10 @@ pub fn run(cfg: &Config, progress: &dyn Progress, stop: &AtomicBool) -> Result<R
         block_size: cfg.block_size,
         ..Default::default()
     };
+    // The globs were checked by Config; building the policy before the
+    // database is opened keeps any error here from touching it.
+    let mut policy = Policy::new(&cfg.excludes, Some(&cfg.db_path)).context("invalid --exclude glob")?;
+    policy.include_readonly_snapshots = cfg.include_readonly_snapshots;
     let db = Db::open(&cfg.db_path, &fs.uuid)?;
     let run_id = db.begin_run(&report.command, cfg.dry_run)?;
     if db.meta("block_size")?.as_deref() != Some(&cfg.block_size.to_string()) {
@@ -60,8 +64,6 @@ pub fn run(cfg: &Config, progress: &dyn Progress, stop: &AtomicBool) -> Result<R
         db.forget_all_hashes()?;
         db.set_meta("block_size", &cfg.block_size.to_string())?;
     }
-    let mut policy = Policy::new(&cfg.excludes, Some(&cfg.db_path)).context("invalid --exclude glob")?;
-    policy.include_readonly_snapshots = cfg.include_readonly_snapshots;
 
     // 1+2. crawl and hash, overlapped: the crawler thread sorts every file
     // it finds into known-unchanged or to-hash, and the hashing pool starts
@@ -104,6 +106,9 @@ pub fn run(cfg: &Config, progress: &dyn Progress, stop: &AtomicBool) -> Result<R
     report.timings.walk_ms = cls.walk_ms;
     report.interrupted = stop.load(Ordering::Relaxed);
     if !report.interrupted {
+        for g in policy.unmatched_excludes() {
+            progress.warn(&format!("--exclude '{g}' matched nothing under {}", report.paths.join(", ")));
+        }
         // Known files under the scanned paths that were not seen are gone
         // (or no longer eligible). A stopped crawl did not see everything:
         // it prunes nothing.

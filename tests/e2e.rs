@@ -76,7 +76,7 @@ fn corpus_round_trip(fs: Fs) -> Option<(u64, i64)> {
     assert_eq!(num(&again, "duplicate_bytes"), 0, "{again:#}");
     assert_eq!(num(&again, "bytes_hashed"), 0);
     assert_eq!(num(&again, "ranges_planned"), 0);
-    let full = run_json(&vol, &[data_s]);
+    let full = run_json(&vol, &[data_s, "--rehash"]);
     assert_eq!(num(&full, "duplicate_bytes"), 0, "{full:#}");
     assert!(num(&full, "already_shared_bytes") >= preview * 99 / 100, "{full:#}");
     before.assert_same(&Snapshot::take(&data));

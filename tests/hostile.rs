@@ -185,26 +185,6 @@ fn btrfs_hostile_tree_shares_only_what_it_may() {
     hostile_run(Fs::Btrfs);
 }
 
-#[test]
-fn unsupported_filesystems_scan_and_report_but_refuse_to_share() {
-    for fs in [Fs::Ext4, Fs::XfsNoReflink] {
-        let Some(vol) = Volume::new(fs, 320) else { return };
-        let d = vol.path("d");
-        std::fs::create_dir(&d).unwrap();
-        let payload = Rng::new(5).bytes(100_000);
-        std::fs::write(d.join("a"), &payload).unwrap();
-        std::fs::write(d.join("b"), &payload).unwrap();
-        let before = Snapshot::take(&d);
-        let dry = run_json(&vol, &[d.to_str().unwrap(), "--dry-run"]);
-        assert!(num(&dry, "duplicate_bytes") >= 98_304, "{fs:?}: preview still works: {dry:#}");
-        let r = run_json(&vol, &[d.to_str().unwrap()]);
-        let why = r["sharing_refused"].as_str().unwrap_or_else(|| panic!("{fs:?}: no refusal in {r:#}"));
-        assert!(why.contains("btrfs or XFS") || why.contains("reflink"), "{why}");
-        assert_eq!(num(&r, "deduped_bytes"), 0);
-        before.assert_same(&Snapshot::take(&d));
-    }
-}
-
 /// Trace every open of a real run: no file of the volume is opened for
 /// writing. The one write-open allowed is an unnamed `O_TMPFILE` (a new
 /// inode no other file can see), used on btrfs to rewrite bookends.

@@ -4,6 +4,7 @@
 
 mod common;
 
+use std::ffi::OsStr;
 use std::io::{BufRead, BufReader, Write};
 use std::path::Path;
 use std::process::Stdio;
@@ -108,7 +109,7 @@ fn sigterm_mid_scan_commits_and_the_next_run_carries_on() {
     std::thread::sleep(std::time::Duration::from_millis(100));
     nix::sys::signal::kill(nix::unistd::Pid::from_raw(child.id() as i32), nix::sys::signal::SIGTERM).unwrap();
     let out = child.wait_with_output().unwrap();
-    assert!(out.status.code().is_some(), "killed by the signal instead of stopping cleanly");
+    assert_eq!(out.status.code(), Some(5), "stopped cleanly, with the exit status of a stopped run");
     let first: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
     validate_report(&first);
     assert!(first["interrupted"].as_bool().unwrap(), "{first:#}");
@@ -134,7 +135,12 @@ fn max_runtime_stops_cleanly() {
         std::fs::write(data.join(format!("f{i:03}")), rng.bytes(1 << 20)).unwrap();
     }
     vol.remount();
-    let r = run_json(&vol, &["scan", s(&data), "--threads", "1", "--max-runtime", "1ms"]);
+    let db = vol.db();
+    let (code, r, err) = dedupscan(
+        &["scan", s(&data), "--threads", "1", "--max-runtime", "1ms", "--json", "--db", s(&db)].map(OsStr::new),
+    );
+    assert_eq!(code, 5, "a stopped run exits 5: {err}");
+    validate_report(&r);
     assert!(r["interrupted"].as_bool().unwrap(), "{r:#}");
     assert!(num(&r, "files_hashed") < 400);
     let r2 = run_json(&vol, &["scan", s(&data), "--incremental"]);

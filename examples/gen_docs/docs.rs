@@ -230,9 +230,24 @@ fn hand_written() -> Roff {
             "Finished, but some paths or ranges had errors (unreadable, removed while read, refused by the kernel, ...): \
              they are counted in the report and the rest of the run went on. Also when --metrics-file could not be written.",
         ),
-        (ExitCode::Usage, "Usage error: a bad command line, or paths that cannot be used (missing, unreadable, on two filesystems)."),
+        (
+            ExitCode::Usage,
+            "Usage error: a bad command line (including a bad or relative --exclude glob), or paths that cannot be used \
+             (missing, unreadable, on two filesystems). Found before the database is opened: nothing was done.",
+        ),
         (ExitCode::Fatal, "Fatal error: could not run at all (e.g. the database cannot be opened, read or migrated)."),
         (ExitCode::Locked, "Another dedupscan run holds the database's lock; nothing was done."),
+        (
+            ExitCode::Interrupted,
+            "Stopped before finishing: SIGINT, SIGTERM or --max-runtime. The work done is committed, the run is marked \
+             interrupted in the history (report --json: \"interrupted\": true), and the next run carries on. A second \
+             signal ends the process at once with status 130.",
+        ),
+        (
+            ExitCode::Unsupported,
+            "The paths are not on btrfs or on XFS made with reflink=1 (e.g. ext4, tmpfs): nothing can be shared there, so the run is refused \
+             before any file is read or a database created. dedupscan scan records such a filesystem anyway.",
+        ),
     ] {
         tagged(&mut r, code.code().to_string(), [roman(text)]);
     }

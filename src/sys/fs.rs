@@ -179,6 +179,39 @@ pub fn fs_info_of_path(path: &Path) -> std::io::Result<FsInfo> {
     fs_info(f.as_fd()).map_err(std::io::Error::from)
 }
 
+/// `struct xfs_fsop_geom_v1` from `<xfs/xfs_fs.h>` (112 bytes): the oldest
+/// geometry ioctl, answered by every XFS kernel. Only `flags` is read.
+#[repr(C)]
+#[derive(Clone, Copy)]
+struct XfsFsopGeomV1 {
+    sizes: [u32; 8],
+    blocks: [u64; 4],
+    uuid: [u8; 16],
+    sunit: u32,
+    swidth: u32,
+    version: i32,
+    flags: u32,
+    logsectsize: u32,
+    rtsectsize: u32,
+    dirblocksize: u32,
+}
+const _: () = assert!(std::mem::size_of::<XfsFsopGeomV1>() == 112);
+nix::ioctl_read!(ioctl_xfs_fsgeometry_v1, b'X', 100, XfsFsopGeomV1);
+/// `XFS_FSOP_GEOM_FLAGS_REFLINK`: the filesystem can share extents.
+const XFS_GEOM_FLAGS_REFLINK: u32 = 1 << 20;
+
+/// Whether the XFS filesystem of `path` was made with `reflink=1` (without
+/// it the kernel refuses FIDEDUPERANGE). `None` when it cannot be asked.
+pub fn xfs_has_reflink(path: &Path) -> Option<bool> {
+    let f = super::inode::open_path_readonly(path).ok()?;
+    // SAFETY: all-zero is a valid value of this plain-data struct.
+    let mut g: XfsFsopGeomV1 = unsafe { std::mem::zeroed() };
+    // SAFETY: `g` is a valid, writable `struct xfs_fsop_geom_v1`; the
+    // kernel writes at most its size, which the ioctl number encodes.
+    unsafe { ioctl_xfs_fsgeometry_v1(f.as_fd().as_raw_fd(), &mut g) }.ok()?;
+    Some(g.flags & XFS_GEOM_FLAGS_REFLINK != 0)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
