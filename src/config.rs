@@ -52,6 +52,8 @@ pub struct Config {
     pub max_runtime: Option<std::time::Duration>,
     /// Where to write the run's figures for Prometheus (`--metrics-file`).
     pub metrics_file: Option<PathBuf>,
+    /// `--list`: include every planned range in the report.
+    pub list: bool,
 }
 
 impl Config {
@@ -69,6 +71,7 @@ impl Config {
             ProgressMode::Never => false,
             ProgressMode::Auto => std::io::stderr().is_terminal() && verbosity > Verbosity::Quiet,
         };
+        let list = cli.run.list || matches!(&cli.command, Some(Command::Report(r)) if r.list);
         let (action, scan, dry_run, min_range, rewrite_ratio) = match cli.command {
             None => (Action::Run, cli.run.scan, cli.run.dry_run, cli.run.min_range, cli.run.rewrite_ratio),
             Some(Command::Scan(s)) => (Action::Scan, s, false, 0, 0.0),
@@ -93,11 +96,12 @@ impl Config {
                     rewrite_ratio: 0.0,
                     json: g.json,
                     verbosity,
-                    bars: false,
+                    bars,
                     include_readonly_snapshots: false,
                     drop_cache: false,
                     max_runtime: None,
                     metrics_file: None,
+                    list,
                 });
             }
         };
@@ -171,6 +175,7 @@ impl Config {
             drop_cache,
             max_runtime,
             metrics_file,
+            list,
         })
     }
 }

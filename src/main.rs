@@ -15,7 +15,7 @@ fn main() {
     let code = match Config::from_cli(cli) {
         Ok(cfg) => dispatch(&cfg),
         Err(e) => {
-            eprintln!("dedupscan: {e:#}");
+            dedupscan::progress::print_error(&e);
             ExitCode::Usage
         }
     };
@@ -40,7 +40,7 @@ fn dispatch(cfg: &Config) -> ExitCode {
     let progress: Box<dyn Progress> =
         if cfg.bars { Box::new(Bars::new(cfg.verbosity)) } else { Box::new(LogLines::new(cfg.verbosity)) };
     let result = match cfg.action {
-        Action::Report => history::summarize(&cfg.db_path).and_then(|s| {
+        Action::Report => history::summarize_with(&cfg.db_path, progress.as_ref(), cfg.list).and_then(|s| {
             print_out(cfg.json, &s, || s.to_text())?;
             Ok(ExitCode::Success)
         }),
@@ -53,7 +53,7 @@ fn dispatch(cfg: &Config) -> ExitCode {
     match result {
         Ok(code) => code,
         Err(e) => {
-            eprintln!("dedupscan: {e:#}");
+            dedupscan::progress::print_error(&e);
             match e.downcast_ref::<DbError>() {
                 Some(DbError::Locked { .. }) => ExitCode::Locked,
                 _ => ExitCode::Fatal,
@@ -69,7 +69,8 @@ fn write_metrics(cfg: &Config, report: &dedupscan::report::Report) -> bool {
     match dedupscan::metrics::write_atomic(path, report) {
         Ok(()) => true,
         Err(e) => {
-            eprintln!("dedupscan: warning: cannot write metrics file {}: {e}", dedupscan::report::display_path(path));
+            let msg = format!("{}: cannot write the metrics file: {e}", dedupscan::report::display_path(path));
+            dedupscan::progress::emit(dedupscan::progress::Level::Warning, &dedupscan::progress::warning_line(&msg));
             false
         }
     }
