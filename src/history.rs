@@ -376,7 +376,14 @@ fn live_status(db: &Db, block_size: u64, progress: &dyn Progress, list: bool) ->
         .into_iter()
         .map(|(d, bytes)| RemainingDir { directory: display_path(&d), unshared_bytes: bytes })
         .collect();
-    dirs.sort_by(|a, b| b.unshared_bytes.cmp(&a.unshared_bytes).then_with(|| a.directory.cmp(&b.directory)));
+    // Largest first; on a tie the deeper directory first: it says more
+    // precisely where the bytes are (its parent holds the same).
+    let depth = |d: &RemainingDir| d.directory.matches('/').count();
+    dirs.sort_by(|a, b| {
+        (b.unshared_bytes.cmp(&a.unshared_bytes))
+            .then_with(|| depth(b).cmp(&depth(a)))
+            .then_with(|| a.directory.cmp(&b.directory))
+    });
     dirs.truncate(TOP);
     live.groups = groups;
     live.dirs = dirs;

@@ -189,8 +189,8 @@ impl FileCounts {
         let (done, total) = (self.done.load(Ordering::Relaxed), self.total.load(Ordering::Relaxed));
         match (done, total) {
             (0, 0) => String::new(),
-            (d, 0) => format!("{d} files"),
-            (d, t) => format!("{d}/{t} files"),
+            (d, 0) => format!("{d} {}", files_word(d)),
+            (d, t) => format!("{d}/{t} {}", files_word(t)),
         }
     }
 }
@@ -357,10 +357,10 @@ fn status_line(label: &str, bytes: bool, done: u64, total: u64, files: (u64, u64
     match files {
         (0, 0) => {}
         (d, 0) => {
-            let _ = write!(s, ", {d} files");
+            let _ = write!(s, ", {d} {}", files_word(d));
         }
         (d, t) => {
-            let _ = write!(s, ", {d} of {t} files");
+            let _ = write!(s, ", {d} of {t} {}", files_word(t));
         }
     }
     let secs = elapsed.as_secs_f64();
@@ -377,6 +377,15 @@ fn status_line(label: &str, bytes: bool, done: u64, total: u64, files: (u64, u64
         }
     }
     s
+}
+
+/// `file` or `files`.
+fn files_word(n: u64) -> &'static str {
+    if n == 1 {
+        "file"
+    } else {
+        "files"
+    }
 }
 
 impl Progress for LogLines {
@@ -402,7 +411,7 @@ impl Progress for LogLines {
             let label = self.label.lock().unwrap().clone();
             let bytes = *self.bytes.lock().unwrap();
             let amount = if bytes { human(total) } else { total.to_string() };
-            let files = files.map(|f| format!(" in {f} files")).unwrap_or_default();
+            let files = files.map(|f| format!(" in {f} {}", files_word(f))).unwrap_or_default();
             emit(Level::Info, &format!("{label}: {amount}{files} to go through"));
         }
     }

@@ -141,7 +141,8 @@ fn run_inner(cfg: &Config, progress: &dyn Progress, stop: &AtomicBool) -> Result
     drop(index);
     report.files_hashed = stats.files.load(Ordering::Relaxed);
     report.bytes_hashed = stats.bytes.load(Ordering::Relaxed);
-    let HashTally { skipped, errors, failed, not_reached } = stats.tally.into_inner().unwrap();
+    let HashTally { skipped, errors, failed, not_reached, left_out_bytes } = stats.tally.into_inner().unwrap();
+    report.logical_bytes -= left_out_bytes;
     for (r, n) in skipped {
         report.skip(r, n);
         report.files_scanned -= n;
@@ -296,6 +297,8 @@ struct HashTally {
     failed: HashSet<(u64, u64)>,
     /// Files left in the queue when the run was stopped.
     not_reached: u64,
+    /// Sizes of the files skipped or not reached: not considered after all.
+    left_out_bytes: u64,
 }
 
 #[derive(Default)]
@@ -328,7 +331,9 @@ fn hash_all(
             || tx.clone(),
             |tx, (cand, id)| {
                 if stop.load(Ordering::Relaxed) {
-                    stats.tally.lock().unwrap().not_reached += 1;
+                    let mut t = stats.tally.lock().unwrap();
+                    t.not_reached += 1;
+                    t.left_out_bytes += cand.size;
                     return;
                 }
                 let key = (cand.dev, cand.ino);
@@ -368,6 +373,7 @@ fn hash_all(
                         }
                         let mut t = stats.tally.lock().unwrap();
                         *t.skipped.entry(r).or_default() += 1;
+                        t.left_out_bytes += cand.size;
                         t.failed.insert(key);
                     }
                     Err(HashFail::Error(kind, e)) => {

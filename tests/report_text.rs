@@ -116,6 +116,8 @@ fn counts_add_up_on_every_run() {
     // the marked directory's 3 files are not considered.
     assert_eq!(num(&first, "files_scanned"), 49, "{first:#}");
     assert_eq!(num(&first, "files_hashed"), 49, "{first:#}");
+    let sizes = 3 * 256 * 1024 + 6 * 900 + (0..40).map(|i| 5000 + i).sum::<u64>();
+    assert_eq!(num(&first, "logical_bytes"), sizes, "the sizes of the files considered: {first:#}");
     assert_eq!(first["skipped"]["nodedup"].as_u64(), Some(1), "one file marked: {first:#}");
     assert_eq!(first["skipped_dirs"]["nodedup"].as_u64(), Some(1), "one directory marked: {first:#}");
     assert_eq!(first["skipped"]["hardlink"].as_u64(), Some(40), "{first:#}");

@@ -1,6 +1,6 @@
 # Print an optspec for argparse to handle cmd's options that are independent of any subcommand.
 function __fish_dedupscan_global_optspecs
-    string join \n incremental block-size= threads= exclude= exclude-from= include-readonly-snapshots drop-cache max-runtime= metrics-file= n/dry-run min-range= rewrite-ratio= db= json v/verbose q/quiet log-level= progress= h/help V/version
+    string join \n incremental block-size= threads= exclude= exclude-from= include-readonly-snapshots drop-cache max-runtime= metrics-file= n/dry-run min-range= rewrite-ratio= list db= json v/verbose q/quiet log-level= progress= h/help V/version
 end
 
 function __fish_dedupscan_needs_command
@@ -43,6 +43,7 @@ complete -c dedupscan -n "__fish_dedupscan_needs_command" -l incremental -d 'Reh
 complete -c dedupscan -n "__fish_dedupscan_needs_command" -l include-readonly-snapshots -d 'Also share into read-only btrfs snapshots (left alone by default: sharing into many snapshots can grow metadata instead of freeing space)'
 complete -c dedupscan -n "__fish_dedupscan_needs_command" -l drop-cache -d 'Drop file data from the page cache once it is hashed, so a scan does not evict the server\'s working set (used by the systemd unit; costs rereads when ranges are shared)'
 complete -c dedupscan -n "__fish_dedupscan_needs_command" -s n -l dry-run -d 'Show what would be shared, verified byte for byte, and change nothing on the volume'
+complete -c dedupscan -n "__fish_dedupscan_needs_command" -l list -d 'Also list every planned range (source, destination, offsets, bytes): with --dry-run, what would be shared'
 complete -c dedupscan -n "__fish_dedupscan_needs_command" -l json -d 'Print the report as one JSON document on stdout'
 complete -c dedupscan -n "__fish_dedupscan_needs_command" -s v -l verbose -d 'More detail (repeatable)'
 complete -c dedupscan -n "__fish_dedupscan_needs_command" -s q -l quiet -d 'Less output: no per-path warnings, no progress'
@@ -78,6 +79,7 @@ verbose\t'Also details of every phase'"
 complete -c dedupscan -n "__fish_dedupscan_using_subcommand report" -l progress -d 'Progress display on stderr: bars on a terminal (auto), always, or never' -r -f -a "auto\t''
 always\t''
 never\t''"
+complete -c dedupscan -n "__fish_dedupscan_using_subcommand report" -l list -d 'Also list every duplicate range the database knows (source, destination, offsets, bytes) and whether it is shared now'
 complete -c dedupscan -n "__fish_dedupscan_using_subcommand report" -l json -d 'Print the report as one JSON document on stdout'
 complete -c dedupscan -n "__fish_dedupscan_using_subcommand report" -s v -l verbose -d 'More detail (repeatable)'
 complete -c dedupscan -n "__fish_dedupscan_using_subcommand report" -s q -l quiet -d 'Less output: no per-path warnings, no progress'
