@@ -82,18 +82,22 @@ pub fn print_error(e: &anyhow::Error) {
 }
 
 /// The error and its causes joined with `: `, leaving out a cause whose text
-/// the message so far already contains.
+/// the message so far already contains, or that only prefixes the previous
+/// one with a code (SQLite's "Error code 11: database disk image is
+/// malformed" under "database disk image is malformed").
 pub fn error_text(e: &anyhow::Error) -> String {
     let mut s = String::new();
+    let mut last = String::new();
     for cause in e.chain() {
         let c = cause.to_string();
-        if s.contains(&c) {
+        if s.contains(&c) || (!last.is_empty() && c.ends_with(&last)) {
             continue;
         }
         if !s.is_empty() {
             s.push_str(": ");
         }
         s.push_str(&c);
+        last = c;
     }
     s
 }
@@ -481,5 +485,10 @@ mod tests {
         assert_eq!(t.matches("Read-only file system").count(), 1, "{t}");
         let e = anyhow::anyhow!("inner").context("outer");
         assert_eq!(error_text(&e), "outer: inner");
+        let sqlite = rusqlite::Error::SqliteFailure(
+            rusqlite::ffi::Error::new(rusqlite::ffi::SQLITE_CORRUPT),
+            Some("database disk image is malformed".into()),
+        );
+        assert_eq!(error_text(&anyhow::Error::new(sqlite)), "database disk image is malformed");
     }
 }

@@ -15,7 +15,9 @@ use serde::Serialize;
 use crate::policy::SkipReason;
 
 /// Version of the report's JSON layout; bumped on incompatible changes.
-pub const REPORT_VERSION: u32 = 1;
+/// 2: `files_unchanged` no longer counts moved files, `skipped` counts files
+/// only (directories in `skipped_dirs`), `files_scanned` keeps inline files.
+pub const REPORT_VERSION: u32 = 2;
 
 /// Time spent per phase, in milliseconds.
 #[derive(Debug, Default, Clone, Serialize)]

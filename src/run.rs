@@ -60,7 +60,10 @@ fn run_inner(cfg: &Config, progress: &dyn Progress, stop: &AtomicBool) -> Result
     let run_id = db.begin_run(&report.command, cfg.dry_run)?;
     if db.meta("block_size")?.as_deref() != Some(&cfg.block_size.to_string()) {
         if db.meta("block_size")?.is_some() {
-            progress.warn("block size differs from the database's: every file is hashed again");
+            progress.warn(&format!(
+                "{}: block size differs from the database's: every file is hashed again",
+                display_path(&cfg.db_path)
+            ));
         }
         db.forget_all_hashes()?;
         db.set_meta("block_size", &cfg.block_size.to_string())?;
@@ -379,7 +382,7 @@ fn hash_all(
                     Err(HashFail::Error(kind, e)) => {
                         progress.inc(cand.size);
                         progress.inc_files(1);
-                        progress.warn(&format!("{}: {e}", display_path(&cand.path)));
+                        progress.warn(&format!("{}: {kind}: {e}", display_path(&cand.path)));
                         let mut t = stats.tally.lock().unwrap();
                         *t.errors.entry(kind).or_default() += 1;
                         t.failed.insert(key);

@@ -461,5 +461,42 @@ fn each_errno_is_said_once_and_database_errors_say_where_and_what_to_do() {
     assert_eq!(code, 3, "{err}");
     assert!(err.contains(s(&db)), "no path in: {err}");
     assert!(err.contains("move it aside"), "no advice in: {err}");
+    assert_eq!(err.matches("malformed").count(), 1, "said more than once: {err}");
     assert_eq!(err.lines().count(), 1, "{err}");
+}
+
+#[test]
+fn bars_on_a_terminal_show_totals_file_counts_and_a_moving_plan_phase() {
+    let Some(vol) = Volume::new(Fs::Xfs, 320) else { return };
+    if Command::new("script").arg("--version").output().is_err() {
+        assert!(std::env::var("DEDUPSCAN_REQUIRE_FS_TESTS").as_deref() != Ok("1"), "script(1) (bsdutils) is missing");
+        eprintln!("*** SKIPPED: no script(1) to run on a terminal ***");
+        return;
+    }
+    let d = vol.path("d");
+    std::fs::create_dir(&d).unwrap();
+    let mut rng = Rng::new(21);
+    let payload = rng.bytes(3 << 20);
+    for i in 0..40 {
+        // Every other file a copy, so the share phase has work.
+        let data = if i % 2 == 0 { payload.clone() } else { rng.bytes(3 << 20) };
+        std::fs::write(d.join(format!("f{i:02}")), data).unwrap();
+    }
+    vol.remount();
+    let bin = assert_cmd::cargo::cargo_bin("dedupscan");
+    let cmd = format!("{} {} --db {} > /dev/null", bin.display(), s(&d), s(&vol.db()));
+    let dir = tempfile::tempdir().unwrap();
+    let log = dir.path().join("tty");
+    let st = Command::new("script").args(["-qfec", &cmd]).arg(&log).stdout(std::process::Stdio::null()).status();
+    assert!(st.unwrap().success());
+    let out = std::fs::read_to_string(&log).unwrap();
+    let frames: Vec<&str> = out.split(['\r', '\n']).map(|f| f.trim_start_matches("\x1b[2K")).collect();
+    // Once the crawl is over the scan is a bar with a total, file counts and an ETA.
+    let bar =
+        frames.iter().find(|f| f.starts_with("1/3 scan [") && f.contains("/120.00 MiB") && f.contains("/40 files"));
+    assert!(bar.is_some_and(|b| b.contains("eta")), "no scan bar with totals:\n{out}");
+    // The plan phase shows time passing, not a count stuck at 0.
+    for f in frames.iter().filter(|f| f.starts_with("2/3 plan ") && !f.starts_with("2/3 plan:")) {
+        assert!(f.trim_end().ends_with('s'), "plan frame without elapsed time: {f:?}");
+    }
 }
