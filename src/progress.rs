@@ -236,6 +236,18 @@ impl Bars {
             .with_key("files", move |_: &ProgressState, w: &mut dyn std::fmt::Write| {
                 let _ = w.write_str(&files.text());
             })
+            // indicatif says "0s" before anything is done; say "?" until
+            // there is a rate to go by.
+            .with_key("eta", |st: &ProgressState, w: &mut dyn std::fmt::Write| {
+                let _ = match st.pos() {
+                    0 => w.write_str("?"),
+                    _ => write!(
+                        w,
+                        "{}",
+                        humantime::format_duration(Duration::from_secs(st.eta().as_secs_f64().ceil() as u64))
+                    ),
+                };
+            })
             .progress_chars("=> ")
     }
 }

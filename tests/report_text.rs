@@ -499,4 +499,8 @@ fn bars_on_a_terminal_show_totals_file_counts_and_a_moving_plan_phase() {
     for f in frames.iter().filter(|f| f.starts_with("2/3 plan ") && !f.starts_with("2/3 plan:")) {
         assert!(f.trim_end().ends_with('s'), "plan frame without elapsed time: {f:?}");
     }
+    // Before anything is shared there is no rate: no "eta 0s".
+    for f in frames.iter().filter(|f| f.starts_with("3/3 share [") && f.contains("] 0 B/")) {
+        assert!(f.trim_end().ends_with("eta ?"), "an ETA without a rate: {f:?}");
+    }
 }
