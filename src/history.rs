@@ -197,27 +197,43 @@ const CHUNK: usize = 1024;
 /// `st_blocks` (what `du` would add up).
 fn disk_usage(files: &HashMap<FileId, Candidate>, progress: &dyn Progress) -> (u64, u64) {
     use crate::sys::fiemap::flags;
+    use rayon::prelude::*;
     use std::os::fd::AsFd;
     progress.phase("report: measuring files", Some(files.len() as u64), false);
-    let (mut allocated, mut inline) = (0u64, 0u64);
-    let mut spans: Vec<(u64, u64)> = Vec::new();
-    for c in files.values() {
-        progress.inc(1);
-        let Ok(f) = crate::sys::open_readonly(&c.path) else { continue };
-        let Ok(m) = f.metadata() else { continue };
-        if m.dev() != c.dev || m.ino() != c.ino {
-            continue;
-        }
-        allocated += m.blocks() * 512;
-        let Ok(extents) = crate::sys::fiemap(f.as_fd(), 0, m.size().max(1)) else { continue };
-        for e in extents {
-            if e.flags & flags::DATA_INLINE != 0 {
-                inline += e.length;
-            } else if e.flags & (flags::UNKNOWN | flags::DELALLOC) == 0 && e.length > 0 {
-                spans.push((e.physical, e.physical + e.length));
-            }
-        }
+    // One open, fstat and FIEMAP per file, on every CPU (metadata only).
+    #[derive(Default)]
+    struct Acc {
+        allocated: u64,
+        inline: u64,
+        spans: Vec<(u64, u64)>,
     }
+    let acc = files
+        .par_iter()
+        .fold(Acc::default, |mut acc, (_, c)| {
+            progress.inc(1);
+            let Ok(f) = crate::sys::open_readonly(&c.path) else { return acc };
+            let Ok(m) = f.metadata() else { return acc };
+            if m.dev() != c.dev || m.ino() != c.ino {
+                return acc;
+            }
+            acc.allocated += m.blocks() * 512;
+            let Ok(extents) = crate::sys::fiemap(f.as_fd(), 0, m.size().max(1)) else { return acc };
+            for e in extents {
+                if e.flags & flags::DATA_INLINE != 0 {
+                    acc.inline += e.length;
+                } else if e.flags & (flags::UNKNOWN | flags::DELALLOC) == 0 && e.length > 0 {
+                    acc.spans.push((e.physical, e.physical + e.length));
+                }
+            }
+            acc
+        })
+        .reduce(Acc::default, |mut a, mut b| {
+            a.allocated += b.allocated;
+            a.inline += b.inline;
+            a.spans.append(&mut b.spans);
+            a
+        });
+    let (allocated, inline, mut spans) = (acc.allocated, acc.inline, acc.spans);
     spans.sort_unstable();
     let (mut total, mut cur): (u64, Option<(u64, u64)>) = (0, None);
     for (s, e) in spans {
@@ -286,14 +302,22 @@ fn live_status(db: &Db, block_size: u64, progress: &dyn Progress, list: bool) ->
     let plan = planned.plan;
     let (on_disk, allocated) = disk_usage(&files, progress);
     progress.phase("report: measuring ranges", Some(plan.ranges.len() as u64), false);
-    let mut status = Vec::with_capacity(plan.ranges.len());
-    for chunk in plan.ranges.chunks(CHUNK) {
-        // `..Default::default()`: the planner may grow fields besides `ranges`.
-        #[allow(clippy::needless_update)]
-        let part = Plan { ranges: chunk.to_vec(), ..Default::default() };
-        status.extend(range_states(&part, &files, block_size));
-        progress.inc(chunk.len() as u64);
-    }
+    let status: Vec<RangeState> = {
+        use rayon::prelude::*;
+        let parts: Vec<Vec<RangeState>> = plan
+            .ranges
+            .par_chunks(CHUNK)
+            .map(|chunk| {
+                // `..Default::default()`: the planner may grow fields besides `ranges`.
+                #[allow(clippy::needless_update)]
+                let part = Plan { ranges: chunk.to_vec(), ..Default::default() };
+                let st = range_states(&part, &files, block_size);
+                progress.inc(chunk.len() as u64);
+                st
+            })
+            .collect();
+        parts.into_iter().flatten().collect()
+    };
     progress.finish_phase("");
     let mut live = Live {
         allocated,
