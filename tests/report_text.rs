@@ -504,3 +504,36 @@ fn bars_on_a_terminal_show_totals_file_counts_and_a_moving_plan_phase() {
         assert!(f.trim_end().ends_with("eta ?"), "an ETA without a rate: {f:?}");
     }
 }
+
+#[test]
+fn a_killed_run_shows_as_unfinished() {
+    use std::io::BufRead;
+    let Some(vol) = Volume::new(Fs::Xfs, 320) else { return };
+    let d = vol.path("d");
+    std::fs::create_dir(&d).unwrap();
+    let mut rng = Rng::new(41);
+    for i in 0..150 {
+        std::fs::write(d.join(format!("f{i:03}")), rng.bytes(1 << 20)).unwrap();
+    }
+    vol.remount(); // cold cache: reading takes time
+    let db = vol.db();
+    let mut child = Command::new(assert_cmd::cargo::cargo_bin("dedupscan"))
+        .args(["scan", s(&d), "--threads", "1", "-v", "--progress", "never", "--db", s(&db)])
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut err = std::io::BufReader::new(child.stderr.take().unwrap());
+    let mut line = String::new();
+    while err.read_line(&mut line).unwrap() > 0 && !line.contains("1/3 scan: started") {
+        line.clear();
+    }
+    child.kill().unwrap(); // SIGKILL: no chance to record an end
+    let status = child.wait().unwrap();
+    assert!(status.code().is_none(), "the scan ended before it was killed: make the data larger");
+    let r = report_json(&vol, &[]);
+    assert_eq!(r["runs"][0]["status"], "unfinished", "{r:#}");
+    assert!(r["runs"][0]["finished"].is_null(), "{r:#}");
+    let (text, _) = report_text(&vol, &[]);
+    assert!(text.contains("UNFINISHED"), "{text}");
+}
