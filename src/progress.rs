@@ -108,10 +108,18 @@ pub fn error_text(e: &anyhow::Error) -> String {
 /// where it is). Errors that already say it (`DbError`) pass unchanged.
 pub fn explain_db_error(path: &std::path::Path, e: anyhow::Error) -> anyhow::Error {
     use rusqlite::ErrorCode as C;
-    if e.downcast_ref::<crate::db::DbError>().is_some() {
+    // Those that say it already; a bare SQLite error inside one does not.
+    if e.downcast_ref::<crate::db::DbError>().is_some_and(|d| !matches!(d, crate::db::DbError::Sqlite(_))) {
         return e;
     }
-    let Some(code) = e.chain().find_map(|c| c.downcast_ref::<rusqlite::Error>()).map(|s| s.sqlite_error_code()) else {
+    let sqlite = |c: &(dyn std::error::Error + 'static)| -> Option<Option<C>> {
+        let s = c.downcast_ref::<rusqlite::Error>().or(match c.downcast_ref::<crate::db::DbError>() {
+            Some(crate::db::DbError::Sqlite(s)) => Some(s),
+            _ => None,
+        })?;
+        Some(s.sqlite_error_code())
+    };
+    let Some(code) = e.chain().find_map(sqlite) else {
         return e;
     };
     let p = crate::report::display_path(path);
@@ -486,6 +494,23 @@ mod tests {
         let s = status_line("1/3 scan", true, 879254300, 0, (5, 0), Duration::from_secs(1));
         assert_eq!(s, "1/3 scan: 838.5 MiB, 5 files, 838.5 MiB/s");
         assert_eq!(status_line("report", false, 0, 10, (0, 0), Duration::ZERO), "report: 0 of 10 (0%)");
+    }
+
+    #[test]
+    fn database_errors_say_where_and_what_to_do() {
+        let db = std::path::Path::new("/var/lib/dedupscan/x.sqlite");
+        let sqlite = |code| rusqlite::Error::SqliteFailure(rusqlite::ffi::Error::new(code), None);
+        let e = explain_db_error(db, crate::db::DbError::Sqlite(sqlite(rusqlite::ffi::SQLITE_CORRUPT)).into());
+        let t = error_text(&e);
+        assert!(t.starts_with("database /var/lib/dedupscan/x.sqlite: ") && t.contains("move it aside"), "{t}");
+        let t = error_text(&explain_db_error(db, anyhow::Error::new(sqlite(rusqlite::ffi::SQLITE_FULL))));
+        assert!(t.contains("is full"), "{t}");
+        // Errors that already say what to do pass unchanged.
+        let locked = crate::db::DbError::Locked { path: db.to_owned() };
+        let e = explain_db_error(db, locked.into());
+        assert!(matches!(e.downcast_ref::<crate::db::DbError>(), Some(crate::db::DbError::Locked { .. })));
+        // Other errors too.
+        assert_eq!(error_text(&explain_db_error(db, anyhow::anyhow!("x"))), "x");
     }
 
     #[test]
