@@ -453,7 +453,7 @@ impl DbSummary {
         t.row([
             "freed so far".to_owned(),
             human_signed(self.freed_bytes_total),
-            format!("measured with statfs over {} runs", self.runs.len()),
+            format!("measured with statfs over {} run{}", self.runs.len(), if self.runs.len() == 1 { "" } else { "s" }),
         ]);
         s.push('\n');
         s.push_str(&t.render());
