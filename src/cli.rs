@@ -198,6 +198,11 @@ pub struct RunArgs {
     /// remainder is at most RATIO times the shared part. 0 turns it off.
     #[arg(long, value_name = "RATIO", default_value_t = 1.0, value_parser = parse_ratio)]
     pub rewrite_ratio: f64,
+
+    /// Also list every planned range (source, destination, offsets, bytes):
+    /// with --dry-run, what would be shared.
+    #[arg(long)]
+    pub list: bool,
 }
 
 #[derive(Debug, Subcommand)]
@@ -218,6 +223,10 @@ pub struct ReportArgs {
     /// history, space now, where duplicates remain (no script, nothing fetched).
     #[arg(long, value_name = "FILE")]
     pub html: Option<PathBuf>,
+    /// Also list every duplicate range the database knows (source,
+    /// destination, offsets, bytes) and whether it is shared now.
+    #[arg(long)]
+    pub list: bool,
 }
 
 /// Parse sizes like `4096`, `4K`, `4KiB`, `1M`.

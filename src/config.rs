@@ -71,6 +71,8 @@ pub struct Config {
     pub metrics_file: Option<PathBuf>,
     /// `report --html FILE`.
     pub html: Option<PathBuf>,
+    /// `--list`: include every planned range in the report.
+    pub list: bool,
 }
 
 impl Config {
@@ -88,6 +90,7 @@ impl Config {
             ProgressMode::Never => false,
             ProgressMode::Auto => std::io::stderr().is_terminal() && verbosity > Verbosity::Quiet,
         };
+        let list = cli.run.list || matches!(&cli.command, Some(Command::Report(r)) if r.list);
         let (action, scan, dry_run, min_range, rewrite_ratio) = match cli.command {
             None => (Action::Run, cli.run.scan, cli.run.dry_run, cli.run.min_range, cli.run.rewrite_ratio),
             Some(Command::Scan(s)) => (Action::Scan, s, false, 0, 0.0),
@@ -112,12 +115,13 @@ impl Config {
                     rewrite_ratio: 0.0,
                     json: g.json,
                     verbosity,
-                    bars: false,
+                    bars,
                     include_readonly_snapshots: false,
                     drop_cache: false,
                     max_runtime: None,
                     metrics_file: None,
                     html: r.html,
+                    list,
                 });
             }
         };
@@ -215,6 +219,7 @@ impl Config {
             max_runtime,
             metrics_file,
             html: None,
+            list,
         })
     }
 }

@@ -399,12 +399,14 @@ impl<'a> Executor<'a> {
             }
             let group = &ranges[i..j];
             i = j;
-            self.progress.inc(group.iter().map(|r| r.len).sum());
             if src_file.as_ref().map(|(id, _)| *id) != Some(first.src) {
                 src_file = self.open(first.src).map(|f| (first.src, f));
             }
-            let Some((_, src)) = &src_file else { continue };
-            self.source_group(src, &first, group);
+            if let Some((_, src)) = &src_file {
+                self.source_group(src, &first, group);
+            }
+            // Counted once done, so the bar's ETA covers the group's work.
+            self.progress.inc(group.iter().map(|r| r.len).sum());
         }
     }
 

@@ -5,6 +5,13 @@
 //! every range measured with FIEMAP (metadata only, no data is read) — and
 //! the history of runs (each run's own report, as it was measured).
 //! Described by `schema/db-report.schema.json`.
+//!
+//! Space on disk is counted the way `compsize` and `btrfs filesystem du`
+//! do: every physical extent once, however many files share it (the sum of
+//! `st_blocks` counts a shared block in every file and grows after
+//! sharing). Directories are rolled up like `du`: a directory's figure
+//! includes everything below it. Text is a table per section, dates are
+//! ISO 8601 in UTC, sizes in binary units.
 
 use std::collections::{HashMap, HashSet};
 use std::os::unix::fs::MetadataExt;
@@ -15,8 +22,9 @@ use serde::Serialize;
 
 use crate::db::Db;
 use crate::dedupe::{range_states, RangeState};
-use crate::plan::PlanOptions;
-use crate::report::{display_path, human};
+use crate::plan::{Plan, PlanOptions};
+use crate::progress::{Progress, Silent};
+use crate::report::{display_path, human, human_signed, iso_time, list_text, ListedRange, Table};
 use crate::types::FileId;
 use crate::walk::Candidate;
 
@@ -24,8 +32,16 @@ use crate::walk::Candidate;
 #[derive(Debug, Serialize)]
 pub struct RunEntry {
     pub id: i64,
+    /// Unix seconds.
     pub started_at: i64,
     pub finished_at: Option<i64>,
+    /// `started_at` as ISO 8601, UTC.
+    pub started: String,
+    pub finished: Option<String>,
+    /// `finished`; `interrupted` (stopped by a signal or the time budget,
+    /// its work kept); `unfinished` (never recorded an end: killed,
+    /// crashed, or still running).
+    pub status: String,
     pub command: String,
     pub dry_run: bool,
     /// That run's report (null when it did not finish).
@@ -40,7 +56,8 @@ pub struct RemainingGroup {
     pub destinations: u64,
 }
 
-/// A directory holding unshared duplicate bytes (as destinations).
+/// A directory holding unshared duplicate bytes (as destinations),
+/// everything below it included (like `du`).
 #[derive(Debug, Serialize)]
 pub struct RemainingDir {
     pub directory: String,
@@ -61,6 +78,10 @@ pub struct DbSummary {
     /// Sum of the files' allocated blocks (st_blocks), as they are now;
     /// shared blocks count in every file that uses them.
     pub allocated_bytes: u64,
+    /// Space the files take on disk now, each physical extent counted once
+    /// however many files share it (FIEMAP; like `compsize`). Falls after
+    /// sharing.
+    pub on_disk_bytes: u64,
     /// Duplicate bytes the plan finds among the known files now.
     pub duplicate_bytes: u64,
     /// Of those, bytes already sharing one extent (measured with FIEMAP).
@@ -77,31 +98,56 @@ pub struct DbSummary {
     /// Sum over runs of bytes freed, as measured by statfs.
     pub freed_bytes_total: i64,
     pub runs: Vec<RunEntry>,
+    /// With `--list`: every planned range and its state now.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub ranges: Option<Vec<ListedRange>>,
 }
 
+/// [`summarize_with`], silently and without the list of ranges.
 pub fn summarize(path: &Path) -> Result<DbSummary> {
+    summarize_with(path, &Silent, false)
+}
+
+/// Summarize the database at `path`, showing progress (measuring every file
+/// and range takes a while on a large volume); `list`: include every range.
+pub fn summarize_with(path: &Path, progress: &dyn Progress, list: bool) -> Result<DbSummary> {
     if !path.exists() {
         anyhow::bail!("no database at {}: run `dedupscan PATH` or `dedupscan scan PATH` first", display_path(path));
     }
+    summarize_inner(path, progress, list).map_err(|e| crate::progress::explain_db_error(path, e))
+}
+
+fn summarize_inner(path: &Path, progress: &dyn Progress, list: bool) -> Result<DbSummary> {
     let db = Db::open_for_report(path)?;
     let conn = &db.conn;
     let meta =
         |k: &str| -> Option<String> { conn.query_row("SELECT value FROM meta WHERE key = ?1", [k], |r| r.get(0)).ok() };
     let block_size: u64 = meta("block_size").and_then(|s| s.parse().ok()).unwrap_or(4096);
-    let live = live_status(&db, block_size)?;
+    let live = live_status(&db, block_size, progress, list)?;
     let (files, logical): (i64, i64) =
         conn.query_row("SELECT count(*), coalesce(sum(size), 0) FROM files", [], |r| Ok((r.get(0)?, r.get(1)?)))?;
     let mut st = conn.prepare("SELECT id, started_at, finished_at, command, dry_run, report FROM runs ORDER BY id")?;
     let runs = st
         .query_map([], |r| {
-            let report: Option<String> = r.get(5)?;
+            let report: Option<serde_json::Value> =
+                r.get::<_, Option<String>>(5)?.and_then(|s| serde_json::from_str(&s).ok());
+            let (started_at, finished_at): (i64, Option<i64>) = (r.get(1)?, r.get(2)?);
+            let interrupted = report.as_ref().and_then(|v| v.get("interrupted")?.as_bool()).unwrap_or(false);
+            let status = match (finished_at, interrupted) {
+                (None, _) => "unfinished",
+                (Some(_), true) => "interrupted",
+                (Some(_), false) => "finished",
+            };
             Ok(RunEntry {
                 id: r.get(0)?,
-                started_at: r.get(1)?,
-                finished_at: r.get(2)?,
+                started_at,
+                finished_at,
+                started: iso_time(started_at),
+                finished: finished_at.map(iso_time),
+                status: status.to_owned(),
                 command: r.get(3)?,
                 dry_run: r.get(4)?,
-                report: report.and_then(|s| serde_json::from_str(&s).ok()),
+                report,
             })
         })?
         .collect::<rusqlite::Result<Vec<_>>>()?;
@@ -111,6 +157,7 @@ pub fn summarize(path: &Path) -> Result<DbSummary> {
         filesystem_uuid: meta("filesystem"),
         block_size: Some(block_size),
         allocated_bytes: live.allocated,
+        on_disk_bytes: live.on_disk,
         duplicate_bytes: live.duplicate,
         shared_bytes: live.shared,
         unshared_bytes: live.unshared,
@@ -123,11 +170,13 @@ pub fn summarize(path: &Path) -> Result<DbSummary> {
         whole_file_duplicate_bytes: live.whole_dup_bytes,
         freed_bytes_total: freed,
         runs,
+        ranges: live.ranges,
     })
 }
 
 struct Live {
     allocated: u64,
+    on_disk: u64,
     duplicate: u64,
     shared: u64,
     unshared: u64,
@@ -136,29 +185,143 @@ struct Live {
     whole_dup_bytes: u64,
     groups: Vec<RemainingGroup>,
     dirs: Vec<RemainingDir>,
+    ranges: Option<Vec<ListedRange>>,
+}
+
+/// Ranges measured per progress step.
+const CHUNK: usize = 1024;
+
+/// Space of `files` on disk: the union of the physical byte intervals their
+/// extents cover, so a block shared by many files counts once. Inline data
+/// lives in metadata and counts by its length. Also returns the sum of
+/// `st_blocks` (what `du` would add up).
+fn disk_usage(files: &HashMap<FileId, Candidate>, progress: &dyn Progress) -> (u64, u64) {
+    use crate::sys::fiemap::flags;
+    use rayon::prelude::*;
+    use std::os::fd::AsFd;
+    progress.phase("report: measuring files", Some(files.len() as u64), false);
+    // One open, fstat and FIEMAP per file, on every CPU (metadata only).
+    #[derive(Default)]
+    struct Acc {
+        allocated: u64,
+        inline: u64,
+        spans: Vec<(u64, u64)>,
+    }
+    let acc = files
+        .par_iter()
+        .fold(Acc::default, |mut acc, (_, c)| {
+            progress.inc(1);
+            let Ok(f) = crate::sys::open_readonly(&c.path) else { return acc };
+            let Ok(m) = f.metadata() else { return acc };
+            if m.dev() != c.dev || m.ino() != c.ino {
+                return acc;
+            }
+            acc.allocated += m.blocks() * 512;
+            let Ok(extents) = crate::sys::fiemap(f.as_fd(), 0, m.size().max(1)) else { return acc };
+            for e in extents {
+                if e.flags & flags::DATA_INLINE != 0 {
+                    acc.inline += e.length;
+                } else if e.flags & (flags::UNKNOWN | flags::DELALLOC) == 0 && e.length > 0 {
+                    acc.spans.push((e.physical, e.physical + e.length));
+                }
+            }
+            acc
+        })
+        .reduce(Acc::default, |mut a, mut b| {
+            a.allocated += b.allocated;
+            a.inline += b.inline;
+            a.spans.append(&mut b.spans);
+            a
+        });
+    let (allocated, inline, mut spans) = (acc.allocated, acc.inline, acc.spans);
+    spans.sort_unstable();
+    let (mut total, mut cur): (u64, Option<(u64, u64)>) = (0, None);
+    for (s, e) in spans {
+        match &mut cur {
+            Some((_, ce)) if s <= *ce => *ce = (*ce).max(e),
+            _ => {
+                if let Some((cs, ce)) = cur {
+                    total += ce - cs;
+                }
+                cur = Some((s, e));
+            }
+        }
+    }
+    if let Some((cs, ce)) = cur {
+        total += ce - cs;
+    }
+    progress.finish_phase("");
+    (total + inline, allocated)
+}
+
+/// Add each directory's bytes to every directory above it, up to `root`
+/// (the deepest directory holding all the files), like `du`.
+fn roll_up(by_dir: HashMap<PathBuf, u64>, root: &Path) -> HashMap<PathBuf, u64> {
+    let mut out: HashMap<PathBuf, u64> = HashMap::new();
+    for (dir, n) in by_dir {
+        for a in dir.ancestors() {
+            *out.entry(a.to_owned()).or_default() += n;
+            if a == root || !a.starts_with(root) {
+                break;
+            }
+        }
+    }
+    out
+}
+
+/// The deepest directory containing every path.
+fn common_dir<'a>(mut paths: impl Iterator<Item = &'a Path>) -> PathBuf {
+    let Some(first) = paths.next() else { return PathBuf::new() };
+    let mut root = first.parent().unwrap_or(first).to_owned();
+    for p in paths {
+        while !p.starts_with(&root) {
+            if !root.pop() {
+                return PathBuf::from("/");
+            }
+        }
+    }
+    root
 }
 
 /// Plan over every known file and measure each range with FIEMAP.
-fn live_status(db: &Db, block_size: u64) -> Result<Live> {
+fn live_status(db: &Db, block_size: u64, progress: &dyn Progress, list: bool) -> Result<Live> {
+    progress.phase("report: reading the database", None, false);
     let index = db.load_index()?;
-    let mut allocated = 0;
     let files: HashMap<FileId, Candidate> = index
         .into_iter()
         .map(|((dev, ino), k)| {
-            if let Ok(m) = std::fs::symlink_metadata(&k.path) {
-                allocated += m.blocks() * 512;
-            }
             let c = Candidate { path: k.path, dev, ino, size: k.size, mtime: k.mtime, ctime: k.ctime };
             (k.id, c)
         })
         .collect();
     let allowed: HashSet<FileId> = files.keys().copied().collect();
     let opts = PlanOptions { block_size, ..Default::default() };
+    progress.phase("report: planning", None, false);
     let planned = db.plan(&allowed, None, opts)?;
+    progress.finish_phase("");
     let plan = planned.plan;
-    let status = range_states(&plan, &files, block_size);
+    let (on_disk, allocated) = disk_usage(&files, progress);
+    progress.phase("report: measuring ranges", Some(plan.ranges.len() as u64), false);
+    let status: Vec<RangeState> = {
+        use rayon::prelude::*;
+        let parts: Vec<Vec<RangeState>> = plan
+            .ranges
+            .par_chunks(CHUNK)
+            .map(|chunk| {
+                // `..Default::default()`: the planner may grow fields besides `ranges`.
+                #[allow(clippy::needless_update)]
+                let part = Plan { ranges: chunk.to_vec(), ..Default::default() };
+                let st = range_states(&part, &files, block_size);
+                progress.inc(chunk.len() as u64);
+                st
+            })
+            .collect();
+        parts.into_iter().flatten().collect()
+    };
+    progress.finish_phase("");
     let mut live = Live {
         allocated,
+        on_disk,
         duplicate: 0,
         shared: 0,
         unshared: 0,
@@ -167,6 +330,7 @@ fn live_status(db: &Db, block_size: u64) -> Result<Live> {
         whole_dup_bytes: 0,
         groups: vec![],
         dirs: vec![],
+        ranges: None,
     };
     for g in &planned.whole_groups {
         let copies = g.len() as u64 - 1;
@@ -175,6 +339,32 @@ fn live_status(db: &Db, block_size: u64) -> Result<Live> {
     }
     let mut by_src: HashMap<FileId, (u64, HashSet<FileId>)> = HashMap::new();
     let mut by_dir: HashMap<PathBuf, u64> = HashMap::new();
+    if list {
+        live.ranges = Some(
+            plan.ranges
+                .iter()
+                .zip(&status)
+                .map(|(r, st)| {
+                    let (state, unshared) = match *st {
+                        RangeState::Inline => ("inline", None),
+                        RangeState::Unknown => ("unknown", None),
+                        RangeState::Unshared(0) => ("shared", Some(0)),
+                        RangeState::Unshared(u) if u >= r.len => ("unshared", Some(u)),
+                        RangeState::Unshared(u) => ("partly_shared", Some(u)),
+                    };
+                    ListedRange {
+                        source: display_path(&files[&r.src].path),
+                        source_offset: r.src_off,
+                        destination: display_path(&files[&r.dest].path),
+                        destination_offset: r.dest_off,
+                        bytes: r.len,
+                        state: Some(state.to_owned()),
+                        unshared_bytes: unshared,
+                    }
+                })
+                .collect(),
+        );
+    }
     for (r, st) in plan.ranges.iter().zip(status) {
         if st != RangeState::Inline {
             live.duplicate += r.len;
@@ -205,11 +395,19 @@ fn live_status(db: &Db, block_size: u64) -> Result<Live> {
         .collect();
     groups.sort_by(|a, b| b.unshared_bytes.cmp(&a.unshared_bytes).then_with(|| a.source.cmp(&b.source)));
     groups.truncate(TOP);
-    let mut dirs: Vec<RemainingDir> = by_dir
+    let root = common_dir(files.values().map(|c| c.path.as_path()));
+    let mut dirs: Vec<RemainingDir> = roll_up(by_dir, &root)
         .into_iter()
         .map(|(d, bytes)| RemainingDir { directory: display_path(&d), unshared_bytes: bytes })
         .collect();
-    dirs.sort_by(|a, b| b.unshared_bytes.cmp(&a.unshared_bytes).then_with(|| a.directory.cmp(&b.directory)));
+    // Largest first; on a tie the deeper directory first: it says more
+    // precisely where the bytes are (its parent holds the same).
+    let depth = |d: &RemainingDir| d.directory.matches('/').count();
+    dirs.sort_by(|a, b| {
+        (b.unshared_bytes.cmp(&a.unshared_bytes))
+            .then_with(|| depth(b).cmp(&depth(a)))
+            .then_with(|| a.directory.cmp(&b.directory))
+    });
     dirs.truncate(TOP);
     live.groups = groups;
     live.dirs = dirs;
@@ -225,48 +423,133 @@ impl DbSummary {
         crate::html::render(self)
     }
 
+    /// The summary as text: a heading, then a table per section.
     pub fn to_text(&self) -> String {
         let mut s = format!(
-            "database {} (filesystem {})\n  {} files, {} logical, {} allocated; whole-file duplicates: {} files, {}\n  duplicate ranges: {}, of which shared {}, not yet shared {}{}\n  freed so far (measured with statfs): {} over {} runs\n",
+            "database {}\n  filesystem {}, block size {}\n",
             self.database,
             self.filesystem_uuid.as_deref().unwrap_or("?"),
-            self.files,
-            human(self.logical_bytes),
-            human(self.allocated_bytes),
-            self.whole_file_duplicate_files,
-            human(self.whole_file_duplicate_bytes),
-            human(self.duplicate_bytes),
-            human(self.shared_bytes),
-            human(self.unshared_bytes),
-            if self.unknown_bytes > 0 { format!(", unknown {}", human(self.unknown_bytes)) } else { String::new() },
-            human(self.freed_bytes_total.max(0) as u64),
-            self.runs.len()
+            self.block_size.map_or("?".to_owned(), human)
         );
-        for g in &self.largest_remaining_groups {
-            s.push_str(&format!(
-                "  unshared {} in {} copies of {}\n",
-                human(g.unshared_bytes),
-                g.destinations,
-                g.source
-            ));
+        let mut t = Table::new(&["files", "count", "size"]);
+        t.row(["known".to_owned(), self.files.to_string(), human(self.logical_bytes)]);
+        t.row([
+            "whole-file duplicates (copies)".to_owned(),
+            self.whole_file_duplicate_files.to_string(),
+            human(self.whole_file_duplicate_bytes),
+        ]);
+        s.push('\n');
+        s.push_str(&t.render());
+
+        let mut t = Table::new(&["space", "size", ""]).left(2);
+        t.row(["logical (file sizes)".to_owned(), human(self.logical_bytes), String::new()]);
+        t.row(["on disk".to_owned(), human(self.on_disk_bytes), "each extent once, like compsize".to_owned()]);
+        t.row([
+            "allocated per file".to_owned(),
+            human(self.allocated_bytes),
+            "st_blocks summed; shared blocks counted per file".to_owned(),
+        ]);
+        t.row(["duplicate".to_owned(), human(self.duplicate_bytes), "found by the plan now".to_owned()]);
+        t.row(["  shared".to_owned(), human(self.shared_bytes), "same extents already (FIEMAP)".to_owned()]);
+        t.row(["  not yet shared".to_owned(), human(self.unshared_bytes), "what the next run would submit".to_owned()]);
+        if self.unknown_bytes > 0 {
+            t.row(["  unknown".to_owned(), human(self.unknown_bytes), "files gone or changed".to_owned()]);
         }
-        for d in &self.top_directories {
-            s.push_str(&format!("  unshared {} in {}/\n", human(d.unshared_bytes), d.directory));
+        t.row([
+            "freed so far".to_owned(),
+            human_signed(self.freed_bytes_total),
+            format!("measured with statfs over {} run{}", self.runs.len(), if self.runs.len() == 1 { "" } else { "s" }),
+        ]);
+        s.push('\n');
+        s.push_str(&t.render());
+
+        if !self.largest_remaining_groups.is_empty() {
+            let mut t = Table::new(&["not yet shared", "copies", "source"]).left(2);
+            for g in &self.largest_remaining_groups {
+                t.row([human(g.unshared_bytes), g.destinations.to_string(), g.source.clone()]);
+            }
+            s.push('\n');
+            s.push_str(&t.render());
         }
-        for r in self.runs.iter().rev().take(10) {
-            let get = |k: &str| r.report.as_ref().and_then(|v| v.get(k)).and_then(|v| v.as_i64()).unwrap_or(0);
-            s.push_str(&format!(
-                "  run {} at {}: {}{}, hashed {}, duplicate {}, shared {}, freed {}\n",
-                r.id,
-                r.started_at,
-                r.command,
-                if r.dry_run { " (dry run)" } else { "" },
-                human(get("bytes_hashed") as u64),
-                human(get("duplicate_bytes") as u64),
-                human(get("deduped_bytes") as u64),
-                get("freed_bytes")
-            ));
+        if !self.top_directories.is_empty() {
+            let mut t = Table::new(&["not yet shared", "directory (with everything below, like du)"]).left(1);
+            for d in &self.top_directories {
+                t.row([human(d.unshared_bytes), format!("{}/", d.directory.trim_end_matches('/'))]);
+            }
+            s.push('\n');
+            s.push_str(&t.render());
+        }
+        if !self.runs.is_empty() {
+            let mut t = Table::new(&[
+                "run",
+                "started (UTC)",
+                "took",
+                "command",
+                "status",
+                "hashed",
+                "duplicate",
+                "shared",
+                "freed",
+            ])
+            .left(1)
+            .left(3)
+            .left(4);
+            let shown = self.runs.len().min(RUNS_SHOWN);
+            for r in self.runs.iter().rev().take(RUNS_SHOWN) {
+                let get = |k: &str| r.report.as_ref().and_then(|v| v.get(k)).and_then(|v| v.as_i64()).unwrap_or(0);
+                let took = r.finished_at.map_or(String::new(), |f| {
+                    crate::report::human_duration_ms((f - r.started_at).max(0) as u64 * 1000)
+                });
+                let command = if r.dry_run { format!("{} --dry-run", r.command) } else { r.command.clone() };
+                let status = if r.status == "finished" { String::new() } else { r.status.to_uppercase() };
+                t.row([
+                    r.id.to_string(),
+                    r.started.clone(),
+                    took,
+                    command,
+                    status,
+                    human(get("bytes_hashed") as u64),
+                    human(get("duplicate_bytes") as u64),
+                    human(get("deduped_bytes") as u64),
+                    human_signed(get("freed_bytes")),
+                ]);
+            }
+            s.push('\n');
+            if shown < self.runs.len() {
+                let _ = std::fmt::Write::write_fmt(
+                    &mut s,
+                    format_args!("  last {shown} of {} runs (all of them with --json):\n", self.runs.len()),
+                );
+            }
+            s.push_str(&t.render());
+        }
+        if let Some(ranges) = &self.ranges {
+            s.push('\n');
+            s.push_str(&list_text(ranges));
         }
         s
+    }
+}
+
+/// How many runs the text lists (newest first).
+const RUNS_SHOWN: usize = 10;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn directories_roll_up_like_du() {
+        let mut by = HashMap::new();
+        by.insert(PathBuf::from("/v/a/b"), 10);
+        by.insert(PathBuf::from("/v/a/c"), 5);
+        by.insert(PathBuf::from("/v/d"), 1);
+        let root = common_dir([Path::new("/v/a/b/f"), Path::new("/v/a/c/g"), Path::new("/v/d/h")].into_iter());
+        assert_eq!(root, PathBuf::from("/v"));
+        let r = roll_up(by, &root);
+        assert_eq!(r[Path::new("/v")], 16);
+        assert_eq!(r[Path::new("/v/a")], 15);
+        assert_eq!(r[Path::new("/v/a/b")], 10);
+        assert!(!r.contains_key(Path::new("/")));
     }
 }

@@ -5,17 +5,6 @@
 //! [`walk`] (with [`policy`]) → [`hash`] → [`db`] → [`plan`] → [`dedupe`] →
 //! [`report`], driven by [`run`]. All ioctls and `unsafe` live in [`sys`].
 
-/// `eprintln!` for every module below (textual scope): a line to stderr
-/// that never panics. std's panics on a write error, so a reader that went
-/// away (`dedupscan /srv 2>&1 | head -1`) would end the run with a panic
-/// (exit 101) at its next progress line; this drops the line instead and
-/// the run goes on to its own exit status.
-macro_rules! eprintln {
-    ($($arg:tt)*) => {{
-        use std::io::Write as _;
-        let _ = writeln!(std::io::stderr(), $($arg)*);
-    }};
-}
 
 pub mod bookend;
 pub mod cli;

@@ -10,13 +10,6 @@ use dedupscan::exit::ExitCode;
 use dedupscan::progress::{Bars, LogLines, Progress};
 use dedupscan::{history, run};
 
-/// A line to stderr that never panics (see the same macro in lib.rs).
-macro_rules! eprintln {
-    ($($arg:tt)*) => {{
-        use std::io::Write as _;
-        let _ = writeln!(std::io::stderr(), $($arg)*);
-    }};
-}
 
 fn main() {
     let cli = Cli::parse_args(); // usage errors exit with 2
@@ -25,7 +18,7 @@ fn main() {
         // Usage errors and unsupported filesystems are found here, before
         // any database is opened or any file read.
         Err(e) => {
-            eprintln!("dedupscan: {e:#}");
+            dedupscan::progress::print_error(&e);
             if e.downcast_ref::<Unsupported>().is_some() {
                 ExitCode::Unsupported
             } else {
@@ -56,7 +49,7 @@ fn dispatch(cfg: &Config) -> ExitCode {
     // The run's report, when it finished: for the metrics file.
     let mut finished = None;
     let result = match cfg.action {
-        Action::Report => history::summarize(&cfg.db_path).and_then(|s| {
+        Action::Report => history::summarize_with(&cfg.db_path, progress.as_ref(), cfg.list).and_then(|s| {
             if let Some(html) = &cfg.html {
                 std::fs::write(html, s.to_html())
                     .map_err(|e| anyhow::anyhow!("cannot write {}: {e}", dedupscan::report::display_path(html)))?;
@@ -70,9 +63,10 @@ fn dispatch(cfg: &Config) -> ExitCode {
                 // Not 0: a timer or script must see that the volume was not
                 // fully processed (the report says how far it got).
                 if cfg.verbosity > dedupscan::progress::Verbosity::Quiet {
-                    eprintln!(
-                        "dedupscan: stopped before finishing (signal or --max-runtime): the work done is kept; \
-                         the next run carries on (exit status 5)"
+                    dedupscan::progress::emit(
+                        dedupscan::progress::Level::Warning,
+                        "dedupscan: warning: stopped before finishing (signal or --max-runtime): the work done is \
+                         kept; the next run carries on (exit status 5)",
                     );
                 }
                 ExitCode::Interrupted
@@ -88,7 +82,7 @@ fn dispatch(cfg: &Config) -> ExitCode {
     let code = match result {
         Ok(code) => code,
         Err(e) => {
-            eprintln!("dedupscan: {e:#}");
+            dedupscan::progress::print_error(&e);
             match e.downcast_ref::<DbError>() {
                 Some(DbError::Locked { .. }) => ExitCode::Locked,
                 _ => ExitCode::Fatal,
@@ -116,7 +110,8 @@ fn write_metrics(cfg: &Config, code: ExitCode, report: Option<&dedupscan::report
     match dedupscan::metrics::write_atomic(path, &cfg.db_path, &outcome) {
         Ok(()) => true,
         Err(e) => {
-            eprintln!("dedupscan: warning: cannot write metrics file {}: {e}", dedupscan::report::display_path(path));
+            let msg = format!("{}: cannot write the metrics file: {e}", dedupscan::report::display_path(path));
+            dedupscan::progress::emit(dedupscan::progress::Level::Warning, &dedupscan::progress::warning_line(&msg));
             false
         }
     }

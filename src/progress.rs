@@ -4,12 +4,141 @@
 //! indicatif bar per phase, elsewhere (systemd, cron, a pipe) [`LogLines`]
 //! prints one line per phase and a short status line every few seconds.
 //! Warnings go through the same object so they never tear a bar.
+//!
+//! Every message has one shape, `dedupscan: LEVEL: PATH: reason`, and goes
+//! through [`emit`]: when stderr is the journal (systemd sets
+//! `JOURNAL_STREAM` to stderr's `dev:ino`), each line carries its syslog
+//! priority (`<3>` error, `<4>` warning, `<6>` info) so that
+//! `journalctl -p warning` finds the warnings.
 
+use std::fmt::Write as _;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
-use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
+use indicatif::{ProgressBar, ProgressDrawTarget, ProgressState, ProgressStyle};
+
+use crate::report::human;
+
+/// How serious a message is; its number is the syslog priority.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Level {
+    Error = 3,
+    Warning = 4,
+    Info = 6,
+}
+
+/// Whether stderr is connected to the journal: `JOURNAL_STREAM` names the
+/// `dev:ino` of the stream systemd gave us, and stderr is still that stream
+/// (a redirect in a unit's script would make it something else).
+pub fn stderr_is_journal() -> bool {
+    static IS: OnceLock<bool> = OnceLock::new();
+    *IS.get_or_init(|| {
+        let Some(v) = std::env::var_os("JOURNAL_STREAM") else { return false };
+        let Some((dev, ino)) = v.to_str().and_then(|s| s.split_once(':')) else { return false };
+        let (Ok(dev), Ok(ino)) = (dev.parse::<u64>(), ino.parse::<u64>()) else { return false };
+        use std::os::fd::AsFd;
+        match nix::sys::stat::fstat(std::io::stderr().as_fd()) {
+            Ok(st) => {
+                let (d, i): (u64, u64) = (st.st_dev, st.st_ino);
+                d == dev && i == ino
+            }
+            Err(_) => false,
+        }
+    })
+}
+
+/// One message on stderr as lines, each with its journal priority prefix
+/// when stderr is the journal.
+pub fn emit(level: Level, msg: &str) {
+    let _ = std::io::Write::write_all(
+        &mut std::io::stderr().lock(),
+        format_lines(level, msg, stderr_is_journal()).as_bytes(),
+    );
+}
+
+fn format_lines(level: Level, msg: &str, journal: bool) -> String {
+    let mut out = String::with_capacity(msg.len() + 8);
+    for line in msg.lines() {
+        if journal {
+            let _ = write!(out, "<{}>", level as u8);
+        }
+        out.push_str(line);
+        out.push('\n');
+    }
+    out
+}
+
+/// `dedupscan: warning: MSG`, the one shape of a warning.
+pub fn warning_line(msg: &str) -> String {
+    format!("dedupscan: warning: {msg}")
+}
+
+/// Print a fatal error: `dedupscan: error: ...` with its causes, each said
+/// once (an I/O error is often both a cause and part of its context's text:
+/// "Read-only file system (os error 30)" would otherwise appear twice).
+pub fn print_error(e: &anyhow::Error) {
+    emit(Level::Error, &format!("dedupscan: error: {}", error_text(e)));
+}
+
+/// The error and its causes joined with `: `, leaving out a cause whose text
+/// the message so far already contains, or that only prefixes the previous
+/// one with a code (SQLite's "Error code 11: database disk image is
+/// malformed" under "database disk image is malformed").
+pub fn error_text(e: &anyhow::Error) -> String {
+    let mut s = String::new();
+    let mut last = String::new();
+    for cause in e.chain() {
+        let c = cause.to_string();
+        if s.contains(&c) || (!last.is_empty() && c.ends_with(&last)) {
+            continue;
+        }
+        if !s.is_empty() {
+            s.push_str(": ");
+        }
+        s.push_str(&c);
+        last = c;
+    }
+    s
+}
+
+/// A database error with what to do about it: the path of the database
+/// and, by SQLite's error code, the advice that fits (a damaged file is
+/// moved aside and rebuilt; a full disk or a permission problem is fixed
+/// where it is). Errors that already say it (`DbError`) pass unchanged.
+pub fn explain_db_error(path: &std::path::Path, e: anyhow::Error) -> anyhow::Error {
+    use rusqlite::ErrorCode as C;
+    // Those that say it already; a bare SQLite error inside one does not.
+    if e.downcast_ref::<crate::db::DbError>().is_some_and(|d| !matches!(d, crate::db::DbError::Sqlite(_))) {
+        return e;
+    }
+    let sqlite = |c: &(dyn std::error::Error + 'static)| -> Option<Option<C>> {
+        let s = c.downcast_ref::<rusqlite::Error>().or(match c.downcast_ref::<crate::db::DbError>() {
+            Some(crate::db::DbError::Sqlite(s)) => Some(s),
+            _ => None,
+        })?;
+        Some(s.sqlite_error_code())
+    };
+    let Some(code) = e.chain().find_map(sqlite) else {
+        return e;
+    };
+    let p = crate::report::display_path(path);
+    let advice = match code {
+        Some(C::DatabaseCorrupt) | Some(C::NotADatabase) => format!(
+            "the database is damaged; move it aside (e.g. `mv {p} {p}.broken`) and run again to rebuild it from a full scan"
+        ),
+        Some(C::DiskFull) => format!("the disk holding {p} is full; free space there or point --db elsewhere"),
+        Some(C::ReadOnly) | Some(C::PermissionDenied) | Some(C::CannotOpen) => {
+            format!("check that {p} and its directory are writable by this user (run as root)")
+        }
+        Some(C::DatabaseBusy) | Some(C::DatabaseLocked) => {
+            "another process holds the database; try again when it has finished".to_owned()
+        }
+        _ => format!("if it persists, move {p} aside and run again to rebuild it from a full scan"),
+    };
+    let text = error_text(&e);
+    anyhow::anyhow!("database {p}: {text}; {advice}")
+}
 
 /// How chatty messages are: -q lowers, -v raises.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
@@ -31,7 +160,12 @@ pub trait Progress: Send + Sync {
     fn inc(&self, n: u64);
     /// The current phase is over; `summary` says what it did.
     fn finish_phase(&self, summary: &str);
-    /// A problem with one path; the run goes on.
+    /// The current phase's total is known now (e.g. the crawl has ended):
+    /// `total` units, `files` files. Turns a spinner into a bar with an ETA.
+    fn set_total(&self, _total: u64, _files: Option<u64>) {}
+    /// `n` more files of the current phase are done (alongside [`Progress::inc`]).
+    fn inc_files(&self, _n: u64) {}
+    /// A problem with one path, as `PATH: reason`; the run goes on.
     fn warn(&self, msg: &str);
     /// Detail for `-v`.
     fn info(&self, msg: &str);
@@ -48,41 +182,107 @@ impl Progress for Silent {
     fn info(&self, _: &str) {}
 }
 
+/// Files done and files expected in the current phase (0: not known yet),
+/// shared with the bar's template.
+#[derive(Default)]
+struct FileCounts {
+    done: AtomicU64,
+    total: AtomicU64,
+}
+
+impl FileCounts {
+    fn reset(&self) {
+        self.done.store(0, Ordering::Relaxed);
+        self.total.store(0, Ordering::Relaxed);
+    }
+
+    /// `12 files`, `12/40 files`, or nothing before the first file.
+    fn text(&self) -> String {
+        let (done, total) = (self.done.load(Ordering::Relaxed), self.total.load(Ordering::Relaxed));
+        match (done, total) {
+            (0, 0) => String::new(),
+            (d, 0) => format!("{d} {}", files_word(d)),
+            (d, t) => format!("{d}/{t} {}", files_word(t)),
+        }
+    }
+}
+
 /// indicatif bars on a terminal (stderr).
 pub struct Bars {
     bar: Mutex<Option<ProgressBar>>,
+    /// Whether the current phase counts bytes.
+    bytes: Mutex<bool>,
+    files: Arc<FileCounts>,
     verbosity: Verbosity,
 }
 
 impl Bars {
     pub fn new(verbosity: Verbosity) -> Bars {
-        Bars { bar: Mutex::new(None), verbosity }
+        Bars { bar: Mutex::new(None), bytes: Mutex::new(false), files: Arc::default(), verbosity }
     }
 
-    fn print(&self, msg: &str) {
+    fn print(&self, level: Level, msg: &str) {
         match &*self.bar.lock().unwrap() {
-            Some(b) => b.suspend(|| eprintln!("{msg}")),
-            None => eprintln!("{msg}"),
+            Some(b) => b.suspend(|| emit(level, msg)),
+            None => emit(level, msg),
         }
+    }
+
+    /// The bar's look: a bar with an ETA once the total is known, before
+    /// that a spinner with what is done so far and the elapsed time (so a
+    /// phase that counts nothing, like planning, still visibly moves).
+    fn style(&self, total_known: bool, bytes: bool) -> ProgressStyle {
+        let tmpl = match (total_known, bytes) {
+            (true, true) => "{prefix:>8} [{bar:30}] {bytes}/{total_bytes} {bytes_per_sec} {files} eta {eta}",
+            (true, false) => "{prefix:>8} [{bar:30}] {pos}/{len} {files} eta {eta}",
+            (false, true) => "{prefix:>8} {spinner} {bytes} {bytes_per_sec} {files} {elapsed}",
+            (false, false) => "{prefix:>8} {spinner} {elapsed} {msg}",
+        };
+        let files = Arc::clone(&self.files);
+        ProgressStyle::with_template(tmpl)
+            .expect("valid template")
+            .with_key("files", move |_: &ProgressState, w: &mut dyn std::fmt::Write| {
+                let _ = w.write_str(&files.text());
+            })
+            // indicatif says "0s" before anything is done; say "?" until
+            // there is a rate to go by.
+            .with_key("eta", |st: &ProgressState, w: &mut dyn std::fmt::Write| {
+                let _ = match st.pos() {
+                    0 => w.write_str("?"),
+                    _ => write!(
+                        w,
+                        "{}",
+                        humantime::format_duration(Duration::from_secs(st.eta().as_secs_f64().ceil() as u64))
+                    ),
+                };
+            })
+            .progress_chars("=> ")
     }
 }
 
 impl Progress for Bars {
     fn phase(&self, label: &str, total: Option<u64>, bytes: bool) {
-        let bar = match total {
-            Some(t) => ProgressBar::with_draw_target(Some(t), ProgressDrawTarget::stderr()),
-            None => ProgressBar::with_draw_target(None, ProgressDrawTarget::stderr()),
-        };
-        let tmpl = match (total.is_some(), bytes) {
-            (true, true) => "{prefix:>8} [{bar:30}] {bytes}/{total_bytes} {bytes_per_sec} eta {eta}",
-            (true, false) => "{prefix:>8} [{bar:30}] {pos}/{len} eta {eta}",
-            (false, true) => "{prefix:>8} {spinner} {bytes} {bytes_per_sec}",
-            (false, false) => "{prefix:>8} {spinner} {pos}",
-        };
-        bar.set_style(ProgressStyle::with_template(tmpl).expect("valid template").progress_chars("=> "));
+        if let Some(old) = self.bar.lock().unwrap().take() {
+            old.finish_and_clear();
+        }
+        self.files.reset();
+        *self.bytes.lock().unwrap() = bytes;
+        let bar = ProgressBar::with_draw_target(total, ProgressDrawTarget::stderr());
+        bar.set_style(self.style(total.is_some(), bytes));
         bar.set_prefix(label.to_owned());
         bar.enable_steady_tick(Duration::from_millis(200));
         *self.bar.lock().unwrap() = Some(bar);
+    }
+
+    fn set_total(&self, total: u64, files: Option<u64>) {
+        if let Some(f) = files {
+            self.files.total.store(f, Ordering::Relaxed);
+        }
+        let bytes = *self.bytes.lock().unwrap();
+        if let Some(b) = &*self.bar.lock().unwrap() {
+            b.set_length(total);
+            b.set_style(self.style(true, bytes));
+        }
     }
 
     fn inc(&self, n: u64) {
@@ -91,60 +291,152 @@ impl Progress for Bars {
         }
     }
 
+    fn inc_files(&self, n: u64) {
+        self.files.done.fetch_add(n, Ordering::Relaxed);
+    }
+
     fn finish_phase(&self, summary: &str) {
         if let Some(b) = self.bar.lock().unwrap().take() {
             b.finish_and_clear();
         }
         if self.verbosity >= Verbosity::Normal && !summary.is_empty() {
-            eprintln!("{summary}");
+            emit(Level::Info, summary);
         }
     }
 
     fn warn(&self, msg: &str) {
         if self.verbosity >= Verbosity::Normal {
-            self.print(&format!("warning: {msg}"));
+            self.print(Level::Warning, &warning_line(msg));
         }
     }
 
     fn info(&self, msg: &str) {
         if self.verbosity >= Verbosity::Verbose {
-            self.print(msg);
+            self.print(Level::Info, msg);
         }
     }
 }
 
 /// Plain log lines for the journal: no control characters, a status line at
-/// most every [`LogLines::EVERY`].
+/// most every [`LogLines::every`], with units, a rate and, once the total is
+/// known, how much is left and an ETA.
 pub struct LogLines {
     verbosity: Verbosity,
     label: Mutex<String>,
+    bytes: Mutex<bool>,
     done: AtomicU64,
     total: AtomicU64,
+    files: FileCounts,
+    started: Mutex<Instant>,
     last: Mutex<Instant>,
+    every: Duration,
 }
 
 impl LogLines {
+    /// Default interval between status lines.
     pub const EVERY: Duration = Duration::from_secs(10);
 
+    /// `DEDUPSCAN_PROGRESS_INTERVAL` (seconds) overrides [`LogLines::EVERY`].
     pub fn new(verbosity: Verbosity) -> LogLines {
+        let every = std::env::var("DEDUPSCAN_PROGRESS_INTERVAL")
+            .ok()
+            .and_then(|s| s.parse::<f64>().ok())
+            .filter(|s| s.is_finite() && *s >= 0.0)
+            .map_or(Self::EVERY, Duration::from_secs_f64);
         LogLines {
             verbosity,
             label: Mutex::new(String::new()),
+            bytes: Mutex::new(false),
             done: AtomicU64::new(0),
             total: AtomicU64::new(0),
+            files: FileCounts::default(),
+            started: Mutex::new(Instant::now()),
             last: Mutex::new(Instant::now()),
+            every,
         }
+    }
+
+    fn status_line(&self, done: u64) -> String {
+        let label = self.label.lock().unwrap().clone();
+        let bytes = *self.bytes.lock().unwrap();
+        status_line(
+            &label,
+            bytes,
+            done,
+            self.total.load(Ordering::Relaxed),
+            (self.files.done.load(Ordering::Relaxed), self.files.total.load(Ordering::Relaxed)),
+            self.started.lock().unwrap().elapsed(),
+        )
+    }
+}
+
+/// One status line: `1/3 scan: 1.2 GiB of 5.0 GiB (24%), 1234 of 5678
+/// files, 350.0 MiB/s, about 12s left` (parts unknown yet are left out).
+fn status_line(label: &str, bytes: bool, done: u64, total: u64, files: (u64, u64), elapsed: Duration) -> String {
+    let amount = |n: u64| if bytes { human(n) } else { n.to_string() };
+    let mut s = format!("{label}: {}", amount(done));
+    if total > 0 {
+        let _ = write!(s, " of {} ({:.0}%)", amount(total), done.min(total) as f64 * 100.0 / total as f64);
+    }
+    match files {
+        (0, 0) => {}
+        (d, 0) => {
+            let _ = write!(s, ", {d} {}", files_word(d));
+        }
+        (d, t) => {
+            let _ = write!(s, ", {d} of {t} {}", files_word(t));
+        }
+    }
+    let secs = elapsed.as_secs_f64();
+    if secs > 0.0 && done > 0 {
+        let rate = done as f64 / secs;
+        if bytes {
+            let _ = write!(s, ", {}/s", human(rate as u64));
+        } else {
+            let _ = write!(s, ", {rate:.0}/s");
+        }
+        if total > done {
+            let left = Duration::from_secs(((total - done) as f64 / rate).ceil() as u64);
+            let _ = write!(s, ", about {} left", humantime::format_duration(left));
+        }
+    }
+    s
+}
+
+/// `file` or `files`.
+fn files_word(n: u64) -> &'static str {
+    if n == 1 {
+        "file"
+    } else {
+        "files"
     }
 }
 
 impl Progress for LogLines {
-    fn phase(&self, label: &str, total: Option<u64>, _bytes: bool) {
+    fn phase(&self, label: &str, total: Option<u64>, bytes: bool) {
         *self.label.lock().unwrap() = label.to_owned();
+        *self.bytes.lock().unwrap() = bytes;
         self.done.store(0, Ordering::Relaxed);
         self.total.store(total.unwrap_or(0), Ordering::Relaxed);
+        self.files.reset();
+        *self.started.lock().unwrap() = Instant::now();
         *self.last.lock().unwrap() = Instant::now();
         if self.verbosity >= Verbosity::Verbose {
-            eprintln!("{label}: started");
+            emit(Level::Info, &format!("{label}: started"));
+        }
+    }
+
+    fn set_total(&self, total: u64, files: Option<u64>) {
+        self.total.store(total, Ordering::Relaxed);
+        if let Some(f) = files {
+            self.files.total.store(f, Ordering::Relaxed);
+        }
+        if self.verbosity >= Verbosity::Normal {
+            let label = self.label.lock().unwrap().clone();
+            let bytes = *self.bytes.lock().unwrap();
+            let amount = if bytes { human(total) } else { total.to_string() };
+            let files = files.map(|f| format!(" in {f} {}", files_word(f))).unwrap_or_default();
+            emit(Level::Info, &format!("{label}: {amount}{files} to go through"));
         }
     }
 
@@ -154,33 +446,86 @@ impl Progress for LogLines {
             return;
         }
         let mut last = self.last.lock().unwrap();
-        if last.elapsed() >= Self::EVERY {
+        if last.elapsed() >= self.every {
             *last = Instant::now();
-            let total = self.total.load(Ordering::Relaxed);
-            let label = self.label.lock().unwrap();
-            if total > 0 {
-                eprintln!("{label}: {done}/{total} ({:.0}%)", done as f64 * 100.0 / total as f64);
-            } else {
-                eprintln!("{label}: {done}");
-            }
+            drop(last);
+            emit(Level::Info, &self.status_line(done));
         }
+    }
+
+    fn inc_files(&self, n: u64) {
+        self.files.done.fetch_add(n, Ordering::Relaxed);
     }
 
     fn finish_phase(&self, summary: &str) {
         if self.verbosity >= Verbosity::Normal && !summary.is_empty() {
-            eprintln!("{summary}");
+            emit(Level::Info, summary);
         }
     }
 
     fn warn(&self, msg: &str) {
         if self.verbosity >= Verbosity::Normal {
-            eprintln!("warning: {msg}");
+            emit(Level::Warning, &warning_line(msg));
         }
     }
 
     fn info(&self, msg: &str) {
         if self.verbosity >= Verbosity::Verbose {
-            eprintln!("{msg}");
+            emit(Level::Info, msg);
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn journal_lines_carry_their_priority() {
+        assert_eq!(format_lines(Level::Warning, "dedupscan: warning: /a: b", true), "<4>dedupscan: warning: /a: b\n");
+        assert_eq!(format_lines(Level::Error, "x\ny", true), "<3>x\n<3>y\n");
+        assert_eq!(format_lines(Level::Info, "x", false), "x\n");
+    }
+
+    #[test]
+    fn status_lines_have_units_totals_and_eta() {
+        let s = status_line("1/3 scan", true, 512 << 20, 2 << 30, (10, 40), Duration::from_secs(2));
+        assert_eq!(s, "1/3 scan: 512.0 MiB of 2.0 GiB (25%), 10 of 40 files, 256.0 MiB/s, about 6s left");
+        let s = status_line("1/3 scan", true, 879254300, 0, (5, 0), Duration::from_secs(1));
+        assert_eq!(s, "1/3 scan: 838.5 MiB, 5 files, 838.5 MiB/s");
+        assert_eq!(status_line("report", false, 0, 10, (0, 0), Duration::ZERO), "report: 0 of 10 (0%)");
+    }
+
+    #[test]
+    fn database_errors_say_where_and_what_to_do() {
+        let db = std::path::Path::new("/var/lib/dedupscan/x.sqlite");
+        let sqlite = |code| rusqlite::Error::SqliteFailure(rusqlite::ffi::Error::new(code), None);
+        let e = explain_db_error(db, crate::db::DbError::Sqlite(sqlite(rusqlite::ffi::SQLITE_CORRUPT)).into());
+        let t = error_text(&e);
+        assert!(t.starts_with("database /var/lib/dedupscan/x.sqlite: ") && t.contains("move it aside"), "{t}");
+        let t = error_text(&explain_db_error(db, anyhow::Error::new(sqlite(rusqlite::ffi::SQLITE_FULL))));
+        assert!(t.contains("is full"), "{t}");
+        // Errors that already say what to do pass unchanged.
+        let locked = crate::db::DbError::Locked { path: db.to_owned() };
+        let e = explain_db_error(db, locked.into());
+        assert!(matches!(e.downcast_ref::<crate::db::DbError>(), Some(crate::db::DbError::Locked { .. })));
+        // Other errors too.
+        assert_eq!(error_text(&explain_db_error(db, anyhow::anyhow!("x"))), "x");
+    }
+
+    #[test]
+    fn each_cause_is_said_once() {
+        let io = std::io::Error::from_raw_os_error(libc::EROFS);
+        let e = anyhow::Error::new(io)
+            .context(format!("cannot create database /x: {}", std::io::Error::from_raw_os_error(libc::EROFS)));
+        let t = error_text(&e);
+        assert_eq!(t.matches("Read-only file system").count(), 1, "{t}");
+        let e = anyhow::anyhow!("inner").context("outer");
+        assert_eq!(error_text(&e), "outer: inner");
+        let sqlite = rusqlite::Error::SqliteFailure(
+            rusqlite::ffi::Error::new(rusqlite::ffi::SQLITE_CORRUPT),
+            Some("database disk image is malformed".into()),
+        );
+        assert_eq!(error_text(&anyhow::Error::new(sqlite)), "database disk image is malformed");
     }
 }

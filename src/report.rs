@@ -15,7 +15,9 @@ use serde::Serialize;
 use crate::policy::SkipReason;
 
 /// Version of the report's JSON layout; bumped on incompatible changes.
-pub const REPORT_VERSION: u32 = 1;
+/// 2: `files_unchanged` no longer counts moved files, `skipped` counts files
+/// only (directories in `skipped_dirs`), `files_scanned` keeps inline files.
+pub const REPORT_VERSION: u32 = 2;
 
 /// Time spent per phase, in milliseconds.
 #[derive(Debug, Default, Clone, Serialize)]
@@ -53,14 +55,19 @@ pub struct Report {
     pub filesystem_uuid: String,
     pub database: String,
     pub block_size: u64,
-    /// Regular files considered (after skips).
+    /// Regular files considered (after skips). Always
+    /// `files_hashed + files_unchanged + files_renamed + files_failed`.
     pub files_scanned: u64,
     /// Files read and hashed in this run.
     pub files_hashed: u64,
     pub bytes_hashed: u64,
-    /// Known files whose size and times had not changed: not reopened.
+    /// Known files, at their recorded path, whose size and times had not
+    /// changed: not reopened.
     pub files_unchanged: u64,
+    /// Known files found unchanged under a new path: not reopened.
     pub files_renamed: u64,
+    /// Files that could not be read (each counted in `error_kinds` too).
+    pub files_failed: u64,
     pub files_removed: u64,
     /// Sum of the sizes of the files considered.
     pub logical_bytes: u64,
@@ -79,8 +86,12 @@ pub struct Report {
     /// Free space after minus free space before, from statfs (0 in a dry run).
     pub freed_bytes: i64,
     pub dedupe_status: DedupeStatuses,
-    /// Paths not considered, by reason.
+    /// Files left out, by reason, one per file. Most were never considered;
+    /// `inline` files and files found changed while sharing were considered
+    /// (counted in `files_scanned`) and left out of sharing.
     pub skipped: BTreeMap<String, u64>,
+    /// Directories left out with everything below them, by reason.
+    pub skipped_dirs: BTreeMap<String, u64>,
     /// Total problems with individual paths or ranges.
     pub errors: u64,
     /// The same problems by kind.
@@ -90,6 +101,102 @@ pub struct Report {
     /// Whether the run stopped before the end (signal or time budget).
     pub interrupted: bool,
     pub timings: Timings,
+    /// With `--list`: every planned range (what is, or in a dry run would
+    /// be, submitted for sharing).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub ranges: Option<Vec<ListedRange>>,
+}
+
+/// One planned range, for `--list`.
+#[derive(Debug, Clone, Serialize)]
+pub struct ListedRange {
+    pub source: String,
+    pub source_offset: u64,
+    pub destination: String,
+    pub destination_offset: u64,
+    pub bytes: u64,
+    /// `report --list` only: what FIEMAP says now: `shared`, `unshared`,
+    /// `partly_shared`, `inline` or `unknown`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub state: Option<String>,
+    /// `report --list` only: bytes of the range not shared yet.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub unshared_bytes: Option<u64>,
+}
+
+/// A text table: a header row, then rows; the first column left-aligned,
+/// the others right-aligned, every line indented by two spaces.
+#[derive(Debug, Default)]
+pub struct Table {
+    rows: Vec<Vec<String>>,
+    /// Columns aligned to the left (beyond the first).
+    left: Vec<usize>,
+}
+
+impl Table {
+    pub fn new<S: AsRef<str>>(header: &[S]) -> Table {
+        Table { rows: vec![header.iter().map(|h| h.as_ref().to_owned()).collect()], left: vec![] }
+    }
+
+    /// Align column `i` to the left too (e.g. a path at the end).
+    pub fn left(mut self, i: usize) -> Table {
+        self.left.push(i);
+        self
+    }
+
+    pub fn row<S: Into<String>>(&mut self, cells: impl IntoIterator<Item = S>) {
+        self.rows.push(cells.into_iter().map(Into::into).collect());
+    }
+
+    /// Whether there is nothing but the header.
+    pub fn is_empty(&self) -> bool {
+        self.rows.len() <= 1
+    }
+
+    pub fn render(&self) -> String {
+        let cols = self.rows.iter().map(Vec::len).max().unwrap_or(0);
+        let width = |i: usize| self.rows.iter().filter_map(|r| r.get(i)).map(|c| c.chars().count()).max().unwrap_or(0);
+        let widths: Vec<usize> = (0..cols).map(width).collect();
+        let mut out = String::new();
+        for r in &self.rows {
+            let mut line = String::from("  ");
+            for (i, w) in widths.iter().enumerate() {
+                let cell = r.get(i).map_or("", String::as_str);
+                let last = i + 1 == cols;
+                if i == 0 || self.left.contains(&i) {
+                    if last {
+                        line.push_str(cell);
+                    } else {
+                        let _ = write!(line, "{cell:<w$}");
+                    }
+                } else {
+                    let _ = write!(line, "{cell:>w$}");
+                }
+                if !last {
+                    line.push_str("  ");
+                }
+            }
+            out.push_str(line.trim_end());
+            out.push('\n');
+        }
+        out
+    }
+}
+
+/// Whole seconds as `1h 2m 3s` (`0s` for none).
+pub fn human_duration_ms(ms: u64) -> String {
+    if ms < 10_000 {
+        return format!("{:.1}s", ms as f64 / 1e3);
+    }
+    humantime::format_duration(std::time::Duration::from_secs(ms / 1000)).to_string()
+}
+
+/// Unix seconds as an ISO 8601 date and time in UTC, e.g.
+/// `2026-11-23T15:04:05Z` (UTC: the same on every machine and in the
+/// journal, and it sorts).
+pub fn iso_time(unix: i64) -> String {
+    let t = std::time::UNIX_EPOCH + std::time::Duration::from_secs(unix.max(0) as u64);
+    humantime::format_rfc3339_seconds(t).to_string()
 }
 
 impl Report {
@@ -107,74 +214,111 @@ impl Report {
         }
     }
 
-    /// The report as a few lines of text.
+    /// The report as text: a heading, then a table per section.
     pub fn to_text(&self) -> String {
         let mut s = String::new();
         let mode = if self.dry_run { " (dry run: nothing changed)" } else { "" };
         let _ = writeln!(s, "dedupscan {}{mode} on {} [{}]", self.command, self.paths.join(", "), self.filesystem);
-        let _ = writeln!(
-            s,
-            "  files: {} considered ({}), {} hashed ({}), {} unchanged, {} renamed, {} removed",
-            self.files_scanned,
-            human(self.logical_bytes),
-            self.files_hashed,
-            human(self.bytes_hashed),
-            self.files_unchanged,
-            self.files_renamed,
-            self.files_removed
-        );
-        if self.command == "run" {
-            let verb = if self.dry_run { "would share (verified)" } else { "submitted" };
-            let _ = writeln!(
-                s,
-                "  duplicates: {} in {} ranges {verb}; {} already shared",
-                human(self.duplicate_bytes),
-                self.ranges_planned,
-                human(self.already_shared_bytes)
-            );
-            if !self.dry_run {
-                let _ = writeln!(
-                    s,
-                    "  shared: {} confirmed by the kernel; rewritten: {}; freed (statfs): {}",
-                    human(self.deduped_bytes),
-                    human(self.rewritten_bytes),
-                    human_signed(self.freed_bytes)
-                );
-            }
-        }
-        if self.dry_run && self.rewritten_bytes > 0 {
-            let _ = writeln!(
-                s,
-                "  would rewrite {} of partly shared extents into fresh ones, so the old extents are freed",
-                human(self.rewritten_bytes)
-            );
+        if self.interrupted {
+            let _ = writeln!(s, "  INTERRUPTED before the end: work done is kept, the next run carries on");
         }
         if let Some(why) = &self.sharing_refused {
             let _ = writeln!(s, "  sharing refused: {why}");
         }
-        if !self.skipped.is_empty() {
-            let list: Vec<String> = self.skipped.iter().map(|(k, v)| format!("{k} {v}")).collect();
-            let _ = writeln!(s, "  skipped: {}", list.join(", "));
+        let mut t = Table::new(&["files", "count", "size"]);
+        t.row(["considered".to_owned(), self.files_scanned.to_string(), human(self.logical_bytes)]);
+        t.row(["  hashed".to_owned(), self.files_hashed.to_string(), format!("{} read", human(self.bytes_hashed))]);
+        t.row(["  unchanged".to_owned(), self.files_unchanged.to_string(), String::new()]);
+        t.row(["  moved".to_owned(), self.files_renamed.to_string(), String::new()]);
+        if self.files_failed > 0 {
+            t.row(["  unreadable".to_owned(), self.files_failed.to_string(), String::new()]);
+        }
+        t.row(["removed since last run".to_owned(), self.files_removed.to_string(), String::new()]);
+        s.push('\n');
+        s.push_str(&t.render());
+        if self.command == "run" {
+            let mut t = Table::new(&["duplicates", "size", ""]);
+            let found = if self.dry_run { "would share (verified)" } else { "submitted" };
+            t.row([found.to_owned(), human(self.duplicate_bytes), format!("{} ranges", self.ranges_planned)]);
+            t.row(["already shared".to_owned(), human(self.already_shared_bytes), String::new()]);
+            if self.dry_run {
+                if self.rewritten_bytes > 0 {
+                    t.row([
+                        "would rewrite".to_owned(),
+                        human(self.rewritten_bytes),
+                        "partly shared extents".to_owned(),
+                    ]);
+                }
+            } else {
+                t.row(["shared".to_owned(), human(self.deduped_bytes), "confirmed by the kernel".to_owned()]);
+                t.row(["rewritten".to_owned(), human(self.rewritten_bytes), "partly shared extents".to_owned()]);
+                t.row(["freed".to_owned(), human_signed(self.freed_bytes), "measured with statfs".to_owned()]);
+            }
+            s.push('\n');
+            s.push_str(&t.left(2).render());
+        }
+        if !self.skipped.is_empty() || !self.skipped_dirs.is_empty() {
+            let mut t = Table::new(&["skipped", "files", "directories"]);
+            let reasons: std::collections::BTreeSet<&String> =
+                self.skipped.keys().chain(self.skipped_dirs.keys()).collect();
+            for r in reasons {
+                let n = |m: &BTreeMap<String, u64>| m.get(r).map_or(String::new(), u64::to_string);
+                t.row([r.clone(), n(&self.skipped), n(&self.skipped_dirs)]);
+            }
+            s.push('\n');
+            s.push_str(&t.render());
         }
         if self.errors > 0 {
-            let list: Vec<String> = self.error_kinds.iter().map(|(k, v)| format!("{k} {v}")).collect();
-            let _ = writeln!(s, "  errors: {} ({})", self.errors, list.join(", "));
+            let mut t = Table::new(&["errors", "count"]);
+            for (k, v) in &self.error_kinds {
+                t.row([k.clone(), v.to_string()]);
+            }
+            s.push('\n');
+            s.push_str(&t.render());
         }
-        if self.interrupted {
-            let _ = writeln!(s, "  interrupted: the next run carries on");
+        let tm = &self.timings;
+        let mut t = Table::new(&["time", ""]);
+        for (k, v) in [
+            ("crawl", tm.walk_ms),
+            ("crawl and hash", tm.hash_ms),
+            ("plan", tm.plan_ms),
+            (if self.dry_run { "verify" } else { "share" }, tm.dedupe_ms),
+            ("total", tm.total_ms),
+        ] {
+            t.row([k.to_owned(), human_duration_ms(v)]);
         }
-        let t = &self.timings;
-        let _ = writeln!(
-            s,
-            "  time: {:.1}s (walk {:.1}s, hash {:.1}s, plan {:.1}s, share {:.1}s)",
-            t.total_ms as f64 / 1e3,
-            t.walk_ms as f64 / 1e3,
-            t.hash_ms as f64 / 1e3,
-            t.plan_ms as f64 / 1e3,
-            t.dedupe_ms as f64 / 1e3
-        );
+        s.push('\n');
+        s.push_str(&t.render());
+        if let Some(ranges) = &self.ranges {
+            s.push('\n');
+            s.push_str(&list_text(ranges));
+        }
         s
     }
+}
+
+/// `--list` as text: one row per range.
+pub fn list_text(ranges: &[ListedRange]) -> String {
+    let with_state = ranges.iter().any(|r| r.state.is_some());
+    let mut head = vec!["bytes", "source", "offset", "destination", "offset"];
+    if with_state {
+        head.push("state");
+    }
+    let mut t = Table::new(&head).left(1).left(3);
+    for r in ranges {
+        let mut row = vec![
+            human(r.bytes),
+            r.source.clone(),
+            r.source_offset.to_string(),
+            r.destination.clone(),
+            r.destination_offset.to_string(),
+        ];
+        if let Some(st) = &r.state {
+            row.push(st.replace('_', " "));
+        }
+        t.row(row);
+    }
+    format!("{} ranges:\n{}", ranges.len(), t.render())
 }
 
 /// A path as shown in messages and JSON: valid UTF-8 as is, every other
@@ -232,7 +376,7 @@ pub fn human(n: u64) -> String {
     }
 }
 
-fn human_signed(n: i64) -> String {
+pub fn human_signed(n: i64) -> String {
     if n < 0 {
         format!("-{}", human(n.unsigned_abs()))
     } else {
@@ -257,6 +401,20 @@ mod tests {
         assert_eq!(human(1536), "1.5 KiB");
         assert_eq!(human(3 << 30), "3.0 GiB");
         assert_eq!(human_signed(-2048), "-2.0 KiB");
+    }
+
+    #[test]
+    fn tables_align() {
+        let mut t = Table::new(&["what", "n"]);
+        t.row(["a", "1"]);
+        t.row(["longer", "100"]);
+        assert_eq!(t.render(), "  what      n\n  a         1\n  longer  100\n");
+    }
+
+    #[test]
+    fn iso_dates() {
+        assert_eq!(iso_time(0), "1970-01-01T00:00:00Z");
+        assert_eq!(iso_time(1_795_000_000), "2026-11-18T11:06:40Z");
     }
 
     #[test]

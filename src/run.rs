@@ -36,6 +36,11 @@ use crate::walk::{self, Candidate};
 /// `stop` is set by SIGINT/SIGTERM: the run finishes its current batch,
 /// commits and reports.
 pub fn run(cfg: &Config, progress: &dyn Progress, stop: &AtomicBool) -> Result<Report> {
+    // A database error says which database and what to do about it.
+    run_inner(cfg, progress, stop).map_err(|e| crate::progress::explain_db_error(&cfg.db_path, e))
+}
+
+fn run_inner(cfg: &Config, progress: &dyn Progress, stop: &AtomicBool) -> Result<Report> {
     let t0 = Instant::now();
     let fs = cfg.fs.clone().expect("scan has a filesystem");
     let mut report = Report {
@@ -59,7 +64,10 @@ pub fn run(cfg: &Config, progress: &dyn Progress, stop: &AtomicBool) -> Result<R
     let run_id = db.begin_run(&report.command, cfg.dry_run)?;
     if db.meta("block_size")?.as_deref() != Some(&cfg.block_size.to_string()) {
         if db.meta("block_size")?.is_some() {
-            progress.warn("block size differs from the database's: every file is hashed again");
+            progress.warn(&format!(
+                "{}: block size differs from the database's: every file is hashed again",
+                display_path(&cfg.db_path)
+            ));
         }
         db.forget_all_hashes()?;
         db.set_meta("block_size", &cfg.block_size.to_string())?;
@@ -89,6 +97,8 @@ pub fn run(cfg: &Config, progress: &dyn Progress, stop: &AtomicBool) -> Result<R
                         let _ = hash_tx.send(item);
                     }
                 });
+                // The crawl is over: from here the scan has a total and an ETA.
+                progress.set_total(cls.queued_bytes, Some(cls.queued_files));
                 cls.walk_ms = ms(t);
                 (walked, cls)
             })
@@ -123,6 +133,9 @@ pub fn run(cfg: &Config, progress: &dyn Progress, stop: &AtomicBool) -> Result<R
     report.logical_bytes = cls.logical_bytes;
     report.files_unchanged = cls.unchanged;
     report.skip(SkipReason::Nodedup, cls.nodedup);
+    for (r, n) in &walked.skipped_dirs {
+        *report.skipped_dirs.entry(r.name().to_owned()).or_default() += *n;
+    }
     report.files_renamed = cls.renamed;
     let (db, written) =
         writer.join().map_err(|_| anyhow::anyhow!("database writer panicked"))?.context("writing the database")?;
@@ -136,14 +149,18 @@ pub fn run(cfg: &Config, progress: &dyn Progress, stop: &AtomicBool) -> Result<R
     drop(index);
     report.files_hashed = stats.files.load(Ordering::Relaxed);
     report.bytes_hashed = stats.bytes.load(Ordering::Relaxed);
-    let HashTally { skipped, errors, failed } = stats.tally.into_inner().unwrap();
+    let HashTally { skipped, errors, failed, not_reached, left_out_bytes } = stats.tally.into_inner().unwrap();
+    report.logical_bytes -= left_out_bytes;
     for (r, n) in skipped {
         report.skip(r, n);
         report.files_scanned -= n;
     }
     for (k, n) in errors {
         report.error(k, n);
+        report.files_failed += n;
     }
+    // A stopped run considered only the files it got to.
+    report.files_scanned -= not_reached;
     report.timings.hash_ms = ms(t);
     progress.finish_phase(&format!(
         "1/3 scan: {} files, {} hashed, {} read",
@@ -181,6 +198,11 @@ fn unchanged(k: &Known, c: &Candidate) -> bool {
     k.size == c.size && k.mtime == c.mtime && (k.ctime == c.ctime || k.path != c.path)
 }
 
+/// Whether `path` (a recorded name) still names the inode of `c`.
+fn same_inode(path: &Path, c: &Candidate) -> bool {
+    std::fs::symlink_metadata(path).is_ok_and(|m| m.dev() == c.dev && m.ino() == c.ino)
+}
+
 /// Files waiting for a hashing thread at most: the crawler runs ahead of
 /// the hashers by this much, no more (bounded memory).
 const HASH_QUEUE: usize = 4096;
@@ -199,6 +221,9 @@ struct Classifier<'a> {
     renamed: u64,
     /// Moved files found marked `user.nodedup`.
     nodedup: u64,
+    /// Files and bytes handed to the hashers (the scan's total).
+    queued_files: u64,
+    queued_bytes: u64,
     walk_ms: u64,
 }
 
@@ -214,16 +239,24 @@ impl<'a> Classifier<'a> {
             unchanged: 0,
             renamed: 0,
             nodedup: 0,
+            queued_files: 0,
+            queued_bytes: 0,
             walk_ms: 0,
         }
     }
 
     /// Sort one crawled file: known and unchanged (a move is recorded
     /// through `writes`), or to be hashed (returned).
-    fn sort(&mut self, c: Candidate, writes: &SyncSender<WriteOp>) -> Option<(Candidate, Option<FileId>)> {
+    fn sort(&mut self, mut c: Candidate, writes: &SyncSender<WriteOp>) -> Option<(Candidate, Option<FileId>)> {
         let known = self.index.get(&(c.dev, c.ino));
         if let Some(k) = known {
             self.ids.insert((c.dev, c.ino), k.id);
+            if k.path != c.path && same_inode(&k.path, &c) {
+                // A hard link: the crawl met the inode under another of its
+                // names first (the parallel crawl's order varies). Nothing
+                // moved; keep the recorded name.
+                c.path = k.path.clone();
+            }
         }
         match known {
             Some(k) if self.cfg.incremental && unchanged(k, &c) => {
@@ -235,16 +268,19 @@ impl<'a> Classifier<'a> {
                 }
                 self.files += 1;
                 self.logical_bytes += c.size;
-                self.unchanged += 1;
                 if k.path != c.path {
                     self.renamed += 1;
                     let _ = writes.send(WriteOp::Renamed { id: k.id, dev: c.dev, path: c.path, ctime: c.ctime });
+                } else {
+                    self.unchanged += 1;
                 }
                 None
             }
             _ => {
                 self.files += 1;
                 self.logical_bytes += c.size;
+                self.queued_files += 1;
+                self.queued_bytes += c.size;
                 Some((c, known.map(|k| k.id)))
             }
         }
@@ -267,6 +303,10 @@ struct HashTally {
     errors: HashMap<&'static str, u64>,
     /// (dev, ino) of files that could not be hashed this run.
     failed: HashSet<(u64, u64)>,
+    /// Files left in the queue when the run was stopped.
+    not_reached: u64,
+    /// Sizes of the files skipped or not reached: not considered after all.
+    left_out_bytes: u64,
 }
 
 #[derive(Default)]
@@ -299,6 +339,9 @@ fn hash_all(
             || tx.clone(),
             |tx, (cand, id)| {
                 if stop.load(Ordering::Relaxed) {
+                    let mut t = stats.tally.lock().unwrap();
+                    t.not_reached += 1;
+                    t.left_out_bytes += cand.size;
                     return;
                 }
                 let key = (cand.dev, cand.ino);
@@ -311,6 +354,7 @@ fn hash_all(
                         stats.files.fetch_add(1, Ordering::Relaxed);
                         stats.bytes.fetch_add(h.bytes_read, Ordering::Relaxed);
                         progress.inc(cand.size);
+                        progress.inc_files(1);
                         let op = WriteOp::Hashed {
                             id,
                             dev: now.dev,
@@ -324,6 +368,7 @@ fn hash_all(
                     }
                     Err(HashFail::Skip(r)) => {
                         progress.inc(cand.size);
+                        progress.inc_files(1);
                         if let (Some(id), true) = (id, r.is_policy()) {
                             // Now protected: forget what was known of it.
                             let _ = tx.send(WriteOp::Removed { id });
@@ -336,11 +381,13 @@ fn hash_all(
                         }
                         let mut t = stats.tally.lock().unwrap();
                         *t.skipped.entry(r).or_default() += 1;
+                        t.left_out_bytes += cand.size;
                         t.failed.insert(key);
                     }
                     Err(HashFail::Error(kind, e)) => {
                         progress.inc(cand.size);
-                        progress.warn(&format!("{}: {e}", display_path(&cand.path)));
+                        progress.inc_files(1);
+                        progress.warn(&format!("{}: {kind}: {e}", display_path(&cand.path)));
                         let mut t = stats.tally.lock().unwrap();
                         *t.errors.entry(kind).or_default() += 1;
                         t.failed.insert(key);
@@ -465,6 +512,23 @@ fn share(
     // identity checks.
     let files = db.file_facts(plan.ranges.iter().flat_map(|r| [r.src, r.dest]).collect::<HashSet<_>>())?;
     report.ranges_planned = plan.ranges.len() as u64;
+    if cfg.list {
+        let name = |id: &FileId| files.get(id).map(|c| display_path(&c.path)).unwrap_or_default();
+        report.ranges = Some(
+            plan.ranges
+                .iter()
+                .map(|r| crate::report::ListedRange {
+                    source: name(&r.src),
+                    source_offset: r.src_off,
+                    destination: name(&r.dest),
+                    destination_offset: r.dest_off,
+                    bytes: r.len,
+                    state: None,
+                    unshared_bytes: None,
+                })
+                .collect(),
+        );
+    }
     report.timings.plan_ms = ms(t);
     progress.finish_phase(&format!(
         "2/3 plan: {} ranges, {} duplicate ({} whole-file groups)",
@@ -494,16 +558,20 @@ fn share(
     });
     let out = dedupe::execute(&plan, &files, cfg.block_size, mode, bookends.as_ref(), progress, stop);
     if let Some(before) = before {
+        // Flushing the volume can take seconds after much sharing: say so
+        // instead of leaving a full bar at "eta 0s".
+        progress.finish_phase("");
+        progress.phase("3/3 share: measuring freed space", None, false);
         report.freed_bytes = free_bytes(root)? as i64 - before as i64;
     }
     report.duplicate_bytes = out.duplicate_bytes;
     report.deduped_bytes = out.deduped_bytes;
     report.already_shared_bytes = out.already_shared_bytes;
     report.rewritten_bytes = out.rewritten_bytes;
+    // Found only now: these files were considered (and hashed or known
+    // unchanged), they stay in files_scanned; they are left out of sharing.
     report.skip(SkipReason::ChangedDuringScan, out.changed_files);
     report.skip(SkipReason::Inline, out.inline_files);
-    // Found ineligible only now: not "considered" after all.
-    report.files_scanned = report.files_scanned.saturating_sub(out.inline_files + out.changed_files);
     for (k, n) in &out.errors {
         report.error(k, *n);
     }

@@ -72,7 +72,11 @@ impl Candidate {
 /// What the crawl counted (the files themselves go to its callback).
 #[derive(Debug, Default)]
 pub struct WalkResult {
+    /// Files left out, by reason (one per file).
     pub skipped: BTreeMap<SkipReason, u64>,
+    /// Directories left out with everything below them, by reason (their
+    /// contents are not read, so not counted as files).
+    pub skipped_dirs: BTreeMap<SkipReason, u64>,
     /// Errors by kind (e.g. `unreadable_dir`), each already reported.
     pub errors: BTreeMap<&'static str, u64>,
 }
@@ -86,6 +90,7 @@ const CRAWL_THREADS: usize = 8;
 enum Found {
     File(PathBuf, std::fs::Metadata),
     Skip(SkipReason),
+    SkipDir(SkipReason),
     Error(&'static str, PathBuf, io::Error),
 }
 
@@ -109,10 +114,11 @@ pub fn walk(
     let result = RefCell::new(WalkResult::default());
     let mut seen_inodes: HashSet<(u64, u64)> = HashSet::new();
     let skip = |r: SkipReason| *result.borrow_mut().skipped.entry(r).or_default() += 1;
+    let skip_dir = |r: SkipReason| *result.borrow_mut().skipped_dirs.entry(r).or_default() += 1;
     for root in roots {
         if let Err(r) = policy.check_ancestors(root) {
             progress.warn(&format!("{}: skipped, a directory above it is marked {}", display_path(root), r.name()));
-            skip(r);
+            skip_dir(r);
             continue;
         }
         let root_dev = match std::fs::symlink_metadata(root) {
@@ -141,6 +147,10 @@ pub fn walk(
                     Found::File(path, meta) => (path, meta),
                     Found::Skip(r) => {
                         skip(r);
+                        continue;
+                    }
+                    Found::SkipDir(r) => {
+                        skip_dir(r);
                         continue;
                     }
                     Found::Error(kind, path, e) => {
@@ -197,7 +207,7 @@ fn visit(
                 match dir_allowed(&e, root_dev, fs, mounts, policy) {
                     Ok(()) => return WalkState::Continue,
                     Err(r) => {
-                        let _ = tx.send(Found::Skip(r));
+                        let _ = tx.send(Found::SkipDir(r));
                         return WalkState::Skip;
                     }
                 }

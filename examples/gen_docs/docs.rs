@@ -219,7 +219,7 @@ fn hand_written() -> Roff {
     }
     r.control("PP", []).text([roman(
         "scan takes the options of the default command except --dry-run and --min-range; \
-         report takes only the options every command takes (--db, --json, --verbose, --quiet, --progress).",
+         report takes the options every command takes (--db, --json, --verbose, --quiet, --progress) and --list.",
     )]);
 
     r.control("SH", ["EXIT STATUS"]);
@@ -321,6 +321,19 @@ fn hand_written() -> Roff {
             bold("--log-level"),
             roman("."),
         ],
+    );
+    tagged(
+        &mut r,
+        "DEDUPSCAN_PROGRESS_INTERVAL",
+        [roman("Seconds between status lines when stderr is not a terminal (default 10).")],
+    );
+    tagged(
+        &mut r,
+        "JOURNAL_STREAM",
+        [roman(
+            "Set by systemd. When it names stderr, every message line starts with its syslog priority \
+             (<3> error, <4> warning, <6> info), so journalctl -p warning lists the warnings.",
+        )],
     );
     tagged(&mut r, "XDG_STATE_HOME, HOME", [roman("Where the database of a user other than root lives by default.")]);
 

@@ -1,6 +1,6 @@
 # Print an optspec for argparse to handle cmd's options that are independent of any subcommand.
 function __fish_dedupscan_global_optspecs
-    string join \n incremental rehash block-size= threads= exclude= exclude-from= include-readonly-snapshots drop-cache max-runtime= metrics-file= n/dry-run min-range= rewrite-ratio= db= json v/verbose q/quiet log-level= progress= h/help V/version
+    string join \n incremental rehash block-size= threads= exclude= exclude-from= include-readonly-snapshots drop-cache max-runtime= metrics-file= n/dry-run min-range= rewrite-ratio= list db= json v/verbose q/quiet log-level= progress= h/help V/version
 end
 
 function __fish_dedupscan_needs_command
@@ -24,14 +24,14 @@ function __fish_dedupscan_using_subcommand
     contains -- $cmd[1] $argv
 end
 
-complete -c dedupscan -n "__fish_dedupscan_needs_command" -l block-size -d 'Block size for fingerprints: a power of two from 4K to 1M (suffixes K, M)' -r
-complete -c dedupscan -n "__fish_dedupscan_needs_command" -l threads -d 'Hashing threads [default: 8 per CPU, 8 to 64: most wait on the disk]' -r
-complete -c dedupscan -n "__fish_dedupscan_needs_command" -l exclude -d 'Leave out paths matching this glob (repeatable; matched on the full path, so it starts with \'/\' or \'*\', e.g. \'**/*.qcow2\' or \'/srv/tmp/**\'). A glob that matches nothing is warned about' -r
+complete -c dedupscan -n "__fish_dedupscan_needs_command" -l block-size -d 'Block size for fingerprints: a power of two from 4K to 1M (suffixes K, M)' -r -f
+complete -c dedupscan -n "__fish_dedupscan_needs_command" -l threads -d 'Hashing threads [default: 8 per CPU, 8 to 64: most wait on the disk]' -r -f
+complete -c dedupscan -n "__fish_dedupscan_needs_command" -l exclude -d 'Leave out paths matching this glob (repeatable; matched on the full path, so it starts with \'/\' or \'*\', e.g. \'**/*.qcow2\' or \'/srv/tmp/**\'). A glob that matches nothing is warned about' -r -f
 complete -c dedupscan -n "__fish_dedupscan_needs_command" -l exclude-from -d 'Read more exclude globs from FILE, one per line (\'#\' starts a comment)' -r -F
-complete -c dedupscan -n "__fish_dedupscan_needs_command" -l max-runtime -d 'Stop cleanly when this much time is spent (e.g. 90m, 2h); work done is committed, the exit status is 5 and the next run carries on' -r
+complete -c dedupscan -n "__fish_dedupscan_needs_command" -l max-runtime -d 'Stop cleanly when this much time is spent (e.g. 90m, 2h); work done is committed, the exit status is 5 and the next run carries on' -r -f
 complete -c dedupscan -n "__fish_dedupscan_needs_command" -l metrics-file -d 'After the run, write its figures in the Prometheus text format to this file (replaced atomically), e.g. for node_exporter\'s textfile collector: /var/lib/prometheus/node-exporter/dedupscan-srv.prom' -r -F
-complete -c dedupscan -n "__fish_dedupscan_needs_command" -l min-range -d 'Shortest range worth sharing, in bytes (rounded down to blocks; whole small files are always shared)' -r
-complete -c dedupscan -n "__fish_dedupscan_needs_command" -l rewrite-ratio -d 'btrfs: where a destination extent is only partly shared, copy its remainder into a fresh extent so the old one is freed — when the remainder is at most RATIO times the shared part. 0 turns it off' -r
+complete -c dedupscan -n "__fish_dedupscan_needs_command" -l min-range -d 'Shortest range worth sharing, in bytes (rounded down to blocks; whole small files are always shared)' -r -f
+complete -c dedupscan -n "__fish_dedupscan_needs_command" -l rewrite-ratio -d 'btrfs: where a destination extent is only partly shared, copy its remainder into a fresh extent so the old one is freed — when the remainder is at most RATIO times the shared part. 0 turns it off' -r -f
 complete -c dedupscan -n "__fish_dedupscan_needs_command" -l db -d 'Database file [default: /var/lib/dedupscan/<filesystem-uuid>.sqlite as root, $XDG_STATE_HOME/dedupscan/<filesystem-uuid>.sqlite otherwise]' -r -F
 complete -c dedupscan -n "__fish_dedupscan_needs_command" -l log-level -d 'How chatty stderr is when neither -v nor -q is given' -r -f -a "quiet\t'The final report and fatal errors only'
 normal\t'Also a warning per problem path and a line per phase (default)'
@@ -44,6 +44,7 @@ complete -c dedupscan -n "__fish_dedupscan_needs_command" -l rehash -d 'Rehash e
 complete -c dedupscan -n "__fish_dedupscan_needs_command" -l include-readonly-snapshots -d 'Also share into read-only btrfs snapshots (left alone by default: sharing into many snapshots can grow metadata instead of freeing space)'
 complete -c dedupscan -n "__fish_dedupscan_needs_command" -l drop-cache -d 'Drop file data from the page cache once it is hashed, so a scan does not evict the server\'s working set (used by the systemd unit; costs rereads when ranges are shared)'
 complete -c dedupscan -n "__fish_dedupscan_needs_command" -s n -l dry-run -d 'Show what would be shared, verified byte for byte, and change nothing on the volume'
+complete -c dedupscan -n "__fish_dedupscan_needs_command" -l list -d 'Also list every planned range (source, destination, offsets, bytes): with --dry-run, what would be shared'
 complete -c dedupscan -n "__fish_dedupscan_needs_command" -l json -d 'Print the report as one JSON document on stdout'
 complete -c dedupscan -n "__fish_dedupscan_needs_command" -s v -l verbose -d 'More detail (repeatable)'
 complete -c dedupscan -n "__fish_dedupscan_needs_command" -s q -l quiet -d 'Less output: no per-path warnings, no progress'
@@ -52,11 +53,11 @@ complete -c dedupscan -n "__fish_dedupscan_needs_command" -s V -l version -d 'Pr
 complete -c dedupscan -n "__fish_dedupscan_needs_command" -a "scan" -d 'Only crawl and hash into the database; share nothing'
 complete -c dedupscan -n "__fish_dedupscan_needs_command" -a "report" -d 'Print what the database knows: files, bytes, and the history of runs'
 complete -c dedupscan -n "__fish_dedupscan_needs_command" -a "help" -d 'Print this message or the help of the given subcommand(s)'
-complete -c dedupscan -n "__fish_dedupscan_using_subcommand scan" -l block-size -d 'Block size for fingerprints: a power of two from 4K to 1M (suffixes K, M)' -r
-complete -c dedupscan -n "__fish_dedupscan_using_subcommand scan" -l threads -d 'Hashing threads [default: 8 per CPU, 8 to 64: most wait on the disk]' -r
-complete -c dedupscan -n "__fish_dedupscan_using_subcommand scan" -l exclude -d 'Leave out paths matching this glob (repeatable; matched on the full path, so it starts with \'/\' or \'*\', e.g. \'**/*.qcow2\' or \'/srv/tmp/**\'). A glob that matches nothing is warned about' -r
+complete -c dedupscan -n "__fish_dedupscan_using_subcommand scan" -l block-size -d 'Block size for fingerprints: a power of two from 4K to 1M (suffixes K, M)' -r -f
+complete -c dedupscan -n "__fish_dedupscan_using_subcommand scan" -l threads -d 'Hashing threads [default: 8 per CPU, 8 to 64: most wait on the disk]' -r -f
+complete -c dedupscan -n "__fish_dedupscan_using_subcommand scan" -l exclude -d 'Leave out paths matching this glob (repeatable; matched on the full path, so it starts with \'/\' or \'*\', e.g. \'**/*.qcow2\' or \'/srv/tmp/**\'). A glob that matches nothing is warned about' -r -f
 complete -c dedupscan -n "__fish_dedupscan_using_subcommand scan" -l exclude-from -d 'Read more exclude globs from FILE, one per line (\'#\' starts a comment)' -r -F
-complete -c dedupscan -n "__fish_dedupscan_using_subcommand scan" -l max-runtime -d 'Stop cleanly when this much time is spent (e.g. 90m, 2h); work done is committed, the exit status is 5 and the next run carries on' -r
+complete -c dedupscan -n "__fish_dedupscan_using_subcommand scan" -l max-runtime -d 'Stop cleanly when this much time is spent (e.g. 90m, 2h); work done is committed, the exit status is 5 and the next run carries on' -r -f
 complete -c dedupscan -n "__fish_dedupscan_using_subcommand scan" -l metrics-file -d 'After the run, write its figures in the Prometheus text format to this file (replaced atomically), e.g. for node_exporter\'s textfile collector: /var/lib/prometheus/node-exporter/dedupscan-srv.prom' -r -F
 complete -c dedupscan -n "__fish_dedupscan_using_subcommand scan" -l db -d 'Database file [default: /var/lib/dedupscan/<filesystem-uuid>.sqlite as root, $XDG_STATE_HOME/dedupscan/<filesystem-uuid>.sqlite otherwise]' -r -F
 complete -c dedupscan -n "__fish_dedupscan_using_subcommand scan" -l log-level -d 'How chatty stderr is when neither -v nor -q is given' -r -f -a "quiet\t'The final report and fatal errors only'
@@ -73,6 +74,7 @@ complete -c dedupscan -n "__fish_dedupscan_using_subcommand scan" -l json -d 'Pr
 complete -c dedupscan -n "__fish_dedupscan_using_subcommand scan" -s v -l verbose -d 'More detail (repeatable)'
 complete -c dedupscan -n "__fish_dedupscan_using_subcommand scan" -s q -l quiet -d 'Less output: no per-path warnings, no progress'
 complete -c dedupscan -n "__fish_dedupscan_using_subcommand scan" -s h -l help -d 'Print help (see more with \'--help\')'
+complete -c dedupscan -n "__fish_dedupscan_using_subcommand report" -l html -d 'Also write the report as one self-contained HTML page to FILE: savings history, space now, where duplicates remain (no script, nothing fetched)' -r -F
 complete -c dedupscan -n "__fish_dedupscan_using_subcommand report" -l db -d 'Database file [default: /var/lib/dedupscan/<filesystem-uuid>.sqlite as root, $XDG_STATE_HOME/dedupscan/<filesystem-uuid>.sqlite otherwise]' -r -F
 complete -c dedupscan -n "__fish_dedupscan_using_subcommand report" -l log-level -d 'How chatty stderr is when neither -v nor -q is given' -r -f -a "quiet\t'The final report and fatal errors only'
 normal\t'Also a warning per problem path and a line per phase (default)'
@@ -80,6 +82,7 @@ verbose\t'Also details of every phase'"
 complete -c dedupscan -n "__fish_dedupscan_using_subcommand report" -l progress -d 'Progress display on stderr: bars on a terminal (auto), always, or never' -r -f -a "auto\t''
 always\t''
 never\t''"
+complete -c dedupscan -n "__fish_dedupscan_using_subcommand report" -l list -d 'Also list every duplicate range the database knows (source, destination, offsets, bytes) and whether it is shared now'
 complete -c dedupscan -n "__fish_dedupscan_using_subcommand report" -l json -d 'Print the report as one JSON document on stdout'
 complete -c dedupscan -n "__fish_dedupscan_using_subcommand report" -s v -l verbose -d 'More detail (repeatable)'
 complete -c dedupscan -n "__fish_dedupscan_using_subcommand report" -s q -l quiet -d 'Less output: no per-path warnings, no progress'
