@@ -10,7 +10,6 @@ use dedupscan::exit::ExitCode;
 use dedupscan::progress::{Bars, LogLines, Progress};
 use dedupscan::{history, run};
 
-
 fn main() {
     let cli = Cli::parse_args(); // usage errors exit with 2
     let code = match Config::from_cli(cli) {
