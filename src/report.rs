@@ -57,7 +57,12 @@ pub struct Report {
     pub files_scanned: u64,
     /// Files read and hashed in this run.
     pub files_hashed: u64,
+    /// Bytes read from disk to hash them (holes are not read).
     pub bytes_hashed: u64,
+    /// Bytes hashed without reading them: they share a physical extent
+    /// with blocks hashed earlier in the run (reflinked copies, snapshots,
+    /// files already deduplicated).
+    pub bytes_reused: u64,
     /// Known files whose size and times had not changed: not reopened.
     pub files_unchanged: u64,
     pub files_renamed: u64,
@@ -114,11 +119,12 @@ impl Report {
         let _ = writeln!(s, "dedupscan {}{mode} on {} [{}]", self.command, self.paths.join(", "), self.filesystem);
         let _ = writeln!(
             s,
-            "  files: {} considered ({}), {} hashed ({}), {} unchanged, {} renamed, {} removed",
+            "  files: {} considered ({}), {} hashed ({} read, {} shared with blocks already hashed), {} unchanged, {} renamed, {} removed",
             self.files_scanned,
             human(self.logical_bytes),
             self.files_hashed,
             human(self.bytes_hashed),
+            human(self.bytes_reused),
             self.files_unchanged,
             self.files_renamed,
             self.files_removed
@@ -267,6 +273,7 @@ mod tests {
             "files_scanned",
             "files_hashed",
             "bytes_hashed",
+            "bytes_reused",
             "duplicate_bytes",
             "deduped_bytes",
             "freed_bytes",
