@@ -290,11 +290,25 @@ impl Hasher<'_> {
     /// address `phys`: take each chunk's fingerprints from the cache, or
     /// read it (once for all the files that share it) and remember them.
     fn reuse(&mut self, cache: &ExtentCache, start: u64, end: u64, phys: u64) -> io::Result<()> {
+        let bs = self.bs;
+        let piece = |pos: u64| {
+            let len = (end - pos).min(CHUNK as u64);
+            ((phys + (pos - start)) / bs, len / bs, len)
+        };
+        // The next chunk, claimed by this thread before it releases the
+        // current one: the reader of a shared extent stays the reader (its
+        // own read-ahead, in its own file's page cache, is what the next
+        // read finds), while the copies' threads take each chunk from the
+        // cache behind it.
+        let mut ahead: Option<ClaimGuard<'_>> = None;
         let mut pos = start;
         while pos < end {
-            let len = (end - pos).min(CHUNK as u64);
-            let (pb, n) = ((phys + (pos - start)) / self.bs, len / self.bs);
-            match cache.claim(pb, n) {
+            let (pb, n, len) = piece(pos);
+            let claim = match ahead.take() {
+                Some(g) => Claim::Mine(g),
+                None => cache.claim(pb, n),
+            };
+            match claim {
                 Claim::Hit(fps) => {
                     for fp in fps {
                         self.out.map.push_short(fp).map_err(map_err)?;
@@ -308,6 +322,10 @@ impl Hasher<'_> {
                         let fp = block_fp(blk);
                         fps.push(fp);
                         self.out.map.push_short(fp).map_err(map_err)?;
+                    }
+                    if pos + len < end {
+                        let (npb, nn, _) = piece(pos + len);
+                        ahead = cache.try_claim(npb, nn);
                     }
                     guard.fill(&fps);
                     self.out.cached.push((pb, n));
@@ -468,6 +486,18 @@ impl ExtentCache {
             g.busy.push((pb, pb + n));
             return Claim::Mine(ClaimGuard { cache: self, range: (pb, pb + n) });
         }
+    }
+
+    /// Claim `[pb, pb + n)` if nobody has hashed or is reading any of it;
+    /// never waits (the caller holds another claim).
+    pub fn try_claim(&self, pb: u64, n: u64) -> Option<ClaimGuard<'_>> {
+        let mut g = self.inner.lock().unwrap_or_else(|e| e.into_inner());
+        let known = (pb..pb + n).any(|b| g.young.contains_key(&b) || g.old.contains_key(&b));
+        if known || g.busy.iter().any(|&(s, e)| s < pb + n && pb < e) {
+            return None;
+        }
+        g.busy.push((pb, pb + n));
+        Some(ClaimGuard { cache: self, range: (pb, pb + n) })
     }
 
     /// Forget physical blocks `[pb, pb + n)` (their file changed while it
@@ -735,6 +765,12 @@ mod tests {
         let Claim::Mine(g) = c.claim(200, 6) else { panic!() };
         g.fill(&[5; 6]);
         assert!(matches!(c.claim(100, 4), Claim::Hit(_)));
+        // Claiming ahead never takes what is known or being read.
+        assert!(c.try_claim(103, 2).is_none());
+        let ahead = c.try_claim(300, 2).expect("free");
+        assert!(c.try_claim(301, 1).is_none());
+        drop(ahead);
+        assert!(c.try_claim(301, 1).is_some());
         c.forget(&[(100, 1)]);
         assert!(matches!(c.claim(100, 4), Claim::Mine(_)));
     }
