@@ -94,10 +94,14 @@ fn bounded(vol: &Volume, args: &[&str]) -> Bounded {
 }
 
 fn check(b: &Bounded, what: &str) {
+    check_bounds(b, what);
+    validate_report(&b.json);
+}
+
+fn check_bounds(b: &Bounded, what: &str) {
     eprintln!("{what}: exit {}, peak RSS {:.1} MB", b.code, b.max_rss as f64 / 1e6);
     assert_eq!(b.code, 0, "{what}: exit {} (peak RSS {} MB): {}", b.code, b.max_rss >> 20, b.stderr);
     assert!(b.max_rss < MAX_RSS, "{what}: peak RSS {} MB >= 256 MB", b.max_rss / 1_000_000);
-    validate_report(&b.json);
 }
 
 /// Two 8 TiB files, 4 KiB of the same data at 7 TiB: the scan and the full
@@ -127,6 +131,11 @@ fn eight_tib_twins(fs: Fs) {
     check(&run, "run");
     assert_eq!(num(&run.json, "files_scanned"), 2, "{:#}", run.json);
     before.assert_same(&Snapshot::take_sparse(&d));
+
+    // `report` rebuilds the plan from the database: bounded too.
+    let report = bounded(&vol, &["report"]);
+    check_bounds(&report, "report");
+    validate_db_report(&report.json);
 }
 
 #[test]
