@@ -75,7 +75,7 @@ fn hashing(c: &mut Criterion) {
         g.bench_function(name, |b| {
             b.iter(|| {
                 let h = hash_file(file, SIZE, block, &mut buf).unwrap();
-                black_box(h.blocks)
+                black_box(h.map)
             })
         });
     }

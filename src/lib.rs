@@ -5,6 +5,7 @@
 //! [`walk`] (with [`policy`]) → [`hash`] → [`db`] → [`plan`] → [`dedupe`] →
 //! [`report`], driven by [`run`]. All ioctls and `unsafe` live in [`sys`].
 
+pub mod blockmap;
 pub mod bookend;
 pub mod cli;
 pub mod config;

@@ -60,7 +60,12 @@ pub struct Report {
     pub files_scanned: u64,
     /// Files read and hashed in this run.
     pub files_hashed: u64,
+    /// Bytes read from disk to hash them (holes are not read).
     pub bytes_hashed: u64,
+    /// Bytes hashed without reading them: they share a physical extent
+    /// with blocks hashed earlier in the run (reflinked copies, snapshots,
+    /// files already deduplicated).
+    pub bytes_reused: u64,
     /// Known files, at their recorded path, whose size and times had not
     /// changed: not reopened.
     pub files_unchanged: u64,
@@ -227,7 +232,15 @@ impl Report {
         }
         let mut t = Table::new(&["files", "count", "size"]);
         t.row(["considered".to_owned(), self.files_scanned.to_string(), human(self.logical_bytes)]);
-        t.row(["  hashed".to_owned(), self.files_hashed.to_string(), format!("{} read", human(self.bytes_hashed))]);
+        t.row([
+            "  hashed".to_owned(),
+            self.files_hashed.to_string(),
+            if self.bytes_reused > 0 {
+                format!("{} read, {} reused from shared extents", human(self.bytes_hashed), human(self.bytes_reused))
+            } else {
+                format!("{} read", human(self.bytes_hashed))
+            },
+        ]);
         t.row(["  unchanged".to_owned(), self.files_unchanged.to_string(), String::new()]);
         t.row(["  moved".to_owned(), self.files_renamed.to_string(), String::new()]);
         if self.files_failed > 0 {
@@ -425,6 +438,7 @@ mod tests {
             "files_scanned",
             "files_hashed",
             "bytes_hashed",
+            "bytes_reused",
             "duplicate_bytes",
             "deduped_bytes",
             "freed_bytes",

@@ -149,6 +149,7 @@ fn run_inner(cfg: &Config, progress: &dyn Progress, stop: &AtomicBool) -> Result
     drop(index);
     report.files_hashed = stats.files.load(Ordering::Relaxed);
     report.bytes_hashed = stats.bytes.load(Ordering::Relaxed);
+    report.bytes_reused = stats.reused.load(Ordering::Relaxed);
     let HashTally { skipped, errors, failed, not_reached, left_out_bytes } = stats.tally.into_inner().unwrap();
     report.logical_bytes -= left_out_bytes;
     for (r, n) in skipped {
@@ -313,6 +314,8 @@ struct HashTally {
 struct HashStats {
     files: AtomicU64,
     bytes: AtomicU64,
+    /// Bytes whose fingerprints came from the extent cache, not a read.
+    reused: AtomicU64,
     tally: Mutex<HashTally>,
 }
 
@@ -326,6 +329,9 @@ fn hash_all(
 ) -> Result<HashStats> {
     let stats = HashStats::default();
     let fs_kind = cfg.fs.as_ref().map_or(FsKind::Other, |f| f.kind);
+    // Fingerprints of shared physical extents, reused across files (only
+    // btrfs and XFS share extents).
+    let cache = (fs_kind != FsKind::Other).then(|| hash::ExtentCache::new(cfg.block_size));
     let pool = rayon::ThreadPoolBuilder::new()
         .num_threads(cfg.threads)
         .thread_name(|i| format!("hash-{i}"))
@@ -347,12 +353,15 @@ fn hash_all(
                 let key = (cand.dev, cand.ino);
                 let res = policy.check_file_xattr(&cand.path).map_err(HashFail::Skip);
                 let hashed = res.and_then(|_| {
-                    READ_BUF.with_borrow_mut(|buf| hash_one(&cand, fs_kind, cfg.block_size, cfg.drop_cache, buf))
+                    READ_BUF.with_borrow_mut(|buf| {
+                        hash_one(&cand, fs_kind, cfg.block_size, cfg.drop_cache, cache.as_ref(), buf)
+                    })
                 });
                 match hashed {
                     Ok((now, h)) => {
                         stats.files.fetch_add(1, Ordering::Relaxed);
                         stats.bytes.fetch_add(h.bytes_read, Ordering::Relaxed);
+                        stats.reused.fetch_add(h.bytes_reused, Ordering::Relaxed);
                         progress.inc(cand.size);
                         progress.inc_files(1);
                         let op = WriteOp::Hashed {
@@ -416,6 +425,7 @@ fn hash_one(
     fs: FsKind,
     block_size: u64,
     drop_cache: bool,
+    cache: Option<&hash::ExtentCache>,
     buf: &mut Vec<u8>,
 ) -> Result<(Candidate, hash::FileHash), HashFail> {
     let file = sys::open_readonly(&c.path).map_err(|e| match e.raw_os_error() {
@@ -435,15 +445,23 @@ fn hash_one(
     if now.size == 0 {
         return Err(HashFail::Skip(SkipReason::Empty));
     }
-    let h = match hash::hash_file_with(&file, now.size, block_size, buf, drop_cache) {
+    let h = match hash::hash_file_with(&file, now.size, block_size, buf, drop_cache, cache) {
         Ok(h) => h,
         Err(e) if e.kind() == std::io::ErrorKind::UnexpectedEof => {
             return Err(HashFail::Skip(SkipReason::ChangedDuringScan))
         }
+        // Memory is bounded per file: a block map that cannot be held costs
+        // this file (an error, exit code 1), never the run.
+        Err(e) if e.kind() == std::io::ErrorKind::OutOfMemory => return Err(HashFail::Error("out_of_memory", e)),
+        Err(e) if e.kind() == std::io::ErrorKind::FileTooLarge => return Err(HashFail::Error("too_large", e)),
         Err(e) => return Err(HashFail::Error("read", e)),
     };
     let after = file.metadata().map_err(|e| HashFail::Error("stat", e))?;
     if Candidate::from_metadata(c.path.clone(), &after) != now {
+        // What was read may not be what the shared blocks hold.
+        if let Some(cache) = cache {
+            cache.forget(&h.cached);
+        }
         return Err(HashFail::Skip(SkipReason::ChangedDuringScan));
     }
     Ok((now, h))
@@ -507,6 +525,12 @@ fn share(
         std::thread::spawn(move || free_bytes(&root))
     });
     let planned = db.plan(&allowed, fresh.as_ref(), opts)?;
+    if planned.unplannable > 0 {
+        progress.warn(&format!(
+            "{} mostly-hole files too large to plan in memory were left out of the plan (scanned and recorded)",
+            planned.unplannable
+        ));
+    }
     let (plan, whole_groups) = (planned.plan, planned.whole_groups.len());
     // The recorded facts of the files the plan names, for the executor's
     // identity checks.

@@ -19,8 +19,8 @@ use nix::fcntl::{Flock, FlockArg};
 use rusqlite::types::ValueRef;
 use rusqlite::{params, Connection, OpenFlags, OptionalExtension};
 
-use crate::hash::ZERO_FP;
-use crate::plan::{self, short_fp, Fp, Plan, PlanFile, PlanOptions};
+use crate::blockmap::BlockMap;
+use crate::plan::{self, Fp, Plan, PlanFile, PlanOptions};
 use crate::types::FileId;
 use crate::walk::{Candidate, TimeTag};
 
@@ -62,6 +62,9 @@ pub struct Planned {
     /// The whole-file duplicate groups it was built from (each sorted by
     /// id, at least two files).
     pub whole_groups: Vec<Vec<FileId>>,
+    /// Files left out because the planner would have to expand their holes
+    /// (see [`plannable`]) or memory ran out.
+    pub unplannable: u64,
 }
 
 /// An open database plus the lock that keeps other runs out.
@@ -206,7 +209,10 @@ impl Db {
         let _read = self.conn.unchecked_transaction()?;
         let pass = self.map_pass(allowed, fresh)?;
         let mut whole = group_whole_files(pass.whole_keys);
-        let covered: HashSet<FileId> = whole.iter().flat_map(|g| g[1..].iter().copied()).collect();
+        let unplannable = pass.unplannable.len() as u64;
+        // Files left out of the plan take no part in anchor groups either.
+        let covered: HashSet<FileId> =
+            whole.iter().flat_map(|g| g[1..].iter().copied()).chain(pass.unplannable).collect();
         let mut anchor_groups = match fresh {
             Some(_) => self.anchor_groups_by_key(pass.fresh_anchor_fps, allowed, &covered)?,
             None => self.anchor_groups(allowed, &covered)?,
@@ -221,7 +227,7 @@ impl Db {
         involved.sort_unstable();
         involved.dedup();
         let files = self.plan_files(involved)?;
-        Ok(Planned { plan: plan::plan(&files, &whole, &anchor_groups, opts), whole_groups: whole })
+        Ok(Planned { plan: plan::plan(&files, &whole, &anchor_groups, opts), whole_groups: whole, unplannable })
     }
 
     /// Read every block map once; see [`Db::plan`].
@@ -235,13 +241,18 @@ impl Db {
                 continue;
             }
             let blob = stored_map(&self.conn, r.get_ref(2)?)?;
-            pass.whole_keys.push((r.get::<_, i64>(1)? as u64, map_hash(&blob), id));
-            let blocks = decode_blocks(&blob);
-            if let Some(b) = plan::min_anchor(&blocks) {
-                pass.min_anchors.push((blocks[b as usize], id, b));
+            // Sparse: holes are skipped, never expanded (issue 12).
+            let map = BlockMap::from_blob(&blob).ok().filter(plannable);
+            let Some(map) = map else {
+                pass.unplannable.push(id);
+                continue;
+            };
+            pass.whole_keys.push((r.get::<_, i64>(1)? as u64, map.hash64(), id));
+            if let Some((b, fp)) = map.min_anchor() {
+                pass.min_anchors.push((fp, id, b));
             }
             if fresh.is_some_and(|f| f.contains(&id)) {
-                pass.fresh_anchor_fps.extend(plan::sampled_anchors(&blocks).map(|b| blocks[b as usize]));
+                pass.fresh_anchor_fps.extend(map.sampled_anchors().map(|(_, fp)| fp));
             }
         }
         Ok(pass)
@@ -351,17 +362,16 @@ impl Db {
         for id in ids {
             let row = st
                 .query_row([id], |r| {
-                    let f = PlanFile {
-                        id,
-                        rank: 0,
-                        size: r.get::<_, i64>(0)? as u64,
-                        blocks: decode_blocks(&stored_map(&self.conn, r.get_ref(1)?)?),
-                    };
+                    // Bounded and fallible: a map the planner cannot hold
+                    // leaves its file out (see `plannable`).
+                    let map = BlockMap::from_blob(&stored_map(&self.conn, r.get_ref(1)?)?).ok().filter(plannable);
+                    let Some(blocks) = map.and_then(|m| m.to_dense(u64::MAX).ok()) else { return Ok(None) };
+                    let f = PlanFile { id, rank: 0, size: r.get::<_, i64>(0)? as u64, blocks };
                     let path = [r.get_ref(3)?.as_blob()?, b"/", r.get_ref(4)?.as_blob()?].concat();
-                    Ok(((r.get(2)?, path), f))
+                    Ok(Some(((r.get(2)?, path), f)))
                 })
                 .optional()?;
-            rows.extend(row);
+            rows.extend(row.flatten());
         }
         rows.sort_by(|a, b| a.0.cmp(&b.0));
         Ok(rows
@@ -396,17 +406,22 @@ struct MapPass {
     min_anchors: Vec<(Fp, FileId, u64)>,
     /// Sampled anchors of the fresh files (incremental plans).
     fresh_anchor_fps: Vec<Fp>,
+    /// Files the planner cannot hold (see [`plannable`]).
+    unplannable: Vec<FileId>,
 }
 
-/// Hash of an encoded block map: equal maps, equal hashes. Only compared
-/// within one process; the planner checks the maps themselves before it
-/// trusts a group.
-pub(crate) fn map_hash(blob: &[u8]) -> u64 {
-    use std::hash::{DefaultHasher, Hasher};
-    let mut h = DefaultHasher::new();
-    h.write(blob);
-    h.finish()
+/// Whether the planner, which holds one fingerprint per block (holes
+/// included), may expand this map: when that costs at most
+/// [`PLAN_DENSE_BLOCKS`] blocks or twice its data. A mostly-hole file
+/// larger than that (an 8 TiB sparse file with 4 KiB of data is 2³¹ blocks)
+/// is left out of the plan instead of costing gigabytes; a planner that
+/// consumes the maps sparsely lifts this.
+pub fn plannable(map: &BlockMap) -> bool {
+    map.len() <= PLAN_DENSE_BLOCKS.max(map.data_len().saturating_mul(2))
 }
+
+/// See [`plannable`]: 64 MiB of expanded map (64 GiB of 4 KiB blocks).
+pub const PLAN_DENSE_BLOCKS: u64 = 1 << 24;
 
 /// Whole-file duplicate groups from sorted-by-key `(size, map hash, id)`:
 /// each group sorted by id, at least two files.
@@ -451,40 +466,18 @@ pub(crate) fn file_map(conn: &Connection, id: FileId) -> rusqlite::Result<Option
     st.query_row([id], |r| Ok(stored_map(conn, r.get_ref(0)?)?.into_owned())).optional()
 }
 
-/// Block map blob: per block the 4-byte fingerprint ([`short_fp`]), little
-/// endian; a 0 (zero block or hole) is followed by the length of the run of
-/// zero blocks it starts, so sparse files cost nothing for their holes.
+/// Block map blob from one 64-bit fingerprint per block (tests and
+/// benches; the hasher builds a [`BlockMap`] directly). See
+/// [`crate::blockmap`] for the format.
 pub fn encode_blocks(blocks: &[u64]) -> Vec<u8> {
-    let mut out = Vec::with_capacity(blocks.len() * 4);
-    let mut i = 0;
-    while i < blocks.len() {
-        let fp = short_fp(blocks[i]);
-        out.extend_from_slice(&fp.to_le_bytes());
-        i += 1;
-        if fp == 0 {
-            let start = i - 1;
-            while i < blocks.len() && blocks[i] == ZERO_FP && i - start < u32::MAX as usize {
-                i += 1;
-            }
-            out.extend_from_slice(&((i - start) as u32).to_le_bytes());
-        }
-    }
-    out
+    BlockMap::from_fps(blocks).into_bytes()
 }
 
-/// Inverse of [`encode_blocks`].
+/// Inverse of [`encode_blocks`], expanded: one entry per block, holes as 0.
+/// Only for small maps (tests); everything else reads maps sparsely through
+/// [`BlockMap`].
 pub fn decode_blocks(blob: &[u8]) -> Vec<Fp> {
-    let mut words = blob.chunks_exact(4).map(|c| u32::from_le_bytes(c.try_into().expect("4 bytes")));
-    let mut out = Vec::with_capacity(blob.len() / 4);
-    while let Some(fp) = words.next() {
-        if fp == 0 {
-            let run = words.next().unwrap_or(1) as usize;
-            out.resize(out.len() + run, 0);
-        } else {
-            out.push(fp);
-        }
-    }
-    out
+    BlockMap::from_bytes(blob.to_vec()).to_dense(u64::MAX).expect("a small block map")
 }
 
 /// Path as stored: raw bytes, lossless.
@@ -518,6 +511,7 @@ fn unix_now() -> i64 {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::plan::short_fp;
 
     #[test]
     fn block_maps_round_trip_with_zero_runs() {
@@ -545,7 +539,13 @@ mod tests {
     }
 
     fn hashed(id: Option<FileId>, ino: u64, path: &str, blocks: &[u64]) -> WriteOp {
-        let hash = FileHash { size: blocks.len() as u64 * 4096, blocks: blocks.to_vec(), bytes_read: 0 };
+        let hash = FileHash {
+            size: blocks.len() as u64 * 4096,
+            map: crate::blockmap::BlockMap::from_fps(blocks),
+            bytes_read: 0,
+            bytes_reused: 0,
+            cached: Vec::new(),
+        };
         WriteOp::Hashed { id, dev: 1, ino, path: path.into(), mtime: 0, ctime: 0, hash }
     }
 

@@ -11,12 +11,12 @@ use std::path::{Path, PathBuf};
 use std::sync::mpsc::{Receiver, RecvTimeoutError};
 use std::time::{Duration, Instant};
 
-use rusqlite::types::Value;
+use rusqlite::types::{ToSqlOutput, ValueRef};
 use rusqlite::{params, Connection};
 
-use super::{decode_blocks, encode_blocks, file_map, map_hash, path_bytes, Db, TWIN_MIN_MAP};
+use super::{file_map, path_bytes, Db, TWIN_MIN_MAP};
+use crate::blockmap::BlockMap;
 use crate::hash::FileHash;
-use crate::plan::{sampled_anchors, short_fp, Fp};
 use crate::types::FileId;
 use crate::walk::TimeTag;
 
@@ -101,10 +101,11 @@ pub fn run(db: Db, run_id: i64, rx: Receiver<WriteOp>) -> rusqlite::Result<(Db, 
 /// found again by key.
 fn delete_anchors(conn: &Connection, id: FileId) -> rusqlite::Result<()> {
     if let Some(blob) = file_map(conn, id)? {
-        let blocks = decode_blocks(&blob);
+        // Sparse: a huge file's holes are skipped, never expanded.
+        let map = BlockMap::from_bytes(blob);
         let mut del = conn.prepare_cached("DELETE FROM anchors WHERE fp = ?1 AND file_id = ?2 AND blk = ?3")?;
-        for i in sampled_anchors(&blocks) {
-            del.execute(params![blocks[i as usize], id, i as i64])?;
+        for (b, fp) in map.sampled_anchors() {
+            del.execute(params![fp, id, b as i64])?;
         }
     }
     Ok(())
@@ -193,13 +194,14 @@ impl Writer {
                     self.prune_dirs = true;
                 }
                 let (dir, name) = self.locate(conn, dev, &path)?;
-                let blob = encode_blocks(&hash.blocks);
-                let key = (hash.size, map_hash(&blob));
-                let holder = self.holder_of(conn, key, &blob)?;
+                let key = (hash.size, hash.map.hash64());
+                let blob = hash.map.as_bytes();
+                let holder = self.holder_of(conn, key, blob)?;
                 let sharable = blob.len() >= TWIN_MIN_MAP;
                 let stored = match holder {
-                    Some(h) => Value::Integer(h.0),
-                    None => Value::Blob(blob),
+                    Some(h) => ToSqlOutput::from(h.0),
+                    // Borrowed: a map is stored without another copy.
+                    None => ToSqlOutput::Borrowed(ValueRef::Blob(blob)),
                 };
                 // A known file keeps its id (the row is replaced); a new one
                 // gets the next rowid.
@@ -229,9 +231,8 @@ impl Writer {
                 }
                 let mut ins =
                     conn.prepare_cached("INSERT OR IGNORE INTO anchors (fp, file_id, blk) VALUES (?1, ?2, ?3)")?;
-                let short: Vec<Fp> = hash.blocks.iter().map(|&f| short_fp(f)).collect();
-                for i in sampled_anchors(&short) {
-                    ins.execute(params![short[i as usize], id, i as i64])?;
+                for (b, fp) in hash.map.sampled_anchors() {
+                    ins.execute(params![fp, id, b as i64])?;
                 }
             }
             WriteOp::Renamed { id, dev, path, ctime } => {

@@ -1,0 +1,426 @@
+//! Block maps: a file's fingerprints, one per block, without its holes.
+//!
+//! In: fingerprints pushed in block order by the hasher, or a stored BLOB.
+//! Out: the same bytes the `files.blocks` column stores, and sparse views of
+//! them for the writer (anchors), the planner and the reports.
+//!
+//! The in-memory form *is* the stored form: per block the 4-byte block-map
+//! fingerprint ([`short_fp`]), little endian; a 0 (zero block or hole) is
+//! followed by the length of the run of zero blocks it starts (at most
+//! `u32::MAX`, a longer run continues in the next pair). So a map costs 4
+//! bytes per data block and 8 bytes per run of holes, whatever the file's
+//! apparent size: `truncate -s 8T` is one pair, not two billion entries
+//! (issue 12: a dense `Vec` per block of apparent size made one user's sparse
+//! file exhaust a root run's memory). Nothing here ever materialises a run of
+//! zeros; [`BlockMap::to_dense`] is the one expansion, bounded and fallible,
+//! for callers that index blocks directly.
+//!
+//! The encoding is canonical (zero runs are always merged), so two files
+//! have the same map exactly when their encodings are byte-for-byte equal:
+//! equality and hashing of maps are those of the bytes.
+
+use std::collections::TryReserveError;
+use std::fmt;
+
+use crate::plan::{Fp, ANCHOR_SHIFT};
+
+const ANCHOR_MASK: Fp = (1 << ANCHOR_SHIFT) - 1;
+
+/// Largest encoded map we build, in bytes: 4 bytes per data block, so
+/// about 915 GiB of data per file with 4 KiB blocks. SQLite refuses values
+/// over 10⁹ bytes (`SQLITE_MAX_LENGTH`), which would fail the whole batch
+/// in the writer; a file past this is reported and skipped instead.
+pub const MAX_MAP_BYTES: usize = 960_000_000;
+
+/// Why a block map could not be built or expanded.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum MapError {
+    /// The allocator refused the memory (address-space limit, cgroup).
+    #[error("not enough memory for the block map of {blocks} blocks")]
+    OutOfMemory { blocks: u64 },
+    /// The map would exceed [`MAX_MAP_BYTES`] (or the caller's bound).
+    #[error("block map of {blocks} blocks is larger than this build handles ({limit} bytes)")]
+    TooLarge { blocks: u64, limit: usize },
+}
+
+impl MapError {
+    fn oom(blocks: u64) -> impl FnOnce(TryReserveError) -> MapError {
+        move |_| MapError::OutOfMemory { blocks }
+    }
+}
+
+/// One file's block map, sparse (see the module documentation).
+#[derive(Clone, Default, PartialEq, Eq, Hash)]
+pub struct BlockMap {
+    /// The stored encoding.
+    enc: Vec<u8>,
+    /// Blocks the map covers, holes included.
+    blocks: u64,
+    /// Byte offset in `enc` of the length word of the trailing zero run,
+    /// while the map ends in one (so the next zero extends it).
+    tail_run: Option<usize>,
+}
+
+impl fmt::Debug for BlockMap {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "BlockMap({} blocks, {} bytes", self.blocks, self.enc.len())?;
+        if self.enc.len() <= 64 {
+            write!(f, ", runs {:?}", self.runs().map(|r| (r.start, r.fps().collect::<Vec<_>>())).collect::<Vec<_>>())?;
+        }
+        write!(f, ")")
+    }
+}
+
+/// A run of consecutive data blocks (none of them zero).
+#[derive(Debug, Clone, Copy)]
+pub struct DataRun<'a> {
+    /// Index of its first block in the file.
+    pub start: u64,
+    words: &'a [u8],
+}
+
+impl<'a> DataRun<'a> {
+    /// Number of blocks in the run.
+    pub fn len(&self) -> u64 {
+        (self.words.len() / 4) as u64
+    }
+
+    /// Never true: a data run holds at least one block.
+    pub fn is_empty(&self) -> bool {
+        self.words.is_empty()
+    }
+
+    /// One past its last block.
+    pub fn end(&self) -> u64 {
+        self.start + self.len()
+    }
+
+    /// The fingerprints of its blocks, in order.
+    pub fn fps(&self) -> impl Iterator<Item = Fp> + 'a {
+        self.words.chunks_exact(4).map(word)
+    }
+
+    /// The fingerprint of block `start + i`.
+    pub fn fp(&self, i: u64) -> Fp {
+        word(&self.words[i as usize * 4..i as usize * 4 + 4])
+    }
+}
+
+fn word(c: &[u8]) -> u32 {
+    u32::from_le_bytes(c.try_into().expect("4 bytes"))
+}
+
+impl BlockMap {
+    /// An empty map (a file of no blocks).
+    pub fn new() -> BlockMap {
+        BlockMap::default()
+    }
+
+    /// Blocks covered, holes included.
+    pub fn len(&self) -> u64 {
+        self.blocks
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.blocks == 0
+    }
+
+    /// The stored encoding.
+    pub fn as_bytes(&self) -> &[u8] {
+        &self.enc
+    }
+
+    pub fn into_bytes(self) -> Vec<u8> {
+        self.enc
+    }
+
+    /// Append one block's 64-bit fingerprint ([`crate::hash::ZERO_FP`] for a zero block).
+    pub fn push(&mut self, fp64: u64) -> Result<(), MapError> {
+        self.push_short(crate::plan::short_fp(fp64))
+    }
+
+    /// Append one block's block-map fingerprint (0 for a zero block).
+    pub fn push_short(&mut self, fp: Fp) -> Result<(), MapError> {
+        if fp == 0 {
+            return self.push_zeros(1);
+        }
+        self.grow(4)?;
+        self.enc.extend_from_slice(&fp.to_le_bytes());
+        self.blocks += 1;
+        self.tail_run = None;
+        Ok(())
+    }
+
+    /// Append `n` zero blocks or holes, merged into the trailing zero run.
+    /// Costs at most 8 bytes per 2³² blocks, whatever `n` is.
+    pub fn push_zeros(&mut self, mut n: u64) -> Result<(), MapError> {
+        while n > 0 {
+            let room = match self.tail_run {
+                Some(at) => u32::MAX - word(&self.enc[at..at + 4]),
+                None => 0,
+            };
+            if room == 0 {
+                self.grow(8)?;
+                self.enc.extend_from_slice(&0u32.to_le_bytes());
+                self.tail_run = Some(self.enc.len());
+                self.enc.extend_from_slice(&0u32.to_le_bytes());
+                continue;
+            }
+            let at = self.tail_run.expect("room > 0");
+            let take = n.min(room as u64) as u32;
+            let len = word(&self.enc[at..at + 4]) + take;
+            self.enc[at..at + 4].copy_from_slice(&len.to_le_bytes());
+            self.blocks += take as u64;
+            n -= take as u64;
+        }
+        Ok(())
+    }
+
+    fn grow(&mut self, extra: usize) -> Result<(), MapError> {
+        if self.enc.len() + extra > MAX_MAP_BYTES {
+            return Err(MapError::TooLarge { blocks: self.blocks, limit: MAX_MAP_BYTES });
+        }
+        if self.enc.capacity() - self.enc.len() < extra {
+            // Amortised doubling, but fallible: a map is sized by file data.
+            let want = self.enc.len().max(64).min(MAX_MAP_BYTES - self.enc.len()).max(extra);
+            self.enc.try_reserve(want).map_err(MapError::oom(self.blocks))?;
+        }
+        Ok(())
+    }
+
+    /// A map of 64-bit fingerprints (tests, benches).
+    pub fn from_fps(fps: &[u64]) -> BlockMap {
+        let mut m = BlockMap::new();
+        for &f in fps {
+            m.push(f).expect("small map");
+        }
+        m
+    }
+
+    /// A map from its stored encoding. A trailing 0 without its run length
+    /// counts as one zero block (as the dense decoder always read it); a
+    /// stored encoding is canonical as long as this module wrote it.
+    pub fn from_bytes(enc: Vec<u8>) -> BlockMap {
+        let mut m = BlockMap { enc, blocks: 0, tail_run: None };
+        let whole = m.enc.len() / 4 * 4;
+        m.enc.truncate(whole);
+        let mut i = 0;
+        while i < m.enc.len() {
+            let fp = word(&m.enc[i..i + 4]);
+            i += 4;
+            if fp == 0 {
+                if i + 4 > m.enc.len() {
+                    m.enc.extend_from_slice(&1u32.to_le_bytes());
+                }
+                m.blocks += word(&m.enc[i..i + 4]) as u64;
+                m.tail_run = Some(i);
+                i += 4;
+            } else {
+                m.blocks += 1;
+                m.tail_run = None;
+            }
+        }
+        m
+    }
+
+    /// Like [`BlockMap::from_bytes`], from a borrowed BLOB (fallible copy).
+    pub fn from_blob(blob: &[u8]) -> Result<BlockMap, MapError> {
+        let mut enc = Vec::new();
+        enc.try_reserve_exact(blob.len()).map_err(MapError::oom(blob.len() as u64 / 4))?;
+        enc.extend_from_slice(blob);
+        Ok(BlockMap::from_bytes(enc))
+    }
+
+    /// The data runs, in block order (zero runs are skipped, never
+    /// expanded).
+    pub fn runs(&self) -> Runs<'_> {
+        Runs { enc: &self.enc, pos: 0, block: 0 }
+    }
+
+    /// Every non-zero block as `(block index, fingerprint)`, in order.
+    pub fn data_blocks(&self) -> impl Iterator<Item = (u64, Fp)> + '_ {
+        self.runs().flat_map(|r| r.fps().enumerate().map(move |(i, fp)| (r.start + i as u64, fp)))
+    }
+
+    /// Number of non-zero blocks.
+    pub fn data_len(&self) -> u64 {
+        self.runs().map(|r| r.len()).sum()
+    }
+
+    /// The fingerprint of block `b` (0 for a zero block or past the end).
+    /// Walks the encoding: O(size of the map). For repeated lookups use
+    /// [`BlockMap::runs`].
+    pub fn get(&self, b: u64) -> Fp {
+        for r in self.runs() {
+            if b < r.start {
+                return 0;
+            }
+            if b < r.end() {
+                return r.fp(b - r.start);
+            }
+        }
+        0
+    }
+
+    /// The *sampled* anchors, `(block, fingerprint)`: every data block whose
+    /// fingerprint falls in 1/2^[`ANCHOR_SHIFT`] of the hash space (the
+    /// database indexes them; see [`crate::plan::sampled_anchors`]).
+    pub fn sampled_anchors(&self) -> impl Iterator<Item = (u64, Fp)> + '_ {
+        self.data_blocks().filter(|&(_, fp)| fp & ANCHOR_MASK == 0)
+    }
+
+    /// The block with the smallest fingerprint (the first of equals), unless
+    /// it is sampled already (see [`crate::plan::min_anchor`]).
+    pub fn min_anchor(&self) -> Option<(u64, Fp)> {
+        let (b, fp) = self.data_blocks().min_by_key(|&(_, fp)| fp)?;
+        (fp & ANCHOR_MASK != 0).then_some((b, fp))
+    }
+
+    /// A hash of the map (of its encoding): equal maps, equal hashes. Only
+    /// compared within one process.
+    pub fn hash64(&self) -> u64 {
+        hash_encoding(&self.enc)
+    }
+
+    /// One fingerprint per block, holes as 0, for callers that index
+    /// blocks directly. Refused past `max_blocks` blocks and when the
+    /// allocator says no: the caller decides what to do without the map
+    /// instead of aborting.
+    pub fn to_dense(&self, max_blocks: u64) -> Result<Vec<Fp>, MapError> {
+        if self.blocks > max_blocks {
+            return Err(MapError::TooLarge { blocks: self.blocks, limit: (max_blocks * 4) as usize });
+        }
+        let mut out = Vec::new();
+        out.try_reserve_exact(self.blocks as usize).map_err(MapError::oom(self.blocks))?;
+        let mut at = 0;
+        for r in self.runs() {
+            out.resize(r.start as usize, 0);
+            out.extend(r.fps());
+            at = r.end();
+        }
+        debug_assert!(at <= self.blocks);
+        out.resize(self.blocks as usize, 0);
+        Ok(out)
+    }
+}
+
+/// Hash of an encoded block map, as [`BlockMap::hash64`].
+pub fn hash_encoding(enc: &[u8]) -> u64 {
+    use std::hash::{DefaultHasher, Hasher};
+    let mut h = DefaultHasher::new();
+    h.write(enc);
+    h.finish()
+}
+
+/// Iterator over the data runs of an encoding; see [`BlockMap::runs`].
+pub struct Runs<'a> {
+    enc: &'a [u8],
+    pos: usize,
+    block: u64,
+}
+
+impl<'a> Iterator for Runs<'a> {
+    type Item = DataRun<'a>;
+
+    fn next(&mut self) -> Option<DataRun<'a>> {
+        // Skip zero runs.
+        while self.pos + 4 <= self.enc.len() && word(&self.enc[self.pos..self.pos + 4]) == 0 {
+            let len = self.enc.get(self.pos + 4..self.pos + 8).map_or(1, word);
+            self.block += len as u64;
+            self.pos += 8;
+        }
+        if self.pos + 4 > self.enc.len() {
+            return None;
+        }
+        let start = self.pos;
+        while self.pos + 4 <= self.enc.len() && word(&self.enc[self.pos..self.pos + 4]) != 0 {
+            self.pos += 4;
+        }
+        let run = DataRun { start: self.block, words: &self.enc[start..self.pos] };
+        self.block += run.len();
+        Some(run)
+    }
+}
+
+/// Iterate the data runs of a stored BLOB without copying it.
+pub fn runs_of(blob: &[u8]) -> Runs<'_> {
+    Runs { enc: &blob[..blob.len() / 4 * 4], pos: 0, block: 0 }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::plan::{min_anchor, sampled_anchors, short_fp};
+
+    /// The reference: expand, then use the dense functions of the planner.
+    fn dense(fps: &[u64]) -> Vec<Fp> {
+        fps.iter().map(|&f| short_fp(f)).collect()
+    }
+
+    fn sample() -> Vec<u64> {
+        vec![0x1234_5678_0000_0001, 0, 0, 0, 7 << 40, 0, 9 << 33, 0x10 << 32, 0x30 << 32, 0]
+    }
+
+    #[test]
+    fn encoding_is_the_stored_format() {
+        let fps = [0x1234_5678_0000_0001u64, 0, 0, 0, 7 << 40, 0, 9 << 33];
+        let m = BlockMap::from_fps(&fps);
+        // Seven blocks, two zero runs: 4 + 8 + 4 + 8 + 4 bytes.
+        assert_eq!(m.as_bytes().len(), 28);
+        assert_eq!(m.len(), 7);
+        assert_eq!(m.to_dense(u64::MAX).unwrap(), dense(&fps));
+        let round = BlockMap::from_bytes(m.as_bytes().to_vec());
+        assert_eq!(round, m);
+    }
+
+    #[test]
+    fn holes_cost_nothing_whatever_their_length() {
+        let mut m = BlockMap::new();
+        m.push_zeros(1 << 31).unwrap(); // 8 TiB of 4 KiB blocks
+        m.push(0xdead_beef_0000_0000).unwrap();
+        m.push_zeros((1 << 33) + 5).unwrap(); // past u32::MAX: two pairs
+        assert_eq!(m.len(), (1 << 31) + 1 + (1 << 33) + 5);
+        assert!(m.as_bytes().len() <= 8 + 4 + 8 * 3, "{m:?}");
+        assert_eq!(m.data_blocks().collect::<Vec<_>>(), vec![(1 << 31, 0xdead_beef)]);
+        assert_eq!(BlockMap::from_bytes(m.as_bytes().to_vec()), m);
+        assert!(matches!(m.to_dense(1 << 20), Err(MapError::TooLarge { .. })));
+        assert_eq!(m.get(1 << 31), 0xdead_beef);
+        assert_eq!(m.get(5), 0);
+    }
+
+    #[test]
+    fn zero_runs_merge_so_equal_maps_encode_equal() {
+        let mut a = BlockMap::new();
+        a.push_zeros(3).unwrap();
+        a.push(0).unwrap();
+        a.push_zeros(2).unwrap();
+        let mut b = BlockMap::new();
+        b.push_zeros(6).unwrap();
+        assert_eq!(a, b);
+        assert_eq!(a.hash64(), b.hash64());
+    }
+
+    #[test]
+    fn anchors_match_the_dense_definitions() {
+        let fps = sample();
+        let m = BlockMap::from_fps(&fps);
+        let d = dense(&fps);
+        let sparse: Vec<u64> = m.sampled_anchors().map(|(b, _)| b).collect();
+        assert_eq!(sparse, sampled_anchors(&d).collect::<Vec<_>>());
+        assert_eq!(m.min_anchor().map(|(b, _)| b), min_anchor(&d));
+        for (b, fp) in m.sampled_anchors().chain(m.min_anchor()) {
+            assert_eq!(d[b as usize], fp);
+        }
+        let runs: Vec<(u64, u64)> = m.runs().map(|r| (r.start, r.len())).collect();
+        assert_eq!(runs, vec![(0, 1), (4, 1), (6, 3)]);
+    }
+
+    #[test]
+    fn a_truncated_blob_reads_as_the_dense_decoder_read_it() {
+        // A trailing 0 without a length: one zero block.
+        let blob = [7u32.to_le_bytes(), 0u32.to_le_bytes()].concat();
+        let m = BlockMap::from_bytes(blob.clone());
+        assert_eq!(m.to_dense(10).unwrap(), vec![7, 0]);
+        assert_eq!(runs_of(&blob).count(), 1);
+    }
+}
