@@ -398,3 +398,60 @@ fn btrfs_share_race_into_another_filesystem() {
 fn xfs_share_race_into_another_filesystem() {
     race(Fs::Xfs, Target::OtherFs, Moment::Share);
 }
+
+/// One destination the kernel refuses (here `EXDEV`: it lies on another
+/// filesystem, which only a plan built by hand can name now that opens stay
+/// below the starting paths) is counted against that destination; the other
+/// destinations of the same request are still shared. On a filesystem that
+/// cannot share at all (XFS without reflink) the probe stops the phase.
+fn refused_destination(fs: Fs) {
+    use dedupscan::dedupe::{execute_with_workers, Mode};
+    use dedupscan::plan::{Plan, Range};
+    use dedupscan::sys::beneath::Tree;
+    use dedupscan::types::FileId;
+    use dedupscan::walk::Candidate;
+    let Some(vol) = Volume::new(fs, 512) else { return };
+    let tmp = Tmpfs::new();
+    let dir = vol.path("d");
+    std::fs::create_dir(&dir).unwrap();
+    let data = Rng::new(9).bytes(1 << 20);
+    let paths = [dir.join("a"), tmp.dir.path().join("foreign"), dir.join("b")];
+    let mut files = std::collections::HashMap::new();
+    for (i, p) in paths.iter().enumerate() {
+        std::fs::write(p, &data).unwrap();
+        files.insert(FileId(i as i64 + 1), Candidate::from_metadata(p.clone(), &std::fs::metadata(p).unwrap()));
+    }
+    let before = Snapshot::take(&dir);
+    let range = |dest| Range { src: FileId(1), src_off: 0, len: 1 << 20, dest: FileId(dest), dest_off: 0 };
+    // The foreign destination first, in the same request as `b`.
+    let plan = Plan { ranges: vec![range(2), range(3)] };
+    let tree = Tree::open(&[dir.clone(), tmp.dir.path().to_owned()]).unwrap();
+    let stop = std::sync::atomic::AtomicBool::new(false);
+    let out =
+        execute_with_workers(&plan, &files, &tree, 4096, Mode::Share, None, &dedupscan::progress::Silent, &stop, 1);
+    before.assert_same(&Snapshot::take(&dir));
+    if fs == Fs::XfsNoReflink {
+        assert!(out.refused.is_some(), "{out:?}");
+        assert!(!same_physical(&paths[0], 0, &paths[2], 0, 1 << 20));
+        return;
+    }
+    assert!(out.refused.is_none(), "one refused destination stopped sharing: {out:?}");
+    assert_eq!(out.status.errors.get("EXDEV"), Some(&1), "{out:?}");
+    assert_eq!(out.deduped_bytes, 1 << 20, "{out:?}");
+    assert!(same_physical(&paths[0], 0, &paths[2], 0, 1 << 20), "{out:?}");
+}
+
+#[test]
+fn btrfs_one_refused_destination_does_not_stop_sharing() {
+    refused_destination(Fs::Btrfs);
+}
+
+#[test]
+fn xfs_one_refused_destination_does_not_stop_sharing() {
+    refused_destination(Fs::Xfs);
+}
+
+#[test]
+fn xfs_without_reflink_still_stops_at_the_first_refusal() {
+    refused_destination(Fs::XfsNoReflink);
+}
