@@ -39,7 +39,7 @@
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::fs::File;
 use std::os::fd::{AsFd, BorrowedFd};
-use std::os::unix::fs::FileExt;
+use std::os::unix::fs::{FileExt, MetadataExt};
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Mutex, MutexGuard, PoisonError};
@@ -858,14 +858,17 @@ pub enum RangeState {
 ///
 /// The files were recorded by earlier runs from starting paths not known
 /// here: each is opened below the top of the mount holding it (no symlink,
-/// no `..`, no other mount on the way) and must still be the recorded inode.
+/// no `..`, no other mount on the way) and must still be the recorded inode
+/// (device and inode number).
 pub fn range_states(plan: &Plan, files: &HashMap<FileId, Candidate>, block_size: u64) -> Vec<RangeState> {
     let tree = Tree::over_mounts(files.values().map(|c| c.path.as_path()));
     let map = |id: FileId, off: u64, len: u64| -> Result<Vec<Option<u64>>, RangeState> {
         let c = files.get(&id).ok_or(RangeState::Unknown)?;
         let f = tree.open_file(&c.path).map_err(|_| RangeState::Unknown)?;
+        // The recorded inode, not whatever took its name (its content may
+        // have changed since: the report measures the extents it has now).
         let m = f.metadata().map_err(|_| RangeState::Unknown)?;
-        if !m.is_file() || Candidate::from_metadata(c.path.clone(), &m) != *c {
+        if !m.is_file() || (m.dev(), m.ino()) != (c.dev, c.ino) {
             return Err(RangeState::Unknown);
         }
         let ext = sys::fiemap(f.as_fd(), off, len).map_err(|_| RangeState::Unknown)?;

@@ -195,12 +195,16 @@ impl Tree {
     pub fn over_mounts<'p>(paths: impl IntoIterator<Item = &'p Path>) -> Tree {
         let mounts = super::fs::mount_points();
         let mut tops: Vec<PathBuf> = Vec::new();
+        let mut seen_dirs: std::collections::HashSet<&Path> = std::collections::HashSet::new();
         for p in paths {
-            if tops.iter().any(|t| p.starts_with(t)) {
+            // Files of one directory share their mount: look it up once.
+            if !p.parent().is_some_and(|d| seen_dirs.insert(d)) {
                 continue;
             }
             if let Some(top) = p.ancestors().skip(1).find(|a| mounts.contains(*a)) {
-                tops.push(top.to_owned());
+                if !tops.iter().any(|t| t == top) {
+                    tops.push(top.to_owned());
+                }
             }
         }
         // Longest first, so a nested mount wins over the one it sits on.
