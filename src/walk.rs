@@ -155,6 +155,21 @@ impl Queue {
         }
     }
 
+    /// Subdirectories found by a thread still listing its directory: queued
+    /// at once, so idle threads start on them while the listing goes on
+    /// (cold metadata reads overlap).
+    fn push(&self, jobs: &mut Vec<Job>) {
+        let mut st = self.state.lock().unwrap_or_else(|e| e.into_inner());
+        let n = jobs.len();
+        st.0.append(jobs);
+        drop(st);
+        if n > 1 {
+            self.wake.notify_all();
+        } else if n == 1 {
+            self.wake.notify_one();
+        }
+    }
+
     /// A thread finished a directory and found `jobs` below it.
     fn done(&self, jobs: Vec<Job>) {
         let mut st = self.state.lock().unwrap_or_else(|e| e.into_inner());
@@ -211,7 +226,7 @@ pub fn walk(
                     let tx0 = tx.clone();
                     s.spawn(move || {
                         let mut buf = vec![MaybeUninit::uninit(); DIRENT_BUF];
-                        let jobs = read_dir(ctx, Arc::new(fd), dir, &mut buf, &tx0);
+                        let jobs = read_dir(ctx, queue, Arc::new(fd), dir, &mut buf, &tx0);
                         queue.done(jobs);
                     });
                     for _ in 0..CRAWL_THREADS {
@@ -222,7 +237,7 @@ pub fn walk(
                                 let jobs = if ctx.stop.load(Ordering::Relaxed) {
                                     Vec::new()
                                 } else {
-                                    enter(ctx, job, &mut buf, &tx)
+                                    enter(ctx, queue, job, &mut buf, &tx)
                                 };
                                 queue.done(jobs);
                             }
@@ -334,7 +349,7 @@ fn start(
 
 /// Read the directory entry `job` on a crawler thread: open it relative to
 /// its parent, check it, list it. Returns its subdirectories.
-fn enter(ctx: &Ctx<'_>, job: Job, buf: &mut [MaybeUninit<u8>], tx: &SyncSender<Found>) -> Vec<Job> {
+fn enter(ctx: &Ctx<'_>, queue: &Queue, job: Job, buf: &mut [MaybeUninit<u8>], tx: &SyncSender<Found>) -> Vec<Job> {
     if ctx.mounts.contains(&job.path) {
         let _ = tx.send(Found::Skip(SkipReason::MountPoint));
         return Vec::new();
@@ -371,13 +386,19 @@ fn enter(ctx: &Ctx<'_>, job: Job, buf: &mut [MaybeUninit<u8>], tx: &SyncSender<F
         let _ = tx.send(Found::Skip(r));
         return Vec::new();
     }
-    read_dir(ctx, Arc::new(fd), &job.path, buf, tx)
+    read_dir(ctx, queue, Arc::new(fd), &job.path, buf, tx)
 }
 
+/// Subdirectories queued at once by a thread listing a directory, so that
+/// idle threads can start on them before the listing ends.
+const PUSH_BATCH: usize = 4;
+
 /// List the open directory `fd` (at `path`): files and other entries go to
-/// `tx`, subdirectories are returned as jobs holding `fd`.
+/// `tx`, subdirectories become jobs holding `fd` (queued in batches of
+/// [`PUSH_BATCH`] while listing; the last ones are returned).
 fn read_dir(
     ctx: &Ctx<'_>,
+    queue: &Queue,
     fd: Arc<OwnedFd>,
     path: &Path,
     buf: &mut [MaybeUninit<u8>],
@@ -420,6 +441,9 @@ fn read_dir(
         let found = match ft {
             FileType::Directory => {
                 jobs.push(Job { parent: Arc::clone(&fd), name: name.to_owned(), path: child });
+                if jobs.len() >= PUSH_BATCH {
+                    queue.push(&mut jobs);
+                }
                 continue;
             }
             FileType::RegularFile => match st {
