@@ -21,16 +21,25 @@
 //! (`POSIX_FADV_WILLNEED`): on data no longer cached the disk then reads
 //! large requests ahead of the compare instead of one page at a time.
 //!
-//! Before a file is used its identity (device, inode, size, mtime, ctime) is
-//! checked against the scan; a file that changed since is left for the next
-//! run. Blocks whose source and destination already map to the same
+//! Every file is opened below the run's starting paths ([`Tree`]: no
+//! symlink in any component, no `..`, no mount crossed), so a directory
+//! swapped since the scan cannot send an open elsewhere. Before a file is
+//! used its identity (device, inode, size, mtime, ctime) is checked on that
+//! descriptor against the scan; a file that changed since is left for the
+//! next run.
+//!
+//! A destination the kernel refuses (`EOPNOTSUPP`, `EXDEV`, `EINVAL`) is
+//! counted against that destination; sharing stops for the whole run only
+//! when the filesystem itself cannot share, which a probe decides once, at
+//! the first such refusal: two equal blocks of an unnamed temporary file on
+//! the scanned filesystem, shared with each other. Blocks whose source and destination already map to the same
 //! physical extent (FIEMAP) are not submitted again, so a second run on an
 //! unchanged volume submits nothing.
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::fs::File;
 use std::os::fd::{AsFd, BorrowedFd};
-use std::os::unix::fs::FileExt;
+use std::os::unix::fs::{FileExt, MetadataExt};
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Mutex, MutexGuard, PoisonError};
@@ -42,6 +51,7 @@ use crate::bookend::{self, DestExtent};
 use crate::plan::{Plan, Range};
 use crate::progress::Progress;
 use crate::report::{display_path, DedupeStatuses};
+use crate::sys::beneath::Tree;
 use crate::sys::fiemap::{flags as fiemap_flags, physical_map};
 use crate::sys::{self, dedupe::MAX_DESTS, dedupe::MAX_REQUEST_LEN, DedupeStatus, DestResult};
 use crate::types::FileId;
@@ -144,16 +154,18 @@ pub fn default_workers() -> usize {
 
 /// Execute `plan`. `stop` is polled between source ranges. With
 /// `bookends`, partly covered destination extents are freed first.
+#[allow(clippy::too_many_arguments)]
 pub fn execute(
     plan: &Plan,
     files: &HashMap<FileId, Candidate>,
+    tree: &Tree,
     block_size: u64,
     mode: Mode,
     bookends: Option<&Bookends>,
     progress: &dyn Progress,
     stop: &AtomicBool,
 ) -> Outcome {
-    execute_with_workers(plan, files, block_size, mode, bookends, progress, stop, default_workers())
+    execute_with_workers(plan, files, tree, block_size, mode, bookends, progress, stop, default_workers())
 }
 
 /// [`execute`] on `workers` threads (1: all on the calling thread). The
@@ -163,6 +175,7 @@ pub fn execute(
 pub fn execute_with_workers(
     plan: &Plan,
     files: &HashMap<FileId, Candidate>,
+    tree: &Tree,
     block_size: u64,
     mode: Mode,
     bookends: Option<&Bookends>,
@@ -172,6 +185,8 @@ pub fn execute_with_workers(
 ) -> Outcome {
     let shared = Shared {
         files,
+        tree,
+        can_share: std::sync::OnceLock::new(),
         block_size,
         mode,
         progress,
@@ -311,6 +326,10 @@ impl Outcome {
 /// be reached (and counted, and warned about) once.
 struct Shared<'a> {
     files: &'a HashMap<FileId, Candidate>,
+    /// The starting paths: every file is opened below them.
+    tree: &'a Tree,
+    /// Whether the filesystem can share at all, probed at the first refusal.
+    can_share: std::sync::OnceLock<bool>,
     block_size: u64,
     mode: Mode,
     progress: &'a dyn Progress,
@@ -345,9 +364,30 @@ struct Executor<'a> {
 /// Why sharing stops when the filesystem cannot share extents at all.
 const REFUSED: &str = "the filesystem does not support sharing extents (FIDEDUPERANGE: operation not supported); on XFS this needs a filesystem made with reflink=1";
 
-/// Statuses that mean "this filesystem cannot share", not "this file".
+/// Statuses that may mean "this filesystem cannot share" rather than "this
+/// file": then [`probe_can_share`] decides.
 fn unsupported(s: DedupeStatus) -> bool {
-    matches!(s, DedupeStatus::Error(Errno::EOPNOTSUPP | Errno::ENOTTY))
+    matches!(s, DedupeStatus::Error(Errno::EOPNOTSUPP | Errno::ENOTTY | Errno::EXDEV | Errno::EINVAL))
+}
+
+/// Whether the filesystem of the run's first starting path can share
+/// extents at all: write two equal 4 KiB blocks into an unnamed temporary
+/// file there (`O_TMPFILE`: never visible, gone on close) and share the
+/// second with the first. Refused with `EOPNOTSUPP`/`ENOTTY`/`EINVAL`: it
+/// cannot (XFS without reflink). Any other failure to probe (no room for a
+/// temporary file, read-only mount) says nothing about sharing: assumed
+/// able, so a single refusal never stops the whole run.
+fn probe_can_share(tree: &Tree) -> bool {
+    let Ok(tmp) = tree.tmpfile() else { return true };
+    let block = [0x5a_u8; 4096];
+    if tmp.write_all_at(&block, 0).and_then(|_| tmp.write_all_at(&block, 4096)).is_err() {
+        return true;
+    }
+    match sys::dedupe_range(tmp.as_fd(), 0, 4096, &[(tmp.as_fd(), 4096)]) {
+        Ok(r) => !unsupported(r[0].status),
+        Err(Errno::EOPNOTSUPP | Errno::ENOTTY | Errno::EINVAL) => false,
+        Err(_) => true,
+    }
 }
 
 fn same_source(a: &Range, b: &Range) -> bool {
@@ -384,6 +424,19 @@ impl<'a> Executor<'a> {
         self.sh.refused.store(true, Ordering::Relaxed);
     }
 
+    /// A request was refused in a way that may mean "this filesystem cannot
+    /// share" or only "this destination cannot be shared into" (another
+    /// filesystem, a file that changed kind). Probe the filesystem once: if
+    /// it cannot share, stop everyone (true); otherwise the refusal is the
+    /// destination's (false).
+    fn refuse_if_fs_cannot_share(&mut self) -> bool {
+        let can = *self.sh.can_share.get_or_init(|| probe_can_share(self.sh.tree));
+        if !can {
+            self.refuse();
+        }
+        !can
+    }
+
     /// Run the ranges of one unit (one source, whole groups, in plan order).
     fn run_unit(&mut self, ranges: &[Range]) {
         let mut src_file: Option<(FileId, File)> = None;
@@ -418,7 +471,7 @@ impl<'a> Executor<'a> {
             return None;
         }
         let c = self.files.get(&id)?;
-        let res = sys::open_readonly(&c.path).and_then(|f| Ok((f.metadata()?, f)));
+        let res = self.sh.tree.open_file(&c.path).and_then(|f| Ok((f.metadata()?, f)));
         match res {
             Ok((m, f)) => {
                 let now = Candidate::from_metadata(c.path.clone(), &m);
@@ -436,7 +489,13 @@ impl<'a> Executor<'a> {
             }
             Err(e) => {
                 if locked(&self.sh.bad).insert(id) {
-                    let kind = if e.kind() == std::io::ErrorKind::NotFound { "vanished" } else { "open" };
+                    // Gone, or a directory on its path replaced by a symlink
+                    // or a mount since the scan: the scanned file is no
+                    // longer there.
+                    let kind = match e.raw_os_error() {
+                        Some(libc::ENOENT | libc::ENOTDIR | libc::ELOOP | libc::EXDEV) => "vanished",
+                        _ => "open",
+                    };
                     self.progress.warn(&format!("{}: cannot open: {e}", display_path(&c.path)));
                     *self.out.errors.entry(kind.to_owned()).or_default() += 1;
                 }
@@ -666,9 +725,10 @@ impl<'a> Executor<'a> {
                         idx.iter().map(|&k| (dests[k].file.as_fd(), dests[k].off + done)).collect();
                     self.out.duplicate_bytes += chunk * idx.len() as u64;
                     match sys::dedupe_range(src.as_fd(), off + done, chunk, &fds) {
-                        Ok(results) if results.iter().any(|r| unsupported(r.status)) => {
+                        Ok(results)
+                            if results.iter().any(|r| unsupported(r.status)) && self.refuse_if_fs_cannot_share() =>
+                        {
                             self.out.duplicate_bytes -= chunk * idx.len() as u64;
-                            self.refuse();
                         }
                         Ok(results) => {
                             for (res, &k) in results.iter().zip(&idx) {
@@ -683,11 +743,13 @@ impl<'a> Executor<'a> {
                                 }
                             }
                         }
-                        Err(Errno::EOPNOTSUPP | Errno::ENOTTY | Errno::EXDEV) => {
+                        Err(Errno::EOPNOTSUPP | Errno::ENOTTY | Errno::EXDEV | Errno::EINVAL)
+                            if self.refuse_if_fs_cannot_share() =>
+                        {
                             self.out.duplicate_bytes -= chunk * idx.len() as u64;
-                            self.refuse();
                         }
                         Err(e) => {
+                            self.out.duplicate_bytes -= chunk * idx.len() as u64;
                             for &k in &idx {
                                 self.dest_error(
                                     dests[k].id,
@@ -795,10 +857,22 @@ pub enum RangeState {
 }
 
 /// The state of every range of `plan`, from FIEMAP alone (no data is read).
+///
+/// The files were recorded by earlier runs from starting paths not known
+/// here: each is opened below the top of the mount holding it (no symlink,
+/// no `..`, no other mount on the way) and must still be the recorded inode
+/// (device and inode number).
 pub fn range_states(plan: &Plan, files: &HashMap<FileId, Candidate>, block_size: u64) -> Vec<RangeState> {
+    let tree = Tree::over_mounts(files.values().map(|c| c.path.as_path()));
     let map = |id: FileId, off: u64, len: u64| -> Result<Vec<Option<u64>>, RangeState> {
         let c = files.get(&id).ok_or(RangeState::Unknown)?;
-        let f = sys::open_readonly(&c.path).map_err(|_| RangeState::Unknown)?;
+        let f = tree.open_file(&c.path).map_err(|_| RangeState::Unknown)?;
+        // The recorded inode, not whatever took its name (its content may
+        // have changed since: the report measures the extents it has now).
+        let m = f.metadata().map_err(|_| RangeState::Unknown)?;
+        if !m.is_file() || (m.dev(), m.ino()) != (c.dev, c.ino) {
+            return Err(RangeState::Unknown);
+        }
         let ext = sys::fiemap(f.as_fd(), off, len).map_err(|_| RangeState::Unknown)?;
         if ext.iter().any(|e| e.flags & fiemap_flags::DATA_INLINE != 0) {
             return Err(RangeState::Inline);

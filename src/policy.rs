@@ -7,18 +7,21 @@
 //! counted in the report.
 
 use std::collections::HashSet;
+use std::os::fd::BorrowedFd;
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 
 use globset::{Glob, GlobSet, GlobSetBuilder};
 
-use crate::sys::{self, InodeFlags};
+use crate::sys::{self, beneath, InodeFlags};
 
 /// Extended attribute that keeps a file, or everything below a directory,
 /// out of deduplication.
 pub const NODEDUP_XATTR: &str = "user.nodedup";
 /// Marker file that keeps everything below its directory out.
 pub const NODEDUP_MARKER: &str = ".nodedup";
+/// [`NODEDUP_MARKER`] for `fstatat`.
+const MARKER_C: &std::ffi::CStr = c".nodedup";
 
 /// Why a path was not considered. Serialised in snake_case as the keys of
 /// the report's `skipped` object.
@@ -194,6 +197,19 @@ impl Policy {
         Ok(())
     }
 
+    /// [`Policy::check_dir`] on the open directory `fd` found at `path`:
+    /// the markers are read from the descriptor the crawl then lists, so a
+    /// directory swapped after the check cannot escape it.
+    pub fn check_dir_fd(&self, fd: BorrowedFd<'_>, path: &Path) -> Result<(), SkipReason> {
+        if self.excludes.is_match(path) {
+            return Err(SkipReason::Excluded);
+        }
+        if beneath::has_xattr_fd(fd, NODEDUP_XATTR) || beneath::has_entry_at(fd, MARKER_C) {
+            return Err(SkipReason::Nodedup);
+        }
+        Ok(())
+    }
+
     /// Whether any directory above `path` (up to `/`) carries a nodedup
     /// marker: a starting path inside a protected tree is protected too.
     pub fn check_ancestors(&self, path: &Path) -> Result<(), SkipReason> {
@@ -215,13 +231,15 @@ impl Policy {
         Ok(())
     }
 
-    /// The file's own `user.nodedup` attribute. Checked only on files that
-    /// are read (new or changed) or moved: setting an attribute changes the
-    /// ctime, so a file unchanged since it was hashed has not gained one.
-    /// That saves a lookup per file in a nightly walk (on btrfs a separate
-    /// tree lookup each).
-    pub fn check_file_xattr(&self, path: &Path) -> Result<(), SkipReason> {
-        if sys::inode::has_xattr(path, NODEDUP_XATTR) {
+    /// The `user.nodedup` attribute of an opened file, read from the
+    /// descriptor that is then hashed or shared.
+    ///
+    /// Checked only on files that are read (new or changed) or moved:
+    /// setting an attribute changes the ctime, so a file unchanged since it
+    /// was hashed has not gained one. That saves an open and a lookup per
+    /// file in a nightly walk (on btrfs a separate tree lookup each).
+    pub fn check_file_xattr_fd(&self, fd: BorrowedFd<'_>) -> Result<(), SkipReason> {
+        if beneath::has_xattr_fd(fd, NODEDUP_XATTR) {
             return Err(SkipReason::Nodedup);
         }
         Ok(())

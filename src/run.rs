@@ -28,6 +28,7 @@ use crate::plan::PlanOptions;
 use crate::policy::{Policy, SkipReason};
 use crate::progress::Progress;
 use crate::report::{display_path, human, Report};
+use crate::sys::beneath::Tree;
 use crate::sys::{self, FsKind};
 use crate::types::FileId;
 use crate::walk::{self, Candidate};
@@ -60,6 +61,12 @@ fn run_inner(cfg: &Config, progress: &dyn Progress, stop: &AtomicBool) -> Result
     // database is opened keeps any error here from touching it.
     let mut policy = Policy::new(&cfg.excludes, Some(&cfg.db_path)).context("invalid --exclude glob")?;
     policy.include_readonly_snapshots = cfg.include_readonly_snapshots;
+    // The starting paths, held open for the whole run: every directory and
+    // file below them is opened relative to these (sys::beneath), never by
+    // resolving a full path again.
+    let tree = Tree::open(&cfg.paths).with_context(|| {
+        format!("cannot open {}", cfg.paths.iter().map(|p| display_path(p)).collect::<Vec<_>>().join(", "))
+    })?;
     let db = Db::open(&cfg.db_path, &fs.uuid)?;
     let run_id = db.begin_run(&report.command, cfg.dry_run)?;
     if db.meta("block_size")?.as_deref() != Some(&cfg.block_size.to_string()) {
@@ -86,13 +93,13 @@ fn run_inner(cfg: &Config, progress: &dyn Progress, stop: &AtomicBool) -> Result
         .context("cannot start the database writer")?;
     let (hash_tx, hash_rx) = sync_channel::<(Candidate, Option<FileId>)>(HASH_QUEUE);
     let (walked, cls, stats) = std::thread::scope(|s| -> Result<_> {
-        let (policy, index, writes) = (&policy, &index, tx.clone());
+        let (policy, index, writes, tree) = (&policy, &index, tx.clone(), &tree);
         let crawler = std::thread::Builder::new()
             .name("crawl".into())
             .spawn_scoped(s, move || {
                 let t = Instant::now();
-                let mut cls = Classifier::new(cfg, policy, index);
-                let walked = walk::walk(&cfg.paths, fs.kind, policy, progress, stop, |c| {
+                let mut cls = Classifier::new(cfg, policy, index, tree);
+                let walked = walk::walk(tree, fs.kind, policy, progress, stop, |c| {
                     if let Some(item) = cls.sort(c, &writes) {
                         let _ = hash_tx.send(item);
                     }
@@ -103,7 +110,7 @@ fn run_inner(cfg: &Config, progress: &dyn Progress, stop: &AtomicBool) -> Result
                 (walked, cls)
             })
             .context("cannot start the crawler")?;
-        let stats = hash_all(cfg, policy, hash_rx, tx.clone(), progress, stop);
+        let stats = hash_all(cfg, policy, tree, hash_rx, tx.clone(), progress, stop);
         let (walked, cls) = crawler.join().map_err(|_| anyhow::anyhow!("crawler panicked"))?;
         Ok((walked, cls, stats?))
     })?;
@@ -172,7 +179,7 @@ fn run_inner(cfg: &Config, progress: &dyn Progress, stop: &AtomicBool) -> Result
 
     if cfg.action == Action::Run && !report.interrupted {
         let scanned = Scanned { hashed_runs: &hashed_runs, ids: &ids, hashed: &written.hashed, failed: &failed };
-        share(cfg, &db, &fs, &scanned, &mut report, progress, stop)?;
+        share(cfg, &db, &fs, &tree, &scanned, &mut report, progress, stop)?;
         let complete = !cfg.dry_run && !report.interrupted && report.sharing_refused.is_none();
         if complete {
             db.set_meta(LAST_SHARE_RUN, &run_id.to_string())?;
@@ -213,6 +220,7 @@ struct Classifier<'a> {
     cfg: &'a Config,
     policy: &'a Policy,
     index: &'a HashMap<(u64, u64), Known>,
+    tree: &'a Tree,
     /// Known files seen by this crawl: `(dev, ino)` → id. Paths live once,
     /// in the queue being hashed or in the database.
     ids: HashMap<(u64, u64), FileId>,
@@ -229,11 +237,12 @@ struct Classifier<'a> {
 }
 
 impl<'a> Classifier<'a> {
-    fn new(cfg: &'a Config, policy: &'a Policy, index: &'a HashMap<(u64, u64), Known>) -> Self {
+    fn new(cfg: &'a Config, policy: &'a Policy, index: &'a HashMap<(u64, u64), Known>, tree: &'a Tree) -> Self {
         Classifier {
             cfg,
             policy,
             index,
+            tree,
             ids: HashMap::new(),
             files: 0,
             logical_bytes: 0,
@@ -261,11 +270,14 @@ impl<'a> Classifier<'a> {
         }
         match known {
             Some(k) if self.cfg.incremental && unchanged(k, &c) => {
-                if k.path != c.path && self.policy.check_file_xattr(&c.path).is_err() {
-                    // Moved and marked nodedup: forgotten (pruned as unseen).
-                    self.ids.remove(&(c.dev, c.ino));
-                    self.nodedup += 1;
-                    return None;
+                if k.path != c.path {
+                    if let Err(r) = self.moved_xattr(&c) {
+                        // Moved and marked nodedup (or gone): forgotten
+                        // (pruned as unseen).
+                        self.ids.remove(&(c.dev, c.ino));
+                        self.nodedup += u64::from(r == SkipReason::Nodedup);
+                        return None;
+                    }
                 }
                 self.files += 1;
                 self.logical_bytes += c.size;
@@ -285,6 +297,18 @@ impl<'a> Classifier<'a> {
                 Some((c, known.map(|k| k.id)))
             }
         }
+    }
+
+    /// The `user.nodedup` attribute of a moved file, read on the file the
+    /// crawl listed (opened below the starting path, identity checked).
+    fn moved_xattr(&self, c: &Candidate) -> Result<(), SkipReason> {
+        let f = self.tree.open_file(&c.path).map_err(|_| SkipReason::Vanished)?;
+        match f.metadata() {
+            Ok(m) if m.is_file() && (m.dev(), m.ino()) == (c.dev, c.ino) => {}
+            _ => return Err(SkipReason::Vanished),
+        }
+        use std::os::fd::AsFd;
+        self.policy.check_file_xattr_fd(f.as_fd())
     }
 
     /// Known files under the scanned paths that the crawl did not see.
@@ -322,6 +346,7 @@ struct HashStats {
 fn hash_all(
     cfg: &Config,
     policy: &Policy,
+    tree: &Tree,
     to_hash: Receiver<(Candidate, Option<FileId>)>,
     tx: SyncSender<WriteOp>,
     progress: &dyn Progress,
@@ -351,11 +376,8 @@ fn hash_all(
                     return;
                 }
                 let key = (cand.dev, cand.ino);
-                let res = policy.check_file_xattr(&cand.path).map_err(HashFail::Skip);
-                let hashed = res.and_then(|_| {
-                    READ_BUF.with_borrow_mut(|buf| {
-                        hash_one(&cand, fs_kind, cfg.block_size, cfg.drop_cache, cache.as_ref(), buf)
-                    })
+                let hashed = READ_BUF.with_borrow_mut(|buf| {
+                    hash_one(&cand, tree, policy, fs_kind, cfg.block_size, cfg.drop_cache, cache.as_ref(), buf)
                 });
                 match hashed {
                     Ok((now, h)) => {
@@ -420,17 +442,24 @@ enum HashFail {
 }
 
 /// Open, check and hash one file. Returns the facts it was hashed under.
+///
+/// The file is opened below its starting path (`tree`: no symlink, no `..`,
+/// no mount crossed) and must be the inode the crawl listed; the nodedup
+/// attribute and the inode flags are read from that descriptor.
 fn hash_one(
     c: &Candidate,
+    tree: &Tree,
+    policy: &Policy,
     fs: FsKind,
     block_size: u64,
     drop_cache: bool,
     cache: Option<&hash::ExtentCache>,
     buf: &mut Vec<u8>,
 ) -> Result<(Candidate, hash::FileHash), HashFail> {
-    let file = sys::open_readonly(&c.path).map_err(|e| match e.raw_os_error() {
-        Some(libc::ENOENT) => HashFail::Skip(SkipReason::Vanished),
-        Some(libc::ELOOP) => HashFail::Skip(SkipReason::Symlink),
+    let file = tree.open_file(&c.path).map_err(|e| match e.raw_os_error() {
+        // Gone, or a directory on the way replaced by a symlink or a mount
+        // since the crawl listed it: not the file that was listed.
+        Some(libc::ENOENT | libc::ENOTDIR | libc::ELOOP | libc::EXDEV) => HashFail::Skip(SkipReason::Vanished),
         Some(libc::EACCES) | Some(libc::EPERM) => HashFail::Error("unreadable", e),
         _ => HashFail::Error("open", e),
     })?;
@@ -439,6 +468,7 @@ fn hash_one(
         return Err(HashFail::Skip(SkipReason::Vanished));
     }
     use std::os::fd::AsFd;
+    policy.check_file_xattr_fd(file.as_fd()).map_err(HashFail::Skip)?;
     let flags = sys::inode_flags(file.as_fd(), fs).map_err(|e| HashFail::Error("flags", e.into()))?;
     Policy::check_flags(flags).map_err(HashFail::Skip)?;
     let now = Candidate::from_metadata(c.path.clone(), &before);
@@ -480,10 +510,12 @@ struct Scanned<'a> {
 }
 
 /// Phases 3 and 4: plan from the database, then share or verify.
+#[allow(clippy::too_many_arguments)]
 fn share(
     cfg: &Config,
     db: &Db,
     fs: &sys::FsInfo,
+    tree: &Tree,
     scanned: &Scanned,
     report: &mut Report,
     progress: &dyn Progress,
@@ -580,7 +612,7 @@ fn share(
         tmp_dir: if root.is_dir() { root.clone() } else { root.parent().unwrap_or(root).to_owned() },
         max_ratio: cfg.rewrite_ratio,
     });
-    let out = dedupe::execute(&plan, &files, cfg.block_size, mode, bookends.as_ref(), progress, stop);
+    let out = dedupe::execute(&plan, &files, tree, cfg.block_size, mode, bookends.as_ref(), progress, stop);
     if let Some(before) = before {
         // Flushing the volume can take seconds after much sharing: say so
         // instead of leaving a full bar at "eta 0s".

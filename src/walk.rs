@@ -3,27 +3,42 @@
 //! In: canonical starting paths, the filesystem kind, the [`Policy`]. Out:
 //! one [`Candidate`] per eligible inode, with the `lstat` facts change
 //! detection needs, handed to a callback as it is found, plus counts of
-//! everything skipped and why. Runs on the calling thread (the crawler
-//! thread of a run); it only lists and `lstat`s, never opens a file.
+//! everything skipped and why. Directories are read by [`CRAWL_THREADS`]
+//! threads; files are only `fstatat`ed, never opened.
+//!
+//! The crawl cannot be redirected by a user who renames or replaces what
+//! they own while it runs: every directory is opened relative to its
+//! parent's descriptor (one name, `O_NOFOLLOW | O_DIRECTORY`, and with
+//! `openat2` `RESOLVE_NO_XDEV`, see [`crate::sys::beneath`]), its entries
+//! are read from that descriptor and `fstatat`ed relative to it, and its
+//! nodedup markers are checked on it. A directory swapped for a symlink
+//! after its parent was listed is refused by the kernel (`ELOOP`, counted
+//! `symlink`); swapped for a file, it is counted `vanished`. No path is
+//! resolved again from `/`.
 //!
 //! Symlinks are never followed; FIFOs, sockets and devices are counted and
 //! never opened; other mounts are not entered. On btrfs, subvolumes have
-//! their own `st_dev` but are part of the same filesystem, so a directory
-//! with another `st_dev` is entered when it is not a mount point.
+//! their own `st_dev` but are part of the same filesystem (not mounts), so
+//! they are entered.
 
-use std::cell::RefCell;
 use std::collections::{BTreeMap, HashSet};
+use std::ffi::{CStr, CString, OsStr};
 use std::io;
-use std::os::unix::fs::{FileTypeExt, MetadataExt};
+use std::mem::MaybeUninit;
+use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
+use std::os::unix::ffi::OsStrExt;
+use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc::{sync_channel, SyncSender};
+use std::sync::{Arc, Condvar, Mutex};
 
-use ignore::{WalkBuilder, WalkState};
+use rustix::fs::{FileType, RawDir, Stat};
 
 use crate::policy::{Policy, SkipReason};
 use crate::progress::Progress;
 use crate::report::display_path;
+use crate::sys::beneath::{self, Tree};
 use crate::sys::FsKind;
 
 /// A regular file that may be hashed and shared.
@@ -56,7 +71,7 @@ pub fn time_tag(sec: i64, nsec: i64) -> TimeTag {
 }
 
 impl Candidate {
-    /// Build from `lstat` metadata.
+    /// Build from `lstat`/`fstat` metadata.
     pub fn from_metadata(path: PathBuf, m: &std::fs::Metadata) -> Candidate {
         Candidate {
             path,
@@ -65,6 +80,20 @@ impl Candidate {
             size: m.size(),
             mtime: time_tag(m.mtime(), m.mtime_nsec()),
             ctime: time_tag(m.ctime(), m.ctime_nsec()),
+        }
+    }
+
+    /// Build from a raw `fstatat`/`fstat` result.
+    // The field types of `struct stat` differ by architecture.
+    #[allow(clippy::unnecessary_cast)]
+    pub fn from_stat(path: PathBuf, st: &Stat) -> Candidate {
+        Candidate {
+            path,
+            dev: st.st_dev,
+            ino: st.st_ino,
+            size: st.st_size as u64,
+            mtime: time_tag(st.st_mtime as i64, st.st_mtime_nsec as i64),
+            ctime: time_tag(st.st_ctime as i64, st.st_ctime_nsec as i64),
         }
     }
 }
@@ -81,29 +110,105 @@ pub struct WalkResult {
     pub errors: BTreeMap<&'static str, u64>,
 }
 
-/// Directories are read and their entries `lstat`ed by this many threads at
-/// once: on a cold disk, metadata reads in flight together finish sooner than
-/// one `find` reading them one after another.
+/// Directories are read and their entries `fstatat`ed by this many threads
+/// at once: on a cold disk, metadata reads in flight together finish sooner
+/// than one `find` reading them one after another.
 const CRAWL_THREADS: usize = 8;
+
+/// Bytes of directory entries read per `getdents64` call (per thread).
+const DIRENT_BUF: usize = 32 * 1024;
 
 /// What a crawler thread found, for the one consumer.
 enum Found {
-    File(PathBuf, std::fs::Metadata),
+    File(PathBuf, Stat),
     Skip(SkipReason),
     SkipDir(SkipReason),
     Error(&'static str, PathBuf, io::Error),
 }
 
-/// Crawl `roots` (canonical paths on one filesystem of kind `fs`).
-/// Every eligible file is handed to `each` as soon as it is found, so
-/// reading can start while the crawl goes on. `stop` ends the crawl early.
+/// A directory to read: an entry of an open parent, opened by the thread
+/// that reads it (so only directories being read, and parents with entries
+/// still queued, hold a descriptor: a directory of 100,000 subdirectories
+/// costs one descriptor, not 100,000).
+struct Job {
+    parent: Arc<OwnedFd>,
+    name: CString,
+    path: PathBuf,
+}
+
+/// The crawl's shared queue: directories to read, and how many threads are
+/// reading one (the crawl is over when both are zero).
+struct Queue {
+    state: Mutex<(Vec<Job>, usize)>,
+    wake: Condvar,
+}
+
+impl Queue {
+    /// The next directory, or `None` when the crawl is over.
+    fn take(&self) -> Option<Job> {
+        let mut st = self.state.lock().unwrap_or_else(|e| e.into_inner());
+        loop {
+            if let Some(job) = st.0.pop() {
+                st.1 += 1;
+                return Some(job);
+            }
+            if st.1 == 0 {
+                self.wake.notify_all();
+                return None;
+            }
+            st = self.wake.wait(st).unwrap_or_else(|e| e.into_inner());
+        }
+    }
+
+    /// Subdirectories found by a thread still listing its directory: queued
+    /// at once, so idle threads start on them while the listing goes on
+    /// (cold metadata reads overlap).
+    fn push(&self, jobs: &mut Vec<Job>) {
+        let mut st = self.state.lock().unwrap_or_else(|e| e.into_inner());
+        let n = jobs.len();
+        st.0.append(jobs);
+        drop(st);
+        if n > 1 {
+            self.wake.notify_all();
+        } else if n == 1 {
+            self.wake.notify_one();
+        }
+    }
+
+    /// A thread finished a directory and found `jobs` below it.
+    fn done(&self, jobs: Vec<Job>) {
+        let mut st = self.state.lock().unwrap_or_else(|e| e.into_inner());
+        st.1 -= 1;
+        let (n, idle) = (jobs.len(), st.1 == 0);
+        st.0.extend(jobs);
+        if n > 1 || (idle && st.0.is_empty()) {
+            self.wake.notify_all();
+        } else if n == 1 {
+            self.wake.notify_one();
+        }
+    }
+}
+
+/// What every crawler thread reads.
+struct Ctx<'a> {
+    root_dev: u64,
+    fs: FsKind,
+    mounts: &'a HashSet<PathBuf>,
+    policy: &'a Policy,
+    stop: &'a AtomicBool,
+}
+
+/// Crawl the starting paths held by `tree` (canonical paths on one
+/// filesystem of kind `fs`). Every eligible file is handed to `each` as
+/// soon as it is found, so reading can start while the crawl goes on.
+/// `stop` ends the crawl early.
 ///
-/// [`CRAWL_THREADS`] threads (the `ignore` crate's parallel walker) read
-/// directories, `lstat` entries and decide about directories; this thread
-/// applies the rules that need one view of everything (hard links) and calls
-/// `each`. Files arrive in no particular order.
+/// [`CRAWL_THREADS`] threads read directories, `fstatat` entries and decide
+/// about directories; this thread applies the rules that need one view of
+/// everything (hard links) and calls `each`. Files arrive in no particular
+/// order.
 pub fn walk(
-    roots: &[PathBuf],
+    tree: &Tree,
     fs: FsKind,
     policy: &Policy,
     progress: &dyn Progress,
@@ -111,175 +216,282 @@ pub fn walk(
     mut each: impl FnMut(Candidate),
 ) -> WalkResult {
     let mounts = crate::sys::fs::mount_points();
-    let result = RefCell::new(WalkResult::default());
+    let mut result = WalkResult::default();
     let mut seen_inodes: HashSet<(u64, u64)> = HashSet::new();
-    let skip = |r: SkipReason| *result.borrow_mut().skipped.entry(r).or_default() += 1;
-    let skip_dir = |r: SkipReason| *result.borrow_mut().skipped_dirs.entry(r).or_default() += 1;
-    for root in roots {
-        if let Err(r) = policy.check_ancestors(root) {
-            progress.warn(&format!("{}: skipped, a directory above it is marked {}", display_path(root), r.name()));
-            skip_dir(r);
-            continue;
-        }
-        let root_dev = match std::fs::symlink_metadata(root) {
-            Ok(m) => m.dev(),
-            Err(e) => {
-                error(&result, progress, "unreadable", root, &e);
-                continue;
-            }
-        };
+    for i in 0.. {
+        let Some((dir, dir_fd, file)) = tree.root(i) else { break };
+        let Some((start, root_dev)) = start(dir, dir_fd, file, fs, policy, progress, &mut result) else { continue };
+        let ctx = Ctx { root_dev, fs, mounts: &mounts, policy, stop };
         let (tx, rx) = sync_channel::<Found>(4096);
+        let queue = Queue { state: Mutex::new((Vec::new(), 1)), wake: Condvar::new() };
         std::thread::scope(|s| {
-            let mounts = &mounts;
-            s.spawn(move || {
-                WalkBuilder::new(root)
-                    .standard_filters(false)
-                    .follow_links(false)
-                    .threads(CRAWL_THREADS)
-                    .build_parallel()
-                    .run(|| {
-                        let tx = tx.clone();
-                        Box::new(move |entry| visit(entry, root_dev, fs, mounts, policy, stop, &tx))
+            match start {
+                Start::Dir(fd) => {
+                    let (ctx, queue) = (&ctx, &queue);
+                    let tx0 = tx.clone();
+                    s.spawn(move || {
+                        let mut buf = vec![MaybeUninit::uninit(); DIRENT_BUF];
+                        let jobs = read_dir(ctx, queue, Arc::new(fd), dir, &mut buf, &tx0);
+                        queue.done(jobs);
                     });
-            });
+                    for _ in 0..CRAWL_THREADS {
+                        let tx = tx.clone();
+                        s.spawn(move || {
+                            let mut buf = vec![MaybeUninit::uninit(); DIRENT_BUF];
+                            while let Some(job) = queue.take() {
+                                let jobs = if ctx.stop.load(Ordering::Relaxed) {
+                                    Vec::new()
+                                } else {
+                                    enter(ctx, queue, job, &mut buf, &tx)
+                                };
+                                queue.done(jobs);
+                            }
+                        });
+                    }
+                }
+                Start::File(path, st) => {
+                    let _ = tx.send(Found::File(path, st));
+                }
+            }
+            drop(tx);
             for found in rx {
-                let (path, meta) = match found {
-                    Found::File(path, meta) => (path, meta),
+                let (path, st) = match found {
+                    Found::File(path, st) => (path, st),
                     Found::Skip(r) => {
-                        skip(r);
+                        *result.skipped.entry(r).or_default() += 1;
                         continue;
                     }
                     Found::SkipDir(r) => {
-                        skip_dir(r);
+                        *result.skipped_dirs.entry(r).or_default() += 1;
                         continue;
                     }
                     Found::Error(kind, path, e) => {
-                        error(&result, progress, kind, &path, &e);
+                        error(&mut result, progress, kind, &path, &e);
                         continue;
                     }
                 };
-                if meta.nlink() > 1 && !seen_inodes.insert((meta.dev(), meta.ino())) {
-                    skip(SkipReason::Hardlink);
-                    continue;
+                let skip = if st.st_nlink > 1 && !seen_inodes.insert((st.st_dev, st.st_ino)) {
+                    Some(SkipReason::Hardlink)
+                } else if st.st_size == 0 {
+                    Some(SkipReason::Empty)
+                } else {
+                    policy.check_file(&path, st.st_dev, st.st_ino).err()
+                };
+                match skip {
+                    Some(r) => *result.skipped.entry(r).or_default() += 1,
+                    None => each(Candidate::from_stat(path, &st)),
                 }
-                if meta.size() == 0 {
-                    skip(SkipReason::Empty);
-                    continue;
-                }
-                if let Err(r) = policy.check_file(&path, meta.dev(), meta.ino()) {
-                    skip(r);
-                    continue;
-                }
-                each(Candidate::from_metadata(path, &meta));
             }
         });
     }
-    result.into_inner()
+    result
 }
 
-/// One entry, on a crawler thread: decide about directories (descend or
-/// not), `lstat` files, and report everything else by type.
-fn visit(
-    entry: Result<ignore::DirEntry, ignore::Error>,
-    root_dev: u64,
+/// How a starting path begins: a directory to read, or a single file.
+enum Start {
+    Dir(OwnedFd),
+    File(PathBuf, Stat),
+}
+
+/// Check a starting path (directory `dir` held as `dir_fd`, or the file
+/// `file` in it) and open it for the crawl: how it starts and its device.
+/// `None`: skipped or unreadable (counted).
+fn start(
+    dir: &Path,
+    dir_fd: BorrowedFd<'_>,
+    file: Option<&CStr>,
     fs: FsKind,
-    mounts: &HashSet<PathBuf>,
     policy: &Policy,
-    stop: &AtomicBool,
-    tx: &SyncSender<Found>,
-) -> WalkState {
-    if stop.load(Ordering::Relaxed) {
-        return WalkState::Quit;
+    progress: &dyn Progress,
+    result: &mut WalkResult,
+) -> Option<(Start, u64)> {
+    let path = match file {
+        Some(name) => dir.join(OsStr::from_bytes(name.to_bytes())),
+        None => dir.to_owned(),
+    };
+    // Directories above the starting path are checked by path: the
+    // administrator chose it, and nothing below it is resolved that way.
+    if let Err(r) = policy.check_ancestors(&path) {
+        progress.warn(&format!("{}: skipped, a directory above it is marked {}", display_path(&path), r.name()));
+        *result.skipped_dirs.entry(r).or_default() += 1;
+        return None;
     }
-    let found = match entry {
+    let st = match file {
+        Some(name) => beneath::stat_at(dir_fd, name),
+        None => beneath::stat_fd(dir_fd),
+    };
+    let st = match st {
+        Ok(st) => st,
         Err(e) => {
-            let path = error_path(&e).map(Path::to_owned).unwrap_or_default();
-            let io = match e.io_error() {
-                Some(io) => io::Error::new(io.kind(), io.to_string()),
-                None => io::Error::other(e.to_string()),
-            };
-            let kind = if io.kind() == io::ErrorKind::NotFound { "vanished" } else { "unreadable" };
-            Found::Error(kind, path, io)
-        }
-        Ok(e) => {
-            let Some(ft) = e.file_type() else { return WalkState::Continue };
-            if ft.is_dir() {
-                match dir_allowed(&e, root_dev, fs, mounts, policy) {
-                    Ok(()) => return WalkState::Continue,
-                    Err(r) => {
-                        let _ = tx.send(Found::SkipDir(r));
-                        return WalkState::Skip;
-                    }
-                }
-            }
-            if !ft.is_file() {
-                Found::Skip(match () {
-                    _ if ft.is_symlink() => SkipReason::Symlink,
-                    _ if ft.is_fifo() => SkipReason::Fifo,
-                    _ if ft.is_socket() => SkipReason::Socket,
-                    _ => SkipReason::Device,
-                })
-            } else {
-                // d_type said regular; lstat must agree (the name may have
-                // been replaced by a FIFO in between).
-                match e.metadata() {
-                    Ok(m) if m.file_type().is_file() => Found::File(e.into_path(), m),
-                    _ => Found::Skip(SkipReason::Vanished),
-                }
-            }
+            let kind = if e.kind() == io::ErrorKind::NotFound { "vanished" } else { "unreadable" };
+            error(result, progress, kind, &path, &e);
+            return None;
         }
     };
-    match tx.send(found) {
-        Ok(()) => WalkState::Continue,
-        Err(_) => WalkState::Quit,
+    if file.is_some() {
+        let dev = st.st_dev;
+        return match FileType::from_raw_mode(st.st_mode) {
+            FileType::RegularFile => Some((Start::File(path, st), dev)),
+            FileType::Symlink => {
+                *result.skipped.entry(SkipReason::Symlink).or_default() += 1;
+                None
+            }
+            _ => {
+                *result.skipped.entry(SkipReason::Device).or_default() += 1;
+                None
+            }
+        };
     }
+    let fd = match dir_fd.try_clone_to_owned() {
+        Ok(fd) => fd,
+        Err(e) => {
+            error(result, progress, "unreadable", &path, &e);
+            return None;
+        }
+    };
+    if let Err(r) = dir_allowed_fd(fd.as_fd(), &path, &st, fs, policy) {
+        *result.skipped_dirs.entry(r).or_default() += 1;
+        return None;
+    }
+    Some((Start::Dir(fd), st.st_dev))
 }
 
-/// The path an `ignore` error is about, if it says.
-fn error_path(e: &ignore::Error) -> Option<&Path> {
-    match e {
-        ignore::Error::WithPath { path, .. } => Some(path),
-        ignore::Error::WithDepth { err, .. } | ignore::Error::WithLineNumber { err, .. } => error_path(err),
-        ignore::Error::Loop { child, .. } => Some(child),
-        _ => None,
+/// Read the directory entry `job` on a crawler thread: open it relative to
+/// its parent, check it, list it. Returns its subdirectories.
+fn enter(ctx: &Ctx<'_>, queue: &Queue, job: Job, buf: &mut [MaybeUninit<u8>], tx: &SyncSender<Found>) -> Vec<Job> {
+    if ctx.mounts.contains(&job.path) {
+        let _ = tx.send(Found::SkipDir(SkipReason::MountPoint));
+        return Vec::new();
     }
+    let fd = match beneath::open_dir_at(job.parent.as_fd(), &job.name) {
+        Ok(fd) => fd,
+        Err(e) => {
+            let found = match e.raw_os_error() {
+                // Replaced by a symlink since the parent was listed: never
+                // followed.
+                Some(libc::ELOOP) => Found::Skip(SkipReason::Symlink),
+                Some(libc::EXDEV) => Found::SkipDir(SkipReason::MountPoint),
+                Some(libc::ENOENT) | Some(libc::ENOTDIR) => Found::Skip(SkipReason::Vanished),
+                _ => Found::Error("unreadable", job.path, e),
+            };
+            let _ = tx.send(found);
+            return Vec::new();
+        }
+    };
+    drop(job.parent);
+    let st = match beneath::stat_fd(fd.as_fd()) {
+        Ok(st) => st,
+        Err(e) => {
+            let _ = tx.send(Found::Error("unreadable", job.path, e));
+            return Vec::new();
+        }
+    };
+    // Another st_dev is another filesystem, except for btrfs subvolumes.
+    if st.st_dev != ctx.root_dev && ctx.fs != FsKind::Btrfs {
+        let _ = tx.send(Found::SkipDir(SkipReason::MountPoint));
+        return Vec::new();
+    }
+    if let Err(r) = dir_allowed_fd(fd.as_fd(), &job.path, &st, ctx.fs, ctx.policy) {
+        let _ = tx.send(Found::SkipDir(r));
+        return Vec::new();
+    }
+    read_dir(ctx, queue, Arc::new(fd), &job.path, buf, tx)
+}
+
+/// Subdirectories queued at once by a thread listing a directory, so that
+/// idle threads can start on them before the listing ends.
+const PUSH_BATCH: usize = 4;
+
+/// List the open directory `fd` (at `path`): files and other entries go to
+/// `tx`, subdirectories become jobs holding `fd` (queued in batches of
+/// [`PUSH_BATCH`] while listing; the last ones are returned).
+fn read_dir(
+    ctx: &Ctx<'_>,
+    queue: &Queue,
+    fd: Arc<OwnedFd>,
+    path: &Path,
+    buf: &mut [MaybeUninit<u8>],
+    tx: &SyncSender<Found>,
+) -> Vec<Job> {
+    let mut jobs = Vec::new();
+    let mut dir = RawDir::new(fd.as_fd(), buf);
+    while let Some(entry) = dir.next() {
+        if ctx.stop.load(Ordering::Relaxed) {
+            break;
+        }
+        let entry = match entry {
+            Ok(e) => e,
+            Err(e) => {
+                let _ = tx.send(Found::Error("unreadable", path.to_owned(), e.into()));
+                break;
+            }
+        };
+        let name = entry.file_name();
+        if matches!(name.to_bytes(), b"." | b"..") {
+            continue;
+        }
+        let child = path.join(OsStr::from_bytes(name.to_bytes()));
+        let mut ft = entry.file_type();
+        let mut st = None;
+        if matches!(ft, FileType::RegularFile | FileType::Unknown) {
+            // d_type said regular (or nothing); fstatat must agree (the name
+            // may have been replaced by a FIFO in between).
+            match beneath::stat_at(fd.as_fd(), name) {
+                Ok(s) => {
+                    ft = FileType::from_raw_mode(s.st_mode);
+                    st = Some(s);
+                }
+                Err(_) => {
+                    let _ = tx.send(Found::Skip(SkipReason::Vanished));
+                    continue;
+                }
+            }
+        }
+        let found = match ft {
+            FileType::Directory => {
+                jobs.push(Job { parent: Arc::clone(&fd), name: name.to_owned(), path: child });
+                if jobs.len() >= PUSH_BATCH {
+                    queue.push(&mut jobs);
+                }
+                continue;
+            }
+            FileType::RegularFile => match st {
+                Some(s) => Found::File(child, s),
+                None => Found::Skip(SkipReason::Vanished),
+            },
+            FileType::Symlink => Found::Skip(SkipReason::Symlink),
+            FileType::Fifo => Found::Skip(SkipReason::Fifo),
+            FileType::Socket => Found::Skip(SkipReason::Socket),
+            _ => Found::Skip(SkipReason::Device),
+        };
+        if tx.send(found).is_err() {
+            break;
+        }
+    }
+    jobs
 }
 
 /// Inode number of every btrfs subvolume's root directory.
 const BTRFS_FIRST_FREE_OBJECTID: u64 = 256;
 
-fn dir_allowed(
-    e: &ignore::DirEntry,
-    root_dev: u64,
-    fs: FsKind,
-    mounts: &HashSet<PathBuf>,
-    policy: &Policy,
-) -> Result<(), SkipReason> {
-    let meta = e.metadata().ok();
-    if e.depth() > 0 {
-        if mounts.contains(e.path()) {
-            return Err(SkipReason::MountPoint);
-        }
-        let dev = meta.as_ref().map_or(root_dev, |m| m.dev());
-        // Another st_dev is another filesystem, except for btrfs subvolumes.
-        if dev != root_dev && fs != FsKind::Btrfs {
-            return Err(SkipReason::MountPoint);
-        }
-    }
+/// Whether the open directory `fd` (at `path`, `fstat` `st`) may be entered:
+/// read-only snapshots, excludes and nodedup markers, all checked on the
+/// descriptor that is then listed.
+fn dir_allowed_fd(fd: BorrowedFd<'_>, path: &Path, st: &Stat, fs: FsKind, policy: &Policy) -> Result<(), SkipReason> {
     // A btrfs subvolume's root directory is inode 256.
     if fs == FsKind::Btrfs
         && !policy.include_readonly_snapshots
-        && meta.is_some_and(|m| m.ino() == BTRFS_FIRST_FREE_OBJECTID)
-        && crate::sys::inode::is_readonly_subvolume(e.path())
+        && st.st_ino == BTRFS_FIRST_FREE_OBJECTID
+        && crate::sys::inode::is_readonly_subvolume_fd(fd)
     {
         return Err(SkipReason::ReadonlySnapshot);
     }
-    policy.check_dir(e.path())
+    policy.check_dir_fd(fd, path)
 }
 
-fn error(result: &RefCell<WalkResult>, progress: &dyn Progress, kind: &'static str, path: &Path, e: &io::Error) {
+fn error(result: &mut WalkResult, progress: &dyn Progress, kind: &'static str, path: &Path, e: &io::Error) {
     progress.warn(&format!("{}: {kind}: {e}", display_path(path)));
-    *result.borrow_mut().errors.entry(kind).or_default() += 1;
+    *result.errors.entry(kind).or_default() += 1;
 }
 
 #[cfg(test)]
@@ -296,5 +508,60 @@ mod tests {
         let (a, b) = (1_700_000_000i64, 1_700_000_000i64 - (1 << 23));
         assert_eq!((a * 1_000_000_000) as u32, (b * 1_000_000_000) as u32);
         assert_ne!(time_tag(a, 0), time_tag(b, 0));
+    }
+
+    /// The fd walker finds every file of a wide and deep tree exactly once,
+    /// ends, and counts what it skips.
+    #[test]
+    fn walks_a_tree_completely_and_counts_skips() {
+        let d = tempfile::tempdir().unwrap();
+        let root = d.path().join("t");
+        let mut want = std::collections::BTreeSet::new();
+        for i in 0..40 {
+            // Deep chains and wide directories.
+            let dir = root.join(format!("d{i}")).join(format!("e{}", i % 3)).join("f");
+            std::fs::create_dir_all(&dir).unwrap();
+            for j in 0..25 {
+                let p = dir.join(format!("x{j}"));
+                std::fs::write(&p, b"data").unwrap();
+                want.insert(p);
+            }
+            std::fs::write(dir.join("empty"), b"").unwrap();
+            std::os::unix::fs::symlink("/etc", dir.join("link")).unwrap();
+        }
+        std::fs::hard_link(root.join("d0/e0/f/x0"), root.join("d0/e0/x0-again")).unwrap();
+        std::fs::create_dir_all(root.join("d1/marked/deep")).unwrap();
+        std::fs::write(root.join("d1/marked/.nodedup"), b"").unwrap();
+        std::fs::write(root.join("d1/marked/deep/x"), b"data").unwrap();
+        let tree = Tree::open(std::slice::from_ref(&root)).unwrap();
+        let policy = Policy::new(&[], None).unwrap();
+        let stop = AtomicBool::new(false);
+        let mut got = Vec::new();
+        let r = walk(&tree, FsKind::Other, &policy, &crate::progress::Silent, &stop, |c| got.push(c.path));
+        got.sort();
+        let dedup: std::collections::BTreeSet<_> = got.iter().cloned().collect();
+        assert_eq!(dedup.len(), got.len(), "a file was found twice");
+        // One of the two names of the hard-linked inode.
+        assert_eq!(got.len(), want.len());
+        assert!(got.iter().all(|p| want.contains(p) || p.ends_with("x0-again")));
+        assert_eq!(r.skipped[&SkipReason::Symlink], 40);
+        assert_eq!(r.skipped[&SkipReason::Empty], 40);
+        assert_eq!(r.skipped[&SkipReason::Hardlink], 1);
+        assert_eq!(r.skipped[&SkipReason::Nodedup], 1);
+        assert!(r.errors.is_empty(), "{:?}", r.errors);
+    }
+
+    /// A starting path that is a file is the only file found.
+    #[test]
+    fn a_file_as_starting_path() {
+        let d = tempfile::tempdir().unwrap();
+        std::fs::write(d.path().join("a"), b"data").unwrap();
+        std::fs::write(d.path().join("b"), b"data").unwrap();
+        let tree = Tree::open(&[d.path().join("a")]).unwrap();
+        let policy = Policy::new(&[], None).unwrap();
+        let stop = AtomicBool::new(false);
+        let mut got = Vec::new();
+        walk(&tree, FsKind::Other, &policy, &crate::progress::Silent, &stop, |c| got.push(c.path));
+        assert_eq!(got, vec![d.path().join("a")]);
     }
 }

@@ -199,7 +199,8 @@ fn no_write_opens(fs: Fs) {
     let trace = vol.db().with_extension("trace");
     let bin = assert_cmd::cargo::cargo_bin("dedupscan");
     let out = Command::new("strace")
-        .args(["-f", "-qq", "-e", "trace=open,openat,openat2,creat,truncate", "-o"])
+        // -y: opens are relative to directory descriptors; show the paths.
+        .args(["-f", "-qq", "-y", "-e", "trace=open,openat,openat2,creat,truncate", "-o"])
         .arg(&trace)
         .arg(&bin)
         .arg(&data)
@@ -210,7 +211,7 @@ fn no_write_opens(fs: Fs) {
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
     let r: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
     let text = std::fs::read_to_string(&trace).unwrap();
-    let vol_prefix = format!("\"{}", vol.mnt.display());
+    let vol_prefix = vol.mnt.display().to_string();
     let (mut volume_opens, mut tmpfiles) = (0, 0);
     for line in text.lines().filter(|l| l.contains(&vol_prefix)) {
         volume_opens += 1;

@@ -18,6 +18,7 @@ use dedupscan::corpus::Rng;
 use dedupscan::dedupe::{execute_with_workers, Bookends, Mode, Outcome};
 use dedupscan::plan::{Plan, Range};
 use dedupscan::progress::Silent;
+use dedupscan::sys::beneath::Tree;
 use dedupscan::types::FileId;
 use dedupscan::walk::Candidate;
 
@@ -130,7 +131,8 @@ fn alter(case: &Case) {
 
 fn run(case: &Case, mode: Mode, bookends: Option<&Bookends>, workers: usize) -> Outcome {
     let stop = AtomicBool::new(false);
-    execute_with_workers(&case.plan, &case.files, BLK, mode, bookends, &Silent, &stop, workers)
+    let tree = Tree::open(&[case.changed.parent().unwrap().to_owned()]).unwrap();
+    execute_with_workers(&case.plan, &case.files, &tree, BLK, mode, bookends, &Silent, &stop, workers)
 }
 
 /// Every figure of an outcome, for comparing two of them.

@@ -123,9 +123,16 @@ const BTRFS_SUBVOL_RDONLY: u64 = 1 << 1;
 /// snapshot). Not btrfs, or not a subvolume root: `false`.
 pub fn is_readonly_subvolume(dir: &Path) -> bool {
     let Ok(f) = open_path_readonly(dir) else { return false };
+    use std::os::fd::AsFd;
+    is_readonly_subvolume_fd(f.as_fd())
+}
+
+/// [`is_readonly_subvolume`] of an open directory (the crawl asks on the
+/// descriptor it then lists).
+pub fn is_readonly_subvolume_fd(dir: BorrowedFd<'_>) -> bool {
     let mut flags: u64 = 0;
     // SAFETY: `flags` is a valid u64 the kernel writes the subvolume flags into.
-    match unsafe { ioctl_btrfs_subvol_getflags(f.as_raw_fd(), &mut flags) } {
+    match unsafe { ioctl_btrfs_subvol_getflags(dir.as_raw_fd(), &mut flags) } {
         Ok(_) => flags & BTRFS_SUBVOL_RDONLY != 0,
         Err(_) => false,
     }

@@ -5,6 +5,7 @@
 //! knows about the pipeline: callers pass file descriptors and get plain Rust
 //! values back.
 
+pub mod beneath;
 pub mod dedupe;
 pub mod fiemap;
 pub mod fs;

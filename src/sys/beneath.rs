@@ -1,0 +1,327 @@
+//! Opens that a user writing to the scanned tree cannot redirect.
+//!
+//! A root run shares a volume with users who may rename, delete and replace
+//! anything they own while the run is in it. A full path resolved again at
+//! open time follows whatever its components are *now*: a directory swapped
+//! for a symlink to `/etc` or to a root-only directory makes a root process
+//! open files it never listed. So every open here is relative to a
+//! directory descriptor the run already holds, and the kernel is told not to
+//! leave it:
+//!
+//! - [`Tree`] holds one descriptor per starting path, opened once at the
+//!   start of the run. Files are opened from it with `openat2` and
+//!   `RESOLVE_BENEATH | RESOLVE_NO_SYMLINKS | RESOLVE_NO_XDEV`: no `..` out
+//!   of the starting directory, no symlink in any component (`ELOOP`), no
+//!   mount crossed (`EXDEV`; btrfs subvolumes are not mounts and are
+//!   crossed). On a kernel without `openat2` (`ENOSYS`, before 5.6) the path
+//!   is walked one component at a time with `O_NOFOLLOW`, which refuses
+//!   symlinks too.
+//! - [`open_dir_at`] opens one directory entry, a single name relative to
+//!   its parent's descriptor, for the crawl.
+//!
+//! The caller then checks the identity of what it opened (`fstat` of the
+//! descriptor against what the crawl or the database recorded), and makes
+//! every further check (nodedup markers, inode flags) on that descriptor.
+//!
+//! All calls go through `rustix`, whose wrappers are safe: no `unsafe` here.
+
+use std::ffi::CStr;
+use std::fs::File;
+use std::io;
+use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
+use std::os::unix::ffi::OsStrExt;
+use std::path::{Component, Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
+
+use rustix::fs::{AtFlags, Mode, OFlags, ResolveFlags, Stat};
+
+/// Flags of every open of a file to read: never for writing, never through
+/// a symlink, never blocking on a FIFO that took the name since the crawl,
+/// never becoming the controlling terminal.
+const FILE_FLAGS: OFlags =
+    OFlags::RDONLY.union(OFlags::NOFOLLOW).union(OFlags::NONBLOCK).union(OFlags::NOCTTY).union(OFlags::CLOEXEC);
+
+/// Flags of a directory open.
+const DIR_FLAGS: OFlags = OFlags::RDONLY.union(OFlags::DIRECTORY).union(OFlags::NOFOLLOW).union(OFlags::CLOEXEC);
+
+/// What `openat2` may not do while resolving a path below a held directory.
+const RESOLVE: ResolveFlags = ResolveFlags::BENEATH.union(ResolveFlags::NO_SYMLINKS).union(ResolveFlags::NO_XDEV);
+
+/// Set once `openat2` answered `ENOSYS`: use the component walk from then on.
+static NO_OPENAT2: AtomicBool = AtomicBool::new(false);
+
+/// `openat2(dir, rel, flags, RESOLVE_BENEATH | RESOLVE_NO_SYMLINKS |
+/// RESOLVE_NO_XDEV)`, or the component walk where the kernel lacks it.
+/// `rel` must be relative and hold only plain names (no `..`, no `.`).
+pub fn open_beneath(dir: BorrowedFd<'_>, rel: &Path, flags: OFlags) -> io::Result<OwnedFd> {
+    if rel.is_absolute() || rel.components().any(|c| !matches!(c, Component::Normal(_))) {
+        return Err(io::Error::from_raw_os_error(libc::EXDEV));
+    }
+    if !NO_OPENAT2.load(Ordering::Relaxed) {
+        match rustix::fs::openat2(dir, rel, flags | OFlags::CLOEXEC, Mode::empty(), RESOLVE) {
+            Err(rustix::io::Errno::NOSYS) => NO_OPENAT2.store(true, Ordering::Relaxed),
+            // openat2 may answer EAGAIN when a rename raced the lookup
+            // (RESOLVE_BENEATH guards against `..` escapes that way): the
+            // name was being changed under us, so it counts as vanished.
+            Err(rustix::io::Errno::AGAIN) => return Err(io::Error::from_raw_os_error(libc::ENOENT)),
+            other => return other.map_err(io::Error::from),
+        }
+    }
+    open_components(dir, rel, flags)
+}
+
+/// The fallback of [`open_beneath`]: open each directory of `rel` relative
+/// to the previous one with `O_NOFOLLOW | O_DIRECTORY`, then the last name
+/// with `O_NOFOLLOW`. A symlink anywhere answers `ELOOP` (or `ENOTDIR`).
+/// It does not detect a mount crossed on the way; the caller's identity
+/// check (device and inode against the crawl) refuses what lies there.
+pub(crate) fn open_components(dir: BorrowedFd<'_>, rel: &Path, flags: OFlags) -> io::Result<OwnedFd> {
+    let mut names = rel.components().map(|c| c.as_os_str()).peekable();
+    let mut cur: Option<OwnedFd> = None;
+    while let Some(name) = names.next() {
+        let at = cur.as_ref().map_or(dir, |f| f.as_fd());
+        if names.peek().is_none() {
+            return Ok(rustix::fs::openat(at, name, flags | OFlags::NOFOLLOW | OFlags::CLOEXEC, Mode::empty())?);
+        }
+        let next = rustix::fs::openat(
+            at,
+            name,
+            OFlags::PATH | OFlags::DIRECTORY | OFlags::NOFOLLOW | OFlags::CLOEXEC,
+            Mode::empty(),
+        )
+        .map_err(|e| if e == rustix::io::Errno::NOTDIR { rustix::io::Errno::LOOP } else { e })?;
+        cur = Some(next);
+    }
+    Err(io::Error::from_raw_os_error(libc::ENOENT))
+}
+
+/// Open a regular file of the volume for reading, relative to `dir`, without
+/// updating its access time where the kernel allows it (owner or
+/// CAP_FOWNER).
+pub fn open_file_beneath(dir: BorrowedFd<'_>, rel: &Path) -> io::Result<File> {
+    match open_beneath(dir, rel, FILE_FLAGS | OFlags::NOATIME) {
+        Err(e) if e.raw_os_error() == Some(libc::EPERM) => open_beneath(dir, rel, FILE_FLAGS),
+        other => other,
+    }
+    .map(File::from)
+}
+
+/// Open the directory entry `name` of `dir` for listing. A symlink answers
+/// `ELOOP` (it is never followed), a mount point `EXDEV` (never entered;
+/// btrfs subvolumes are not mounts), a name that is no longer a directory
+/// `ENOTDIR`.
+pub fn open_dir_at(dir: BorrowedFd<'_>, name: &CStr) -> io::Result<OwnedFd> {
+    let opened = if NO_OPENAT2.load(Ordering::Relaxed) {
+        rustix::fs::openat(dir, name, DIR_FLAGS, Mode::empty())
+    } else {
+        match rustix::fs::openat2(dir, name, DIR_FLAGS, Mode::empty(), RESOLVE) {
+            Err(rustix::io::Errno::NOSYS) => {
+                NO_OPENAT2.store(true, Ordering::Relaxed);
+                rustix::fs::openat(dir, name, DIR_FLAGS, Mode::empty())
+            }
+            Err(rustix::io::Errno::AGAIN) => Err(rustix::io::Errno::NOENT),
+            other => other,
+        }
+    };
+    match opened {
+        // `O_DIRECTORY | O_NOFOLLOW` on a symlink answers ENOTDIR: say
+        // which it is, so a directory swapped for a symlink is counted as one.
+        Err(rustix::io::Errno::NOTDIR)
+            if stat_at(dir, name).is_ok_and(|s| rustix::fs::FileType::from_raw_mode(s.st_mode).is_symlink()) =>
+        {
+            Err(io::Error::from_raw_os_error(libc::ELOOP))
+        }
+        other => Ok(other?),
+    }
+}
+
+/// `fstatat(dir, name, AT_SYMLINK_NOFOLLOW)`: the entry itself, never what
+/// a symlink points to.
+pub fn stat_at(dir: BorrowedFd<'_>, name: &CStr) -> io::Result<Stat> {
+    Ok(rustix::fs::statat(dir, name, AtFlags::SYMLINK_NOFOLLOW)?)
+}
+
+/// `fstat` of an open descriptor.
+pub fn stat_fd(fd: BorrowedFd<'_>) -> io::Result<Stat> {
+    Ok(rustix::fs::fstat(fd)?)
+}
+
+/// Whether the open file or directory `fd` carries the extended attribute
+/// `name`. No xattr support, or no such attribute: `false`.
+pub fn has_xattr_fd(fd: BorrowedFd<'_>, name: &str) -> bool {
+    rustix::fs::fgetxattr_query(fd, name).is_ok()
+}
+
+/// Whether the directory `dir` holds an entry `name` of any type (not
+/// followed if a symlink).
+pub fn has_entry_at(dir: BorrowedFd<'_>, name: &CStr) -> bool {
+    rustix::fs::statat(dir, name, AtFlags::SYMLINK_NOFOLLOW).is_ok()
+}
+
+/// The starting paths of a run, each held open for the whole run: every
+/// file under them is opened relative to these descriptors (see the module
+/// doc). A starting path that is a file is held by its parent directory.
+#[derive(Debug)]
+pub struct Tree {
+    /// (directory, its descriptor, the file's name for a starting path that
+    /// is a file).
+    roots: Vec<(PathBuf, OwnedFd, Option<std::ffi::CString>)>,
+}
+
+impl Tree {
+    /// Open the starting `paths` (canonical, absolute). Their own
+    /// components are resolved once, here: the administrator chose them, and
+    /// every later open stays below them.
+    pub fn open(paths: &[PathBuf]) -> io::Result<Tree> {
+        let mut roots = Vec::new();
+        for p in paths {
+            let st = std::fs::symlink_metadata(p)?;
+            let (dir, file) = match (st.is_dir(), p.parent(), p.file_name()) {
+                (false, Some(parent), Some(name)) => {
+                    (parent.to_owned(), Some(std::ffi::CString::new(name.as_bytes())?))
+                }
+                _ => (p.clone(), None),
+            };
+            let fd = rustix::fs::open(&dir, DIR_FLAGS, Mode::empty())?;
+            roots.push((dir, fd, file));
+        }
+        Ok(Tree { roots })
+    }
+
+    /// A tree over the top directories of the mounts holding `paths` (for
+    /// `report`, which reads files recorded by earlier runs of unknown
+    /// starting paths). A path under no readable mount is left out; opening
+    /// it then fails.
+    pub fn over_mounts<'p>(paths: impl IntoIterator<Item = &'p Path>) -> Tree {
+        let mounts = super::fs::mount_points();
+        let mut tops: Vec<PathBuf> = Vec::new();
+        let mut seen_dirs: std::collections::HashSet<&Path> = std::collections::HashSet::new();
+        for p in paths {
+            // Files of one directory share their mount: look it up once.
+            if !p.parent().is_some_and(|d| seen_dirs.insert(d)) {
+                continue;
+            }
+            if let Some(top) = p.ancestors().skip(1).find(|a| mounts.contains(*a)) {
+                if !tops.iter().any(|t| t == top) {
+                    tops.push(top.to_owned());
+                }
+            }
+        }
+        // Longest first, so a nested mount wins over the one it sits on.
+        tops.sort_by_key(|t| std::cmp::Reverse(t.as_os_str().len()));
+        let roots = tops
+            .into_iter()
+            .filter_map(|t| Some((t.clone(), rustix::fs::open(&t, DIR_FLAGS, Mode::empty()).ok()?, None)));
+        Tree { roots: roots.collect() }
+    }
+
+    /// The held directory `path` lies under, and `path` relative to it.
+    /// `None`: outside every starting path.
+    pub fn locate<'p>(&self, path: &'p Path) -> Option<(BorrowedFd<'_>, &'p Path)> {
+        self.roots
+            .iter()
+            .filter_map(|(dir, fd, _)| Some((fd.as_fd(), dir.as_os_str().len(), path.strip_prefix(dir).ok()?)))
+            .max_by_key(|x| x.1)
+            .map(|(fd, _, rel)| (fd, rel))
+    }
+
+    /// Open the file at absolute `path` for reading, relative to the held
+    /// directory it lies under (see [`open_file_beneath`]). Outside every
+    /// starting path: `EXDEV`, never opened.
+    pub fn open_file(&self, path: &Path) -> io::Result<File> {
+        let (fd, rel) = self.locate(path).ok_or_else(|| io::Error::from_raw_os_error(libc::EXDEV))?;
+        open_file_beneath(fd, rel)
+    }
+
+    /// The held directory of the `i`-th starting path, and the name of the
+    /// file in it when the starting path is a file.
+    pub fn root(&self, i: usize) -> Option<(&Path, BorrowedFd<'_>, Option<&CStr>)> {
+        self.roots.get(i).map(|(p, fd, f)| (p.as_path(), fd.as_fd(), f.as_deref()))
+    }
+
+    /// An unnamed temporary file (`O_TMPFILE`, 0600) in the first held
+    /// directory: on the scanned filesystem, never visible, gone on close.
+    pub fn tmpfile(&self) -> io::Result<File> {
+        let (_, fd, _) = self.roots.first().ok_or_else(|| io::Error::from_raw_os_error(libc::ENOENT))?;
+        let flags = OFlags::TMPFILE | OFlags::RDWR | OFlags::CLOEXEC;
+        Ok(File::from(rustix::fs::openat(fd, c".", flags, Mode::from_raw_mode(0o600))?))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::os::unix::fs::symlink;
+
+    /// A directory `t` with `t/a/f`, an `out/secret` beside it, and
+    /// `t/link` → `../out` (a symlinked intermediate component).
+    fn tree() -> (tempfile::TempDir, PathBuf) {
+        let d = tempfile::tempdir().unwrap();
+        let t = d.path().join("t");
+        std::fs::create_dir_all(t.join("a")).unwrap();
+        std::fs::write(t.join("a/f"), b"x").unwrap();
+        std::fs::create_dir(d.path().join("out")).unwrap();
+        std::fs::write(d.path().join("out/secret"), b"s").unwrap();
+        symlink("../out", t.join("link")).unwrap();
+        symlink(d.path().join("out"), t.join("a/abs")).unwrap();
+        symlink("f", t.join("a/flink")).unwrap();
+        (d, t)
+    }
+
+    fn errno<T: std::fmt::Debug>(r: io::Result<T>) -> i32 {
+        r.unwrap_err().raw_os_error().unwrap()
+    }
+
+    #[test]
+    fn opens_files_below_the_held_directory() {
+        let (_d, t) = tree();
+        let tr = Tree::open(std::slice::from_ref(&t)).unwrap();
+        assert!(tr.open_file(&t.join("a/f")).is_ok());
+        let (_, root, _) = tr.root(0).unwrap();
+        assert!(open_components(root, Path::new("a/f"), FILE_FLAGS).is_ok());
+    }
+
+    #[test]
+    fn a_symlinked_intermediate_component_is_refused() {
+        let (_d, t) = tree();
+        let tr = Tree::open(std::slice::from_ref(&t)).unwrap();
+        assert_eq!(errno(tr.open_file(&t.join("link/secret"))), libc::ELOOP);
+        assert_eq!(errno(tr.open_file(&t.join("a/abs/secret"))), libc::ELOOP);
+        assert_eq!(errno(tr.open_file(&t.join("a/flink"))), libc::ELOOP);
+        let (_, root, _) = tr.root(0).unwrap();
+        for rel in ["link/secret", "a/abs/secret", "a/flink"] {
+            assert_eq!(errno(open_components(root, Path::new(rel), FILE_FLAGS)), libc::ELOOP, "{rel}");
+        }
+    }
+
+    #[test]
+    fn paths_outside_or_with_dotdot_are_refused() {
+        let (d, t) = tree();
+        let tr = Tree::open(std::slice::from_ref(&t)).unwrap();
+        assert_eq!(errno(tr.open_file(&d.path().join("out/secret"))), libc::EXDEV);
+        let (_, root, _) = tr.root(0).unwrap();
+        assert_eq!(errno(open_beneath(root, Path::new("../out/secret"), FILE_FLAGS)), libc::EXDEV);
+        assert_eq!(errno(open_beneath(root, Path::new("/etc/passwd"), FILE_FLAGS)), libc::EXDEV);
+    }
+
+    #[test]
+    fn directory_entries_are_opened_without_following() {
+        let (_d, t) = tree();
+        let tr = Tree::open(std::slice::from_ref(&t)).unwrap();
+        let (_, root, _) = tr.root(0).unwrap();
+        assert!(open_dir_at(root, c"a").is_ok());
+        assert_eq!(errno(open_dir_at(root, c"link")), libc::ELOOP);
+        let a = open_dir_at(root, c"a").unwrap();
+        assert_eq!(errno(open_dir_at(a.as_fd(), c"f")), libc::ENOTDIR);
+        assert!(has_entry_at(a.as_fd(), c"abs") && !has_entry_at(a.as_fd(), c"nothing"));
+        assert!(stat_at(a.as_fd(), c"abs").is_ok());
+    }
+
+    #[test]
+    fn a_mount_point_is_not_entered() {
+        // /proc is a mount below /: the kernel refuses to cross into it.
+        let root = rustix::fs::open("/", DIR_FLAGS, Mode::empty()).unwrap();
+        assert_eq!(errno(open_dir_at(root.as_fd(), c"proc")), libc::EXDEV);
+        assert_eq!(errno(open_beneath(root.as_fd(), Path::new("proc/self/status"), FILE_FLAGS)), libc::EXDEV);
+    }
+}

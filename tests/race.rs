@@ -1,0 +1,460 @@
+//! An unprivileged user racing a root run (issue 12, point 1).
+//!
+//! The user (uid 65534, a separate process started with `setpriv`) owns
+//! `tree/user` inside the scanned tree. At the worst moment it swaps its
+//! directory `tree/user/sub` for a symlink (one atomic `renameat2(...,
+//! RENAME_EXCHANGE)` with a symlink it made beforehand) pointing at
+//!
+//! - `../../private/outside`: a root-only (0700) directory on the same
+//!   volume, below a `.nodedup` marker the crawl never passes, holding
+//!   files with the same names as `sub`'s, or
+//! - a directory on another filesystem (a tmpfs), likewise.
+//!
+//! The moment is chosen with inotify, so the old code (which re-resolved
+//! full paths) failed every time, not by luck:
+//!
+//! - *crawl*: as soon as the crawler opens `sub` to list it. Every later
+//!   path-based lookup below `sub` (`lstat` of its entries, descending
+//!   into `sub/d`, opening its files to hash them) then went outside.
+//! - *share*: as soon as the share phase opens a file of `sub` (its second
+//!   open: the first was the hashing pool's), i.e. after the scan recorded
+//!   the real files; the other copies are opened after it. Then a `report`
+//!   run, which opens the recorded files again.
+//!
+//! Each test asserts on the real binary under `strace -f -y`: no open of
+//! anything outside the tree, nothing outside recorded in the database,
+//! no outside extent shared and outside data unchanged (including the
+//! `.nodedup`-marked directory), the legitimate duplicates still shared
+//! (freed bytes > 0), and the documented exit code.
+//!
+//! `DEDUPSCAN_RACE_BIN=/path/to/dedupscan` runs the tests against another
+//! binary (e.g. an older build, to see them fail).
+
+mod common;
+
+use std::collections::HashSet;
+use std::io::{BufRead, BufReader, Write};
+use std::mem::MaybeUninit;
+use std::os::unix::fs::{MetadataExt, PermissionsExt};
+use std::path::{Path, PathBuf};
+use std::process::{Child, ChildStdout, Command, Stdio};
+
+use common::*;
+use dedupscan::corpus::Rng;
+
+/// The attacker's uid and gid (nobody).
+const NOBODY: u32 = 65534;
+/// Files in `sub` (and in `sub/d`), and as many of the same names outside.
+const FILES: usize = 150;
+/// Size of each file of `sub`: large enough that hashing them all takes
+/// a while after the crawler found them (the old code opened each by path
+/// then), so the attacker's swap always lands before the last of them.
+const SUB_SIZE: usize = 256 << 10;
+/// Size of each file of `sub/d`.
+const SUB_D_SIZE: usize = 8192;
+/// Size of each outside file: no file in the tree has it, so a database row
+/// of this size was recorded from outside.
+const OUTSIDE_SIZE: usize = 12288;
+
+/// When the attacker swaps `sub`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Moment {
+    /// When the crawler opens `sub` to list it.
+    Crawl,
+    /// When the share phase opens the first file of `sub`.
+    Share,
+}
+
+/// Where the symlink points.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Target {
+    /// A root-only directory on the same volume.
+    SameVolume,
+    /// A directory on another filesystem (tmpfs).
+    OtherFs,
+}
+
+/// A tmpfs mounted for the other-filesystem target; unmounted on drop.
+struct Tmpfs {
+    dir: tempfile::TempDir,
+}
+
+impl Tmpfs {
+    fn new() -> Tmpfs {
+        let dir = tempfile::Builder::new().prefix("dedupscan-race-").tempdir_in("/var/tmp").unwrap();
+        let st =
+            Command::new("mount").args(["-t", "tmpfs", "-o", "size=16m,mode=0700", "tmpfs"]).arg(dir.path()).status();
+        assert!(st.unwrap().success(), "cannot mount a tmpfs");
+        Tmpfs { dir }
+    }
+}
+
+impl Drop for Tmpfs {
+    fn drop(&mut self) {
+        let _ = Command::new("umount").arg("-l").arg(self.dir.path()).status();
+    }
+}
+
+/// The volume and everything the test checks.
+struct Scene {
+    vol: Volume,
+    tree: PathBuf,
+    user: PathBuf,
+    /// The directory the symlink points to.
+    outside: PathBuf,
+    /// Two copies of the same data, root-owned, in the tree: must be shared.
+    legit: [PathBuf; 2],
+    _tmpfs: Option<Tmpfs>,
+}
+
+fn write_set(dir: &Path, size: usize, d_size: usize, seed: u64) {
+    std::fs::create_dir_all(dir.join("d")).unwrap();
+    // Every file of a set holds the same data: a run that reaches them
+    // plans to share them with each other.
+    let data = Rng::new(seed).bytes(size.max(d_size));
+    for i in 0..FILES {
+        std::fs::write(dir.join(format!("f{i:03}")), &data[..size]).unwrap();
+        std::fs::write(dir.join(format!("d/g{i:03}")), &data[..d_size]).unwrap();
+    }
+}
+
+fn chown_r(p: &Path) {
+    let st = Command::new("chown").args(["-R", &format!("{NOBODY}:{NOBODY}")]).arg(p).status().unwrap();
+    assert!(st.success());
+}
+
+fn scene(fs: Fs, target: Target) -> Option<Scene> {
+    let vol = Volume::new(fs, 512)?;
+    // The attacker must reach its directory: the test volume's private
+    // parent directory becomes traversable.
+    std::fs::set_permissions(vol.mnt.parent().unwrap(), std::fs::Permissions::from_mode(0o711)).unwrap();
+    let tree = vol.path("tree");
+    let legit = [tree.join("a/x"), tree.join("b/x")];
+    let data = Rng::new(1).bytes(2 << 20);
+    for p in &legit {
+        std::fs::create_dir_all(p.parent().unwrap()).unwrap();
+        std::fs::write(p, &data).unwrap();
+    }
+    let user = tree.join("user");
+    write_set(&user.join("sub"), SUB_SIZE, SUB_D_SIZE, 2);
+    chown_r(&user);
+    // `private` is root-only and marked `.nodedup`: nothing below it may
+    // be read by the user, or shared by anyone.
+    let (private, tmpfs) = match target {
+        Target::SameVolume => (vol.path("private"), None),
+        Target::OtherFs => {
+            let t = Tmpfs::new();
+            (t.dir.path().join("private"), Some(t))
+        }
+    };
+    let outside = private.join("outside");
+    write_set(&outside, OUTSIDE_SIZE, OUTSIDE_SIZE, 3);
+    std::fs::write(private.join(".nodedup"), b"").unwrap();
+    for d in [&private, &outside] {
+        std::fs::set_permissions(d, std::fs::Permissions::from_mode(0o700)).unwrap();
+    }
+    // Settle the data on disk, so FIEMAP shows the extents.
+    Command::new("sync").status().unwrap();
+    Some(Scene { vol, tree, user, outside, legit, _tmpfs: tmpfs })
+}
+
+/// The attacker process, ready (its symlink made, its watch set).
+struct Attacker {
+    child: Child,
+    out: BufReader<ChildStdout>,
+}
+
+impl Attacker {
+    fn start(s: &Scene, target: Target, moment: Moment) -> Attacker {
+        let link = match target {
+            Target::SameVolume => PathBuf::from("../../private/outside"),
+            Target::OtherFs => s.outside.clone(),
+        };
+        let mut child = Command::new("setpriv")
+            .args([format!("--reuid={NOBODY}"), format!("--regid={NOBODY}"), "--clear-groups".into(), "--".into()])
+            .arg(std::env::current_exe().unwrap())
+            .args(["--exact", "attacker", "--ignored", "--nocapture", "--test-threads=1", "-q"])
+            .env("RACE_USER_DIR", &s.user)
+            .env("RACE_LINK", link)
+            .env("RACE_MOMENT", format!("{moment:?}"))
+            .stdout(Stdio::piped())
+            .spawn()
+            .expect("setpriv");
+        let mut out = BufReader::new(child.stdout.take().unwrap());
+        let mut line = String::new();
+        while !line.starts_with("ready") {
+            line.clear();
+            assert!(out.read_line(&mut line).unwrap() > 0, "the attacker died before it was ready");
+        }
+        Attacker { child, out }
+    }
+
+    /// Whether the swap happened; the attacker is gone afterwards.
+    fn swapped(mut self) -> bool {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        let mut rest = String::new();
+        let _ = std::io::Read::read_to_string(&mut self.out, &mut rest);
+        rest.lines().any(|l| l.starts_with("swapped"))
+    }
+}
+
+/// The attacker's side, run as a separate process (by [`Attacker::start`],
+/// as uid 65534): make the symlink, watch `sub`, swap at the moment.
+#[test]
+#[ignore = "the attacker process of the race tests; they start it"]
+fn attacker() {
+    use rustix::fs::inotify::{self, ReadFlags, WatchFlags};
+    let Ok(user) = std::env::var("RACE_USER_DIR") else { return };
+    let user = PathBuf::from(user);
+    let (sub, link) = (user.join("sub"), user.join("link"));
+    std::os::unix::fs::symlink(std::env::var("RACE_LINK").unwrap(), &link).unwrap();
+    let share = std::env::var("RACE_MOMENT").unwrap() == "Share";
+    let fd = inotify::init(inotify::CreateFlags::CLOEXEC).unwrap();
+    inotify::add_watch(&fd, &sub, WatchFlags::OPEN).unwrap();
+    println!("ready");
+    std::io::stdout().flush().unwrap();
+    let mut buf = [MaybeUninit::uninit(); 8192];
+    let mut reader = inotify::Reader::new(&fd, &mut buf);
+    let mut opened: HashSet<Vec<u8>> = HashSet::new();
+    loop {
+        let ev = reader.next().unwrap();
+        let go = match ev.file_name() {
+            // `sub` itself opened (the crawler is about to list it).
+            None => !share && ev.events().contains(ReadFlags::OPEN),
+            // A file of `sub` opened a second time: the hashing pool opens
+            // each once, so this is the share phase.
+            Some(name) if share && !ev.events().contains(ReadFlags::ISDIR) => !opened.insert(name.to_bytes().to_vec()),
+            Some(_) => false,
+        };
+        if go {
+            rustix::fs::renameat_with(rustix::fs::CWD, &sub, rustix::fs::CWD, &link, rustix::fs::RenameFlags::EXCHANGE)
+                .unwrap();
+            println!("swapped");
+            std::io::stdout().flush().unwrap();
+            return;
+        }
+    }
+}
+
+fn bin() -> PathBuf {
+    std::env::var_os("DEDUPSCAN_RACE_BIN")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| assert_cmd::cargo::cargo_bin("dedupscan"))
+}
+
+/// Run the binary with `args` under `strace -f -y`: (exit code, stdout,
+/// stderr, every traced open line).
+fn traced(vol: &Volume, name: &str, args: &[&std::ffi::OsStr]) -> (i32, Vec<u8>, String, Vec<String>) {
+    let trace = vol.db().with_extension(format!("{name}.trace"));
+    let out = Command::new("strace")
+        .args(["-f", "-qq", "-y", "-e", "trace=open,openat,openat2,creat", "-o"])
+        .arg(&trace)
+        .arg(bin())
+        .args(args)
+        .output()
+        .expect("strace (scripts/deps.sh installs it)");
+    let lines = std::fs::read_to_string(&trace).unwrap().lines().map(str::to_owned).collect();
+    if let Some(keep) = std::env::var_os("DEDUPSCAN_RACE_KEEP_TRACE") {
+        std::fs::copy(&trace, Path::new(&keep).join(format!("{name}.trace"))).unwrap();
+    }
+    (out.status.code().unwrap_or(-1), out.stdout, String::from_utf8_lossy(&out.stderr).into_owned(), lines)
+}
+
+/// Traced opens that name or resolved to anything under `outside` (at most
+/// 3, and how many in all).
+fn outside_opens(lines: &[String], outside: &Path) -> Vec<String> {
+    let needle = outside.display().to_string();
+    let bad: Vec<&String> = lines.iter().filter(|l| l.contains(&needle)).collect();
+    let mut out: Vec<String> = bad.iter().take(3).map(|l| l.to_string()).collect();
+    if !bad.is_empty() {
+        out.push(format!("({} opens in all)", bad.len()));
+    }
+    out
+}
+
+/// Inodes and sizes recorded in the database.
+fn recorded(db: &Path) -> Vec<(u64, u64)> {
+    let c = rusqlite::Connection::open_with_flags(db, rusqlite::OpenFlags::SQLITE_OPEN_READ_ONLY).unwrap();
+    let mut st = c.prepare("SELECT ino, size FROM files").unwrap();
+    let rows = st.query_map([], |r| Ok((r.get::<_, i64>(0)? as u64, r.get::<_, i64>(1)? as u64))).unwrap();
+    rows.map(Result::unwrap).collect()
+}
+
+fn outside_files(outside: &Path) -> Vec<PathBuf> {
+    (0..FILES).flat_map(|i| [outside.join(format!("f{i:03}")), outside.join(format!("d/g{i:03}"))]).collect()
+}
+
+fn race(fs: Fs, target: Target, moment: Moment) {
+    let Some(s) = scene(fs, target) else { return };
+    let outside_before = Snapshot::take(&s.outside);
+    let legit_before = Snapshot::take(&s.tree.join("a"));
+    let outside_inos: HashSet<u64> =
+        outside_files(&s.outside).iter().map(|p| std::fs::metadata(p).unwrap().ino()).collect();
+    let attacker = Attacker::start(&s, target, moment);
+    let db = s.vol.db();
+    let (code, stdout, stderr, lines) = traced(
+        &s.vol,
+        "run",
+        &[s.tree.as_os_str(), "--json".as_ref(), "--progress=never".as_ref(), "--db".as_ref(), db.as_os_str()],
+    );
+    assert!(
+        attacker.swapped(),
+        "the attacker never swapped {}/sub: the race did not happen\n{stderr}",
+        s.user.display()
+    );
+    let r: serde_json::Value =
+        serde_json::from_slice(&stdout).unwrap_or_else(|e| panic!("no JSON report ({e}), exit {code}: {stderr}"));
+    validate_report(&r);
+    // Every broken promise is listed, not only the first.
+    let mut broken: Vec<String> = Vec::new();
+    let mut check = |ok: bool, what: String| {
+        if !ok {
+            broken.push(what);
+        }
+    };
+    let opened = outside_opens(&lines, &s.outside);
+    check(opened.is_empty(), format!("the run opened files outside the tree, e.g.:\n  {}", opened.join("\n  ")));
+
+    // Nothing from outside in the database.
+    let rows = recorded(&db);
+    let n = rows.iter().filter(|&&(_, size)| size == OUTSIDE_SIZE as u64).count();
+    check(n == 0, format!("{n} outside files recorded in the database"));
+    if target == Target::SameVolume {
+        let n = rows.iter().filter(|(ino, _)| outside_inos.contains(ino)).count();
+        check(n == 0, format!("{n} outside inodes recorded in the database"));
+    }
+    // Nothing outside shared or changed; the nodedup marker held.
+    check(outside_before == Snapshot::take(&s.outside), "outside data changed".into());
+    if target == Target::SameVolume {
+        let n = outside_files(&s.outside).iter().filter(|p| shared_bytes(p) > 0).count();
+        check(n == 0, format!("{n} outside files (below a .nodedup marker) shared"));
+    }
+    // The legitimate tree was still shared, and is intact.
+    check(legit_before == Snapshot::take(&s.tree.join("a")), "the legitimate files changed".into());
+    check(
+        same_physical(&s.legit[0], 0, &s.legit[1], 0, 2 << 20),
+        format!("the legitimate copies were not shared (freed {})", r["freed_bytes"]),
+    );
+    check(r["freed_bytes"].as_i64().unwrap() > 0, format!("nothing freed: {}", r["freed_bytes"]));
+    check(r["sharing_refused"].is_null(), format!("sharing stopped for the whole tree: {}", r["sharing_refused"]));
+    // Exit codes: files of `sub` the hashers reached after the swap are
+    // skipped (`vanished`), exit 0; in the crawl race some may have been
+    // hashed before it (the attacker is a separate process, it may be
+    // scheduled late), and in the share race all were: those are then
+    // unreachable at share time, per-path errors (`vanished`), exit 1.
+    let kinds: Vec<&String> = r["error_kinds"].as_object().map(|o| o.keys().collect()).unwrap_or_default();
+    check(kinds.iter().all(|k| *k == "vanished"), format!("errors other than vanished: {}", r["error_kinds"]));
+    let ok = match moment {
+        Moment::Crawl => code == 0 || (code == 1 && !kinds.is_empty()),
+        Moment::Share => code == 1,
+    };
+    check(ok, format!("exit code {code} (errors {})", r["error_kinds"]));
+
+    if moment == Moment::Share {
+        // `report` opens every recorded file again, through the swapped path.
+        let (code, _, stderr, lines) =
+            traced(&s.vol, "report", &["report".as_ref(), "--json".as_ref(), "--db".as_ref(), db.as_os_str()]);
+        check(code == 0, format!("report exited {code}: {stderr}"));
+        let opened = outside_opens(&lines, &s.outside);
+        check(opened.is_empty(), format!("report opened files outside the tree, e.g.:\n  {}", opened.join("\n  ")));
+    }
+    assert!(broken.is_empty(), "{fs:?}, {target:?}, {moment:?}:\n- {}\n{stderr}", broken.join("\n- "));
+}
+
+#[test]
+fn btrfs_crawl_race_into_a_root_only_directory() {
+    race(Fs::Btrfs, Target::SameVolume, Moment::Crawl);
+}
+
+#[test]
+fn xfs_crawl_race_into_a_root_only_directory() {
+    race(Fs::Xfs, Target::SameVolume, Moment::Crawl);
+}
+
+#[test]
+fn btrfs_crawl_race_into_another_filesystem() {
+    race(Fs::Btrfs, Target::OtherFs, Moment::Crawl);
+}
+
+#[test]
+fn xfs_crawl_race_into_another_filesystem() {
+    race(Fs::Xfs, Target::OtherFs, Moment::Crawl);
+}
+
+#[test]
+fn btrfs_share_race_into_a_root_only_directory() {
+    race(Fs::Btrfs, Target::SameVolume, Moment::Share);
+}
+
+#[test]
+fn xfs_share_race_into_a_root_only_directory() {
+    race(Fs::Xfs, Target::SameVolume, Moment::Share);
+}
+
+#[test]
+fn btrfs_share_race_into_another_filesystem() {
+    race(Fs::Btrfs, Target::OtherFs, Moment::Share);
+}
+
+#[test]
+fn xfs_share_race_into_another_filesystem() {
+    race(Fs::Xfs, Target::OtherFs, Moment::Share);
+}
+
+/// One destination the kernel refuses (here `EXDEV`: it lies on another
+/// filesystem, which only a plan built by hand can name now that opens stay
+/// below the starting paths) is counted against that destination; the other
+/// destinations of the same request are still shared. On a filesystem that
+/// cannot share at all (XFS without reflink) the probe stops the phase.
+fn refused_destination(fs: Fs) {
+    use dedupscan::dedupe::{execute_with_workers, Mode};
+    use dedupscan::plan::{Plan, Range};
+    use dedupscan::sys::beneath::Tree;
+    use dedupscan::types::FileId;
+    use dedupscan::walk::Candidate;
+    let Some(vol) = Volume::new(fs, 512) else { return };
+    let tmp = Tmpfs::new();
+    let dir = vol.path("d");
+    std::fs::create_dir(&dir).unwrap();
+    let data = Rng::new(9).bytes(1 << 20);
+    let paths = [dir.join("a"), tmp.dir.path().join("foreign"), dir.join("b")];
+    let mut files = std::collections::HashMap::new();
+    for (i, p) in paths.iter().enumerate() {
+        std::fs::write(p, &data).unwrap();
+        files.insert(FileId(i as i64 + 1), Candidate::from_metadata(p.clone(), &std::fs::metadata(p).unwrap()));
+    }
+    let before = Snapshot::take(&dir);
+    let range = |dest| Range { src: FileId(1), src_off: 0, len: 1 << 20, dest: FileId(dest), dest_off: 0 };
+    // The foreign destination first, in the same request as `b`.
+    let plan = Plan { ranges: vec![range(2), range(3)] };
+    let tree = Tree::open(&[dir.clone(), tmp.dir.path().to_owned()]).unwrap();
+    let stop = std::sync::atomic::AtomicBool::new(false);
+    let out =
+        execute_with_workers(&plan, &files, &tree, 4096, Mode::Share, None, &dedupscan::progress::Silent, &stop, 1);
+    before.assert_same(&Snapshot::take(&dir));
+    if fs == Fs::XfsNoReflink {
+        assert!(out.refused.is_some(), "{out:?}");
+        assert!(!same_physical(&paths[0], 0, &paths[2], 0, 1 << 20));
+        return;
+    }
+    assert!(out.refused.is_none(), "one refused destination stopped sharing: {out:?}");
+    assert_eq!(out.status.errors.get("EXDEV"), Some(&1), "{out:?}");
+    assert_eq!(out.deduped_bytes, 1 << 20, "{out:?}");
+    assert!(same_physical(&paths[0], 0, &paths[2], 0, 1 << 20), "{out:?}");
+}
+
+#[test]
+fn btrfs_one_refused_destination_does_not_stop_sharing() {
+    refused_destination(Fs::Btrfs);
+}
+
+#[test]
+fn xfs_one_refused_destination_does_not_stop_sharing() {
+    refused_destination(Fs::Xfs);
+}
+
+#[test]
+fn xfs_without_reflink_still_stops_at_the_first_refusal() {
+    refused_destination(Fs::XfsNoReflink);
+}
