@@ -376,9 +376,8 @@ fn hash_all(
                     return;
                 }
                 let key = (cand.dev, cand.ino);
-                let hashed = READ_BUF.with_borrow_mut(|buf| {
-                    hash_one(&cand, tree, policy, fs_kind, cfg.block_size, cfg.drop_cache, cache.as_ref(), buf)
-                });
+                let hashed =
+                    READ_BUF.with_borrow_mut(|buf| hash_one(&cand, tree, policy, fs_kind, cfg, cache.as_ref(), buf));
                 match hashed {
                     Ok((now, h)) => {
                         stats.files.fetch_add(1, Ordering::Relaxed);
@@ -451,8 +450,7 @@ fn hash_one(
     tree: &Tree,
     policy: &Policy,
     fs: FsKind,
-    block_size: u64,
-    drop_cache: bool,
+    cfg: &Config,
     cache: Option<&hash::ExtentCache>,
     buf: &mut Vec<u8>,
 ) -> Result<(Candidate, hash::FileHash), HashFail> {
@@ -475,7 +473,7 @@ fn hash_one(
     if now.size == 0 {
         return Err(HashFail::Skip(SkipReason::Empty));
     }
-    let h = match hash::hash_file_with(&file, now.size, block_size, buf, drop_cache, cache) {
+    let h = match hash::hash_file_with(&file, now.size, cfg.block_size, buf, cfg.drop_cache, cache) {
         Ok(h) => h,
         Err(e) if e.kind() == std::io::ErrorKind::UnexpectedEof => {
             return Err(HashFail::Skip(SkipReason::ChangedDuringScan))

@@ -119,7 +119,7 @@ fn backticks_to_bold(page: &str) -> String {
     let mut out = String::with_capacity(page.len());
     for line in page.split_inclusive('\n') {
         let parts: Vec<&str> = line.split('`').collect();
-        if parts.len() % 2 == 0 {
+        if parts.len().is_multiple_of(2) {
             out.push_str(line); // unbalanced: leave as is
             continue;
         }
