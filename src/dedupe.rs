@@ -338,6 +338,8 @@ struct Executor<'a> {
     mode: Mode,
     progress: &'a dyn Progress,
     out: Outcome,
+    /// `st_dev` → volume key, for the identity check of opened files.
+    keys: sys::SubvolIds,
     buf_a: Vec<u8>,
     buf_b: Vec<u8>,
 }
@@ -363,6 +365,7 @@ impl<'a> Executor<'a> {
             mode: sh.mode,
             progress: sh.progress,
             out: Outcome::default(),
+            keys: sys::SubvolIds::new(),
             buf_a: vec![0; 1 << 20],
             buf_b: vec![0; 1 << 20],
         }
@@ -419,7 +422,9 @@ impl<'a> Executor<'a> {
         let res = sys::open_readonly(&c.path).and_then(|f| Ok((f.metadata()?, f)));
         match res {
             Ok((m, f)) => {
-                let now = Candidate::from_metadata(c.path.clone(), &m);
+                use std::os::unix::fs::MetadataExt;
+                let key = self.keys.id_for(m.dev(), &f);
+                let now = Candidate { dev: key, ..Candidate::from_metadata(c.path.clone(), &m) };
                 if now != *c || !m.is_file() {
                     if locked(&self.sh.bad).insert(id) {
                         self.progress.warn(&format!(

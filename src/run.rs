@@ -185,9 +185,12 @@ struct Classifier<'a> {
     cfg: &'a Config,
     policy: &'a Policy,
     index: &'a HashMap<(u64, u64), Known>,
-    /// Known files seen by this crawl: `(dev, ino)` → id. Paths live once,
-    /// in the queue being hashed or in the database.
+    /// Known files seen by this crawl: `(volume key, ino)` → id. Paths live
+    /// once, in the queue being hashed or in the database.
     ids: HashMap<(u64, u64), FileId>,
+    /// `st_dev` → volume key (btrfs subvolume id): files are known by
+    /// subvolume and inode, which survive a remount; `st_dev` does not.
+    keys: sys::SubvolIds,
     files: u64,
     logical_bytes: u64,
     unchanged: u64,
@@ -204,6 +207,7 @@ impl<'a> Classifier<'a> {
             policy,
             index,
             ids: HashMap::new(),
+            keys: sys::SubvolIds::new(),
             files: 0,
             logical_bytes: 0,
             unchanged: 0,
@@ -215,7 +219,9 @@ impl<'a> Classifier<'a> {
 
     /// Sort one crawled file: known and unchanged (a move is recorded
     /// through `writes`), or to be hashed (returned).
-    fn sort(&mut self, c: Candidate, writes: &SyncSender<WriteOp>) -> Option<(Candidate, Option<FileId>)> {
+    fn sort(&mut self, mut c: Candidate, writes: &SyncSender<WriteOp>) -> Option<(Candidate, Option<FileId>)> {
+        // From here on a candidate's `dev` is its volume key.
+        c.dev = self.keys.id_for_path(c.dev, &c.path);
         let known = self.index.get(&(c.dev, c.ino));
         if let Some(k) = known {
             self.ids.insert((c.dev, c.ino), k.id);
@@ -260,7 +266,7 @@ impl<'a> Classifier<'a> {
 struct HashTally {
     skipped: HashMap<SkipReason, u64>,
     errors: HashMap<&'static str, u64>,
-    /// (dev, ino) of files that could not be hashed this run.
+    /// (volume key, ino) of files that could not be hashed this run.
     failed: HashSet<(u64, u64)>,
 }
 
@@ -351,6 +357,8 @@ fn hash_all(
 thread_local! {
     /// Each hashing thread's read buffer ([`hash::CHUNK`] bytes once grown).
     static READ_BUF: std::cell::RefCell<Vec<u8>> = const { std::cell::RefCell::new(Vec::new()) };
+    /// Each hashing thread's `st_dev` → volume key cache.
+    static VOL_KEYS: std::cell::RefCell<sys::SubvolIds> = std::cell::RefCell::new(sys::SubvolIds::new());
 }
 
 enum HashFail {
@@ -373,13 +381,14 @@ fn hash_one(
         _ => HashFail::Error("open", e),
     })?;
     let before = file.metadata().map_err(|e| HashFail::Error("stat", e))?;
-    if !before.is_file() || before.ino() != c.ino || before.dev() != c.dev {
+    let key = VOL_KEYS.with_borrow_mut(|k| k.id_for(before.dev(), &file));
+    if !before.is_file() || before.ino() != c.ino || key != c.dev {
         return Err(HashFail::Skip(SkipReason::Vanished));
     }
     use std::os::fd::AsFd;
     let flags = sys::inode_flags(file.as_fd(), fs).map_err(|e| HashFail::Error("flags", e.into()))?;
     Policy::check_flags(flags).map_err(HashFail::Skip)?;
-    let now = Candidate::from_metadata(c.path.clone(), &before);
+    let now = Candidate { dev: key, ..Candidate::from_metadata(c.path.clone(), &before) };
     if now.size == 0 {
         return Err(HashFail::Skip(SkipReason::Empty));
     }
@@ -391,7 +400,7 @@ fn hash_one(
         Err(e) => return Err(HashFail::Error("read", e)),
     };
     let after = file.metadata().map_err(|e| HashFail::Error("stat", e))?;
-    if Candidate::from_metadata(c.path.clone(), &after) != now {
+    if (Candidate { dev: key, ..Candidate::from_metadata(c.path.clone(), &after) }) != now {
         return Err(HashFail::Skip(SkipReason::ChangedDuringScan));
     }
     Ok((now, h))
@@ -401,7 +410,7 @@ fn hash_one(
 struct Scanned<'a> {
     /// Which run hashed each file known before this run (incremental runs).
     hashed_runs: &'a [(FileId, i64)],
-    /// Files seen by this run: `(dev, ino)` → id.
+    /// Files seen by this run: `(volume key, ino)` → id.
     ids: &'a HashMap<(u64, u64), FileId>,
     /// Files hashed by this run.
     hashed: &'a [FileId],
