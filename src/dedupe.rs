@@ -77,6 +77,38 @@ pub struct Outcome {
     pub errors: BTreeMap<String, u64>,
     /// Set when sharing was stopped because the filesystem refuses it.
     pub refused: Option<String>,
+    /// Destinations left for a later run because the filesystem was out of
+    /// space (ENOSPC, EDQUOT), with why and the bytes planned into them:
+    /// the run records them in the database and the next run, incremental
+    /// or not, plans them again.
+    pub pending: BTreeMap<FileId, (Pending, u64)>,
+}
+
+/// Why a destination was left for a later run.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub enum Pending {
+    /// No room to rewrite the remainders of its partly covered extents
+    /// (btrfs bookends). Its ranges are then not shared either: with the
+    /// remainder still in the old extent, sharing the rest frees nothing,
+    /// and afterwards nothing would show that the extent is pinned.
+    NoSpaceRewrite,
+    /// The kernel answered ENOSPC or EDQUOT to sharing into it.
+    NoSpaceShare,
+}
+
+impl Pending {
+    /// Name in the database and in reports.
+    pub fn name(self) -> &'static str {
+        match self {
+            Pending::NoSpaceRewrite => "no_space_rewrite",
+            Pending::NoSpaceShare => "no_space_share",
+        }
+    }
+}
+
+/// Out of space or quota: worth retrying once there is room.
+fn no_space(e: Errno) -> bool {
+    matches!(e, Errno::ENOSPC | Errno::EDQUOT)
 }
 
 /// A range's block addresses (see [`physical_map`]), and whether any of its
@@ -179,6 +211,7 @@ pub fn execute_with_workers(
         bad: Mutex::new(HashSet::new()),
         inline: Mutex::new(HashSet::new()),
         refused: AtomicBool::new(false),
+        deferred: Mutex::new(HashSet::new()),
     };
     let mut out = Outcome::default();
     if let Some(b) = bookends {
@@ -304,6 +337,11 @@ impl Outcome {
         if self.refused.is_none() {
             self.refused = o.refused;
         }
+        for (id, (why, bytes)) in o.pending {
+            let e = self.pending.entry(id).or_insert((why, 0));
+            e.0 = e.0.min(why);
+            e.1 += bytes;
+        }
     }
 }
 
@@ -322,6 +360,9 @@ struct Shared<'a> {
     inline: Mutex<HashSet<FileId>>,
     /// The filesystem refuses to share: every worker stops.
     refused: AtomicBool,
+    /// Destinations whose bookends could not be rewritten for lack of
+    /// space: left whole for a later run (see [`Pending::NoSpaceRewrite`]).
+    deferred: Mutex<HashSet<FileId>>,
 }
 
 /// A set behind a mutex; a worker that panicked holding it cannot have left
@@ -476,6 +517,9 @@ impl<'a> Executor<'a> {
             let mut whole: Vec<Dest> = Vec::new();
             let mut partial: Vec<Dest> = Vec::new();
             for d in batch {
+                if locked(&self.sh.deferred).contains(&d.dest) {
+                    continue;
+                }
                 let Some(file) = self.open(d.dest) else { continue };
                 let Some(dst) = self.map(file.as_fd(), d.dest, d.dest_off, d.len) else { continue };
                 let parts = if dst.shared {
@@ -557,8 +601,18 @@ impl<'a> Executor<'a> {
             Mode::Share => {
                 if let Err(e) = self.rewrite(&file, size, &pieces, &b.tmp_dir) {
                     let path = display_path(&self.files[&id].path);
-                    self.progress.warn(&format!("{path}: cannot rewrite partly shared extents: {e}"));
-                    *self.out.errors.entry("rewrite".to_owned()).or_default() += 1;
+                    if e.raw_os_error().is_some_and(|n| no_space(Errno::from_raw(n))) {
+                        locked(&self.sh.deferred).insert(id);
+                        let bytes = covered.iter().map(|c| c.1).sum();
+                        self.out.pending.insert(id, (Pending::NoSpaceRewrite, bytes));
+                        self.progress.warn(&format!(
+                            "{path}: no space to rewrite partly shared extents ({e}); not shared now, retried by the next run"
+                        ));
+                        *self.out.errors.entry("no_space".to_owned()).or_default() += 1;
+                    } else {
+                        self.progress.warn(&format!("{path}: cannot rewrite partly shared extents: {e}"));
+                        *self.out.errors.entry("rewrite".to_owned()).or_default() += 1;
+                    }
                 }
             }
         }
@@ -590,6 +644,10 @@ impl<'a> Executor<'a> {
                     DestResult { status: DedupeStatus::Same, bytes_deduped } if bytes_deduped > 0 => {
                         self.out.rewritten_bytes += bytes_deduped;
                         pos += bytes_deduped;
+                    }
+                    // Out of space: the caller leaves the file for later.
+                    DestResult { status: DedupeStatus::Error(e), .. } if no_space(e) => {
+                        return Err(std::io::Error::from(e));
                     }
                     // Changed meanwhile, or refused: the file keeps its old extent.
                     _ => break,
@@ -675,6 +733,9 @@ impl<'a> Executor<'a> {
                         }
                         Ok(results) => {
                             for (res, &k) in results.iter().zip(&idx) {
+                                if matches!(res.status, DedupeStatus::Error(e) if no_space(e)) {
+                                    self.pend(dests[k].id, Pending::NoSpaceShare, len - done);
+                                }
                                 if !self.record(dests[k].id, res.status, res.bytes_deduped) {
                                     alive[k] = false;
                                 } else if res.bytes_deduped < chunk {
@@ -692,6 +753,9 @@ impl<'a> Executor<'a> {
                         }
                         Err(e) => {
                             for &k in &idx {
+                                if no_space(e) {
+                                    self.pend(dests[k].id, Pending::NoSpaceShare, len - done);
+                                }
                                 self.dest_error(
                                     dests[k].id,
                                     e.desc(),
@@ -718,16 +782,29 @@ impl<'a> Executor<'a> {
                     got += r[0].bytes_deduped;
                 }
                 Ok(r) => {
+                    if matches!(r[0].status, DedupeStatus::Error(e) if no_space(e)) {
+                        self.pend(d.id, Pending::NoSpaceShare, chunk - got);
+                    }
                     self.record(d.id, r[0].status, 0);
                     return false;
                 }
                 Err(e) => {
+                    if no_space(e) {
+                        self.pend(d.id, Pending::NoSpaceShare, chunk - got);
+                    }
                     self.dest_error(d.id, e.desc(), "short");
                     return false;
                 }
             }
         }
         true
+    }
+
+    /// Leave `bytes` planned into destination `id` for a later run.
+    fn pend(&mut self, id: FileId, why: Pending, bytes: u64) {
+        let e = self.out.pending.entry(id).or_insert((why, 0));
+        e.0 = e.0.min(why);
+        e.1 += bytes;
     }
 
     /// Count one destination's status; false when it must not be used again.

@@ -74,6 +74,10 @@ pub struct DbSummary {
     pub largest_remaining_groups: Vec<RemainingGroup>,
     /// Directories holding the most unshared duplicate bytes.
     pub top_directories: Vec<RemainingDir>,
+    /// Duplicate bytes left for a later run for lack of space, by reason
+    /// (see [`crate::dedupe::Pending`]).
+    pub pending: std::collections::BTreeMap<String, crate::report::PendingWork>,
+    pub pending_bytes: u64,
     /// Sum over runs of bytes freed, as measured by statfs.
     pub freed_bytes_total: i64,
     pub runs: Vec<RunEntry>,
@@ -106,6 +110,16 @@ pub fn summarize(path: &Path) -> Result<DbSummary> {
         })?
         .collect::<rusqlite::Result<Vec<_>>>()?;
     let freed = runs.iter().filter_map(|r| r.report.as_ref()?.get("freed_bytes")?.as_i64()).sum();
+    // A database from before schema v5 has no pending table: nothing pending.
+    let mut pending: std::collections::BTreeMap<String, crate::report::PendingWork> = Default::default();
+    if let Ok(mut st) = conn.prepare("SELECT reason, count(*), sum(bytes) FROM pending GROUP BY reason") {
+        let rows = st.query_map([], |r| Ok((r.get::<_, String>(0)?, r.get::<_, i64>(1)?, r.get::<_, i64>(2)?)))?;
+        for row in rows {
+            let (why, files, bytes) = row?;
+            pending.insert(why, crate::report::PendingWork { files: files as u64, bytes: bytes as u64 });
+        }
+    }
+    let pending_bytes = pending.values().map(|w| w.bytes).sum();
     Ok(DbSummary {
         database: display_path(path),
         filesystem_uuid: meta("filesystem"),
@@ -121,6 +135,8 @@ pub fn summarize(path: &Path) -> Result<DbSummary> {
         logical_bytes: logical as u64,
         whole_file_duplicate_files: live.whole_dup_files,
         whole_file_duplicate_bytes: live.whole_dup_bytes,
+        pending,
+        pending_bytes,
         freed_bytes_total: freed,
         runs,
     })
@@ -237,6 +253,15 @@ impl DbSummary {
             human(self.freed_bytes_total.max(0) as u64),
             self.runs.len()
         );
+        if self.pending_bytes > 0 {
+            let list: Vec<String> =
+                self.pending.iter().map(|(k, w)| format!("{k}: {} in {} files", human(w.bytes), w.files)).collect();
+            s.push_str(&format!(
+                "  pending: {} left for the next run ({})\n",
+                human(self.pending_bytes),
+                list.join(", ")
+            ));
+        }
         for g in &self.largest_remaining_groups {
             s.push_str(&format!(
                 "  unshared {} in {} copies of {}\n",

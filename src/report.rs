@@ -38,6 +38,15 @@ pub struct DedupeStatuses {
     pub errors: BTreeMap<String, u64>,
 }
 
+/// Work left for a later run, for one reason.
+#[derive(Debug, Default, Clone, Serialize)]
+pub struct PendingWork {
+    /// Destination files.
+    pub files: u64,
+    /// Duplicate bytes planned into them.
+    pub bytes: u64,
+}
+
 /// Everything one run did.
 #[derive(Debug, Default, Clone, Serialize)]
 pub struct Report {
@@ -85,6 +94,12 @@ pub struct Report {
     pub errors: u64,
     /// The same problems by kind.
     pub error_kinds: BTreeMap<String, u64>,
+    /// Duplicate bytes left for a later run after this one, by reason
+    /// (`no_space_rewrite`, `no_space_share`): the next run, incremental
+    /// or not, tries them again.
+    pub pending: BTreeMap<String, PendingWork>,
+    /// Sum of `pending` bytes.
+    pub pending_bytes: u64,
     /// Why sharing was not attempted, when it was not (e.g. unsupported filesystem).
     pub sharing_refused: Option<String>,
     /// Whether the run stopped before the end (signal or time budget).
@@ -151,6 +166,11 @@ impl Report {
         }
         if let Some(why) = &self.sharing_refused {
             let _ = writeln!(s, "  sharing refused: {why}");
+        }
+        if self.pending_bytes > 0 {
+            let list: Vec<String> =
+                self.pending.iter().map(|(k, w)| format!("{k}: {} in {} files", human(w.bytes), w.files)).collect();
+            let _ = writeln!(s, "  pending: {} left for the next run ({})", human(self.pending_bytes), list.join(", "));
         }
         if !self.skipped.is_empty() {
             let list: Vec<String> = self.skipped.iter().map(|(k, v)| format!("{k} {v}")).collect();

@@ -149,7 +149,7 @@ pub fn run(cfg: &Config, progress: &dyn Progress, stop: &AtomicBool) -> Result<R
 
     if cfg.action == Action::Run && !report.interrupted {
         let scanned = Scanned { hashed_runs: &hashed_runs, ids: &ids, hashed: &written.hashed, failed: &failed };
-        share(cfg, &db, &fs, &scanned, &mut report, progress, stop)?;
+        share(cfg, &db, run_id, &fs, &scanned, &mut report, progress, stop)?;
         let complete = !cfg.dry_run && !report.interrupted && report.sharing_refused.is_none();
         if complete {
             db.set_meta(LAST_SHARE_RUN, &run_id.to_string())?;
@@ -419,9 +419,11 @@ struct Scanned<'a> {
 }
 
 /// Phases 3 and 4: plan from the database, then share or verify.
+#[allow(clippy::too_many_arguments)]
 fn share(
     cfg: &Config,
     db: &Db,
+    run_id: i64,
     fs: &sys::FsInfo,
     scanned: &Scanned,
     report: &mut Report,
@@ -436,10 +438,15 @@ fn share(
     // Incremental: everything hashed before the last complete sharing run
     // was matched then; plan only the groups that hold a newer file.
     let last_share: Option<i64> = db.meta(LAST_SHARE_RUN)?.and_then(|v| v.parse().ok());
+    // Destinations an earlier run could not finish for lack of space are
+    // planned again, even when nothing changed.
+    let pending = db.pending()?;
+    pending_into(report, &pending);
     let fresh = match (cfg.incremental, last_share) {
         (true, Some(last)) => Some(
             (scanned.hashed_runs.iter().filter(|(_, run)| *run > last).map(|(id, _)| *id))
                 .chain(scanned.hashed.iter().copied())
+                .chain(pending.iter().map(|p| p.0))
                 .filter(|id| allowed.contains(id))
                 .collect::<HashSet<_>>(),
         ),
@@ -497,6 +504,15 @@ fn share(
         max_ratio: cfg.rewrite_ratio,
     });
     let out = dedupe::execute(&plan, &files, cfg.block_size, mode, bookends.as_ref(), progress, stop);
+    if mode == Mode::Share {
+        // A stopped run may not have reached every destination: it only
+        // adds to what is pending.
+        let handled: HashSet<FileId> =
+            if stop.load(Ordering::Relaxed) { HashSet::new() } else { plan.ranges.iter().map(|r| r.dest).collect() };
+        let now: Vec<(FileId, &str, u64)> = out.pending.iter().map(|(id, (why, b))| (*id, why.name(), *b)).collect();
+        db.save_pending(&handled, &now, run_id)?;
+        pending_into(report, &db.pending()?);
+    }
     if let Some(before) = before {
         report.freed_bytes = free_bytes(root)? as i64 - before as i64;
     }
@@ -528,6 +544,18 @@ fn share(
         if cfg.dry_run { "verified duplicate" } else { "shared" }
     ));
     Ok(())
+}
+
+/// Put the pending work (database rows) into the report, by reason.
+fn pending_into(report: &mut Report, rows: &[(FileId, String, u64)]) {
+    report.pending.clear();
+    report.pending_bytes = 0;
+    for (_, why, bytes) in rows {
+        let w = report.pending.entry(why.clone()).or_default();
+        w.files += 1;
+        w.bytes += bytes;
+        report.pending_bytes += bytes;
+    }
 }
 
 /// Free bytes on the filesystem of `path`, after flushing it so that
