@@ -8,10 +8,12 @@
 --    directories on the mounted volume; a st_dev it cannot prove is marked
 --    (top bit set) so its files are hashed again rather than mistaken.
 --  * pending: destinations whose sharing failed for lack of space (ENOSPC,
---    EDQUOT), so the next run, incremental or not, plans them again.
+--    EDQUOT) or was not attempted because a file outside the run (a
+--    read-only snapshot) keeps their extents, so the next run, incremental
+--    or not, plans them again.
 CREATE TABLE pending (
     file_id INTEGER PRIMARY KEY,   -- files.id of the destination
-    reason  TEXT    NOT NULL,      -- e.g. 'no_space_rewrite', 'no_space_share'
+    reason  TEXT    NOT NULL,      -- no_space_rewrite, no_space_share, referenced_outside_run
     bytes   INTEGER NOT NULL,      -- bytes planned into it that were not shared
     run     INTEGER NOT NULL       -- runs.id that left it pending
 );

@@ -94,6 +94,11 @@ pub enum Pending {
     NoSpaceRewrite,
     /// The kernel answered ENOSPC or EDQUOT to sharing into it.
     NoSpaceShare,
+    /// Its extents there are also referenced by files outside the plan
+    /// (a read-only snapshot, an excluded file): sharing could free
+    /// nothing and would only add metadata. Planned again by every run, so
+    /// it is shared once the snapshot is gone.
+    Pinned,
 }
 
 impl Pending {
@@ -102,6 +107,7 @@ impl Pending {
         match self {
             Pending::NoSpaceRewrite => "no_space_rewrite",
             Pending::NoSpaceShare => "no_space_share",
+            Pending::Pinned => "referenced_outside_run",
         }
     }
 }
@@ -116,6 +122,7 @@ fn no_space(e: Errno) -> bool {
 struct Mapped {
     blocks: Vec<Option<u64>>,
     shared: bool,
+    extents: Vec<sys::Extent>,
 }
 
 /// One destination of a source range, maybe split into the sub-ranges that
@@ -212,6 +219,7 @@ pub fn execute_with_workers(
         inline: Mutex::new(HashSet::new()),
         refused: AtomicBool::new(false),
         deferred: Mutex::new(HashSet::new()),
+        in_plan: files.values().map(|c| (c.dev, c.ino)).collect(),
     };
     let mut out = Outcome::default();
     if let Some(b) = bookends {
@@ -363,6 +371,9 @@ struct Shared<'a> {
     /// Destinations whose bookends could not be rewritten for lack of
     /// space: left whole for a later run (see [`Pending::NoSpaceRewrite`]).
     deferred: Mutex<HashSet<FileId>>,
+    /// `(volume key, inode)` of every file in the plan: an extent
+    /// referenced by anything else cannot be freed by this run.
+    in_plan: HashSet<(u64, u64)>,
 }
 
 /// A set behind a mutex; a worker that panicked holding it cannot have left
@@ -381,6 +392,12 @@ struct Executor<'a> {
     out: Outcome,
     /// `st_dev` → volume key, for the identity check of opened files.
     keys: sys::SubvolIds,
+    /// Whether the extent at a FIEMAP address is referenced by a file
+    /// outside the plan (`None`: cannot tell on this filesystem).
+    pinned: HashMap<u64, bool>,
+    /// The filesystem cannot list an extent's owners (not btrfs, no
+    /// CAP_SYS_ADMIN): stop asking.
+    no_owners: bool,
     buf_a: Vec<u8>,
     buf_b: Vec<u8>,
 }
@@ -407,6 +424,8 @@ impl<'a> Executor<'a> {
             progress: sh.progress,
             out: Outcome::default(),
             keys: sys::SubvolIds::new(),
+            pinned: HashMap::new(),
+            no_owners: false,
             buf_a: vec![0; 1 << 20],
             buf_b: vec![0; 1 << 20],
         }
@@ -530,6 +549,7 @@ impl<'a> Executor<'a> {
                 };
                 let unshared: u64 = parts.iter().map(|p| p.1).sum();
                 self.out.already_shared_bytes += r.len - unshared;
+                let parts = if dst.shared { self.drop_pinned(file.as_fd(), d, &dst.extents, parts) } else { parts };
                 if parts.is_empty() {
                     continue;
                 }
@@ -550,6 +570,71 @@ impl<'a> Executor<'a> {
                 }
             }
         }
+    }
+
+    /// The parts (relative to `d.dest_off`) of a destination range that lie
+    /// in extents nothing outside the plan references. A shared extent of
+    /// the destination that a file outside the plan (a read-only snapshot,
+    /// an excluded file) also references stays allocated whatever this run
+    /// does: sharing into it would free nothing and grow metadata. Such
+    /// parts are dropped and the destination counted pending
+    /// ([`Pending::Pinned`]), so a later run shares it once the snapshot
+    /// is gone. Asked only of extents FIEMAP flags `SHARED` whose blocks
+    /// do not already share the source's, once per extent per worker.
+    fn drop_pinned(
+        &mut self,
+        fd: BorrowedFd<'_>,
+        d: &Range,
+        extents: &[sys::Extent],
+        parts: Vec<(u64, u64)>,
+    ) -> Vec<(u64, u64)> {
+        if self.no_owners || parts.is_empty() {
+            return parts;
+        }
+        let mut kept = Vec::with_capacity(parts.len());
+        let mut dropped = 0;
+        for (o, l) in parts {
+            let (start, end) = (d.dest_off + o, d.dest_off + o + l);
+            let mut pos = start;
+            for e in extents.iter().filter(|e| e.is_shared() && e.logical < end && e.logical + e.length > start) {
+                let (es, ee) = (e.logical.max(start), (e.logical + e.length).min(end));
+                if !self.is_pinned(fd, e.physical) {
+                    continue;
+                }
+                if es > pos {
+                    kept.push((pos - d.dest_off, es - pos));
+                }
+                dropped += ee - es;
+                pos = ee;
+            }
+            if pos < end {
+                kept.push((pos - d.dest_off, end - pos));
+            }
+        }
+        if dropped > 0 {
+            self.pend(d.dest, Pending::Pinned, dropped);
+        }
+        kept
+    }
+
+    /// Whether the extent at FIEMAP address `phys` is referenced by a file
+    /// outside the plan (or by more files than can be listed).
+    fn is_pinned(&mut self, fd: BorrowedFd<'_>, phys: u64) -> bool {
+        if let Some(&p) = self.pinned.get(&phys) {
+            return p;
+        }
+        let p = match sys::fs::extent_owners(fd, phys) {
+            Ok(o) => !o.complete || o.refs.iter().any(|r| !self.sh.in_plan.contains(r)),
+            Err(Errno::ENOTTY | Errno::EOPNOTSUPP | Errno::EPERM | Errno::EINVAL) => {
+                // Not btrfs, or not allowed: share as before.
+                self.no_owners = true;
+                false
+            }
+            // Gone meanwhile, or another error: let the kernel decide.
+            Err(_) => false,
+        };
+        self.pinned.insert(phys, p);
+        p
     }
 
     /// The source side of range `r`, mapped on first use only (`None`: it
@@ -671,13 +756,18 @@ impl<'a> Executor<'a> {
             Ok(ext) => Mapped {
                 blocks: physical_map(&ext, off, len, self.block_size),
                 shared: ext.iter().any(|e| e.is_shared()),
+                extents: ext,
             },
             Err(e) => {
                 if e != Errno::EOPNOTSUPP {
                     let path = self.files.get(&id).map(|c| display_path(&c.path)).unwrap_or_default();
                     self.progress.info(&format!("{path}: fiemap: {e}"));
                 }
-                Mapped { blocks: vec![None; len.div_ceil(self.block_size) as usize], shared: false }
+                Mapped {
+                    blocks: vec![None; len.div_ceil(self.block_size) as usize],
+                    shared: false,
+                    extents: Vec::new(),
+                }
             }
         })
     }

@@ -74,8 +74,8 @@ pub struct DbSummary {
     pub largest_remaining_groups: Vec<RemainingGroup>,
     /// Directories holding the most unshared duplicate bytes.
     pub top_directories: Vec<RemainingDir>,
-    /// Duplicate bytes left for a later run for lack of space, by reason
-    /// (see [`crate::dedupe::Pending`]).
+    /// Duplicate bytes left for a later run, by reason: out of space, or
+    /// pinned by a file outside the run (see [`crate::dedupe::Pending`]).
     pub pending: std::collections::BTreeMap<String, crate::report::PendingWork>,
     pub pending_bytes: u64,
     /// Sum over runs of bytes freed, as measured by statfs.

@@ -95,8 +95,10 @@ pub struct Report {
     /// The same problems by kind.
     pub error_kinds: BTreeMap<String, u64>,
     /// Duplicate bytes left for a later run after this one, by reason
-    /// (`no_space_rewrite`, `no_space_share`): the next run, incremental
-    /// or not, tries them again.
+    /// (`no_space_rewrite`, `no_space_share`: the volume was full;
+    /// `referenced_outside_run`: a read-only snapshot or another file not
+    /// in the run keeps the destination's extent, so sharing would free
+    /// nothing): the next run, incremental or not, tries them again.
     pub pending: BTreeMap<String, PendingWork>,
     /// Sum of `pending` bytes.
     pub pending_bytes: u64,

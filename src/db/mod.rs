@@ -162,8 +162,9 @@ impl Db {
         rows.collect()
     }
 
-    /// Destinations left for a later run for lack of space, with why and
-    /// how many planned bytes (see [`crate::dedupe::Pending`]).
+    /// Destinations left for a later run (out of space, or extents pinned
+    /// by a file outside the run), with why and how many planned bytes (see
+    /// [`crate::dedupe::Pending`]).
     pub fn pending(&self) -> rusqlite::Result<Vec<(FileId, String, u64)>> {
         let mut st = self.conn.prepare("SELECT file_id, reason, bytes FROM pending ORDER BY file_id")?;
         let rows = st.query_map([], |r| Ok((r.get(0)?, r.get(1)?, r.get::<_, i64>(2)? as u64)))?;
