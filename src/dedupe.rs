@@ -70,6 +70,9 @@ pub struct Outcome {
     pub changed_files: u64,
     /// Files whose data is inline in metadata (btrfs): nothing to share.
     pub inline_files: u64,
+    /// Whole-file groups shared from a copy far less fragmented than the
+    /// planned source.
+    pub swapped_sources: u64,
     /// Bytes of partly covered extents copied into fresh extents so the old
     /// ones can be freed (btrfs); in a dry run, what would be.
     pub rewritten_bytes: u64,
@@ -132,6 +135,8 @@ struct Dest {
     file: File,
     off: u64,
     parts: Vec<(u64, u64)>,
+    /// FIEMAP extents in the range (fragmentation).
+    extents: usize,
 }
 
 /// One destination of one request: borrows the open file of a [`Dest`].
@@ -220,6 +225,7 @@ pub fn execute_with_workers(
         refused: AtomicBool::new(false),
         deferred: Mutex::new(HashSet::new()),
         in_plan: files.values().map(|c| (c.dev, c.ino)).collect(),
+        used_once: used_once(plan),
     };
     let mut out = Outcome::default();
     if let Some(b) = bookends {
@@ -286,6 +292,17 @@ fn on_workers<T: Sync>(
     out
 }
 
+/// Files named by exactly one source range (all its destinations) or one
+/// destination range of `plan`.
+fn used_once(plan: &Plan) -> HashSet<FileId> {
+    let mut uses: HashMap<FileId, (HashSet<(u64, u64)>, u32)> = HashMap::new();
+    for r in &plan.ranges {
+        uses.entry(r.src).or_default().0.insert((r.src_off, r.len));
+        uses.entry(r.dest).or_default().1 += 1;
+    }
+    uses.into_iter().filter(|(_, (s, d))| s.len() + *d as usize == 1).map(|(id, _)| id).collect()
+}
+
 /// Each destination of `plan` with the union of its planned ranges, in id
 /// order.
 fn dest_coverage(plan: &Plan) -> Vec<(FileId, Vec<(u64, u64)>)> {
@@ -338,6 +355,7 @@ impl Outcome {
         }
         self.changed_files += o.changed_files;
         self.inline_files += o.inline_files;
+        self.swapped_sources += o.swapped_sources;
         self.rewritten_bytes += o.rewritten_bytes;
         for (k, n) in o.errors {
             *self.errors.entry(k).or_default() += n;
@@ -374,6 +392,9 @@ struct Shared<'a> {
     /// `(volume key, inode)` of every file in the plan: an extent
     /// referenced by anything else cannot be freed by this run.
     in_plan: HashSet<(u64, u64)>,
+    /// Files in exactly one range of the plan (as source or destination):
+    /// a whole-file group's source and copy may swap roles safely.
+    used_once: HashSet<FileId>,
 }
 
 /// A set behind a mutex; a worker that panicked holding it cannot have left
@@ -553,14 +574,22 @@ impl<'a> Executor<'a> {
                 if parts.is_empty() {
                     continue;
                 }
-                let dest = Dest { id: d.dest, file, off: d.dest_off, parts };
+                let dest = Dest { id: d.dest, file, off: d.dest_off, parts, extents: dst.extents.len() };
                 if dest.parts == [(0, r.len)] {
                     whole.push(dest);
                 } else {
                     partial.push(dest);
                 }
             }
-            if !whole.is_empty() {
+            if let Some(k) = self.less_fragmented_copy(src, r, group, &whole, &partial) {
+                // The copy becomes the source and the source one more
+                // destination (see `less_fragmented_copy`).
+                let best = &whole[k];
+                let mut targets = vec![Target { id: r.src, file: src, off: r.src_off }];
+                targets.extend(whole.iter().enumerate().filter(|&(i, _)| i != k).map(|(_, d)| d.target(0)));
+                self.out.swapped_sources += 1;
+                self.submit(&best.file, best.off, r.len, &targets);
+            } else if !whole.is_empty() {
                 let targets: Vec<Target<'_>> = whole.iter().map(|d| d.target(0)).collect();
                 self.submit(src, r.src_off, r.len, &targets);
             }
@@ -570,6 +599,42 @@ impl<'a> Executor<'a> {
                 }
             }
         }
+    }
+
+    /// The copy to share from instead of the planned source, if the source
+    /// is far more fragmented than one of its copies: sharing a contiguous
+    /// copy from a 20,000-extent file leaves the copy with 20,000 extents;
+    /// the other way round, every copy ends contiguous. The planner picks
+    /// sources by rank alone, so this is decided here, and only where it is
+    /// safe whatever the other workers do: a whole-file group (one source
+    /// range, every destination whole and still unshared) whose source and
+    /// chosen copy appear in no other range of the plan. "Far more": at
+    /// least 4 times the extents and 32 more; files under 1 MiB are never
+    /// considered (one FIEMAP more per source, on btrfs a back-reference
+    /// walk per extent).
+    fn less_fragmented_copy(
+        &mut self,
+        src: &File,
+        r: &Range,
+        group: &[Range],
+        whole: &[Dest],
+        partial: &[Dest],
+    ) -> Option<usize> {
+        const MIN_LEN: u64 = 1 << 20;
+        let size = self.files.get(&r.src)?.size;
+        if r.len < MIN_LEN || r.src_off != 0 || r.len != size || !partial.is_empty() || whole.len() != group.len() {
+            return None;
+        }
+        if !self.sh.used_once.contains(&r.src) || whole.iter().any(|d| d.off != 0) {
+            return None;
+        }
+        let (k, best) = whole
+            .iter()
+            .enumerate()
+            .filter(|(_, d)| self.sh.used_once.contains(&d.id))
+            .min_by_key(|(_, d)| d.extents)?;
+        let src_extents = sys::fiemap(src.as_fd(), 0, r.len).ok()?.len();
+        (src_extents >= 4 * best.extents && src_extents >= best.extents + 32).then_some(k)
     }
 
     /// The parts (relative to `d.dest_off`) of a destination range that lie
@@ -1056,6 +1121,26 @@ mod tests {
         assert!(bytes.windows(2).all(|w| w[0] >= w[1]), "largest first: {bytes:?}");
         // 320 MiB of source 2: cut at the first group reaching 64 MiB.
         assert_eq!(bytes, vec![100 * mb, 64 * mb, 64 * mb, 64 * mb, 64 * mb, 64 * mb, 3 * 4096]);
+    }
+
+    #[test]
+    fn used_once_is_one_source_range_or_one_destination_range() {
+        let mut ranges = vec![
+            // 1 → 2, 3 whole: 1 is one source range, 2 and 3 one dest each.
+            r(1, 0, 4096, 2),
+            r(1, 0, 4096, 3),
+            // 4 is the source of two ranges; 5 a destination of two.
+            r(4, 0, 4096, 5),
+            r(4, 8192, 4096, 5),
+            // 6 is a source and a destination.
+            r(6, 0, 4096, 7),
+            r(1, 0, 4096, 6),
+        ];
+        ranges.sort_unstable();
+        let once = used_once(&Plan { ranges });
+        let mut got: Vec<i64> = once.iter().map(|f| f.0).collect();
+        got.sort_unstable();
+        assert_eq!(got, vec![1, 2, 3, 7]);
     }
 
     #[test]

@@ -85,6 +85,9 @@ pub struct Report {
     /// Bytes copied into fresh extents so that partly shared extents could
     /// be freed (btrfs); in a dry run, what would be copied.
     pub rewritten_bytes: u64,
+    /// Whole-file groups shared from a copy far less fragmented than the
+    /// planned source, so no copy ends up as fragmented as the source was.
+    pub sources_swapped: u64,
     /// Free space after minus free space before, from statfs (0 in a dry run).
     pub freed_bytes: i64,
     pub dedupe_status: DedupeStatuses,

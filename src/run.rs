@@ -520,6 +520,7 @@ fn share(
     report.deduped_bytes = out.deduped_bytes;
     report.already_shared_bytes = out.already_shared_bytes;
     report.rewritten_bytes = out.rewritten_bytes;
+    report.sources_swapped = out.swapped_sources;
     report.skip(SkipReason::ChangedDuringScan, out.changed_files);
     report.skip(SkipReason::Inline, out.inline_files);
     // Found ineligible only now: not "considered" after all.
