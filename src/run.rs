@@ -438,8 +438,8 @@ fn share(
     // Incremental: everything hashed before the last complete sharing run
     // was matched then; plan only the groups that hold a newer file.
     let last_share: Option<i64> = db.meta(LAST_SHARE_RUN)?.and_then(|v| v.parse().ok());
-    // Destinations an earlier run could not finish for lack of space are
-    // planned again, even when nothing changed.
+    // Destinations an earlier run left pending (out of space, or extents
+    // kept by a snapshot) are planned again, even when nothing changed.
     let pending = db.pending()?;
     pending_into(report, &pending);
     let fresh = match (cfg.incremental, last_share) {
@@ -504,6 +504,9 @@ fn share(
         max_ratio: cfg.rewrite_ratio,
     });
     let out = dedupe::execute(&plan, &files, cfg.block_size, mode, bookends.as_ref(), progress, stop);
+    if let Some(before) = before {
+        report.freed_bytes = free_bytes(root)? as i64 - before as i64;
+    }
     if mode == Mode::Share {
         // A stopped run may not have reached every destination: it only
         // adds to what is pending.
@@ -512,9 +515,6 @@ fn share(
         let now: Vec<(FileId, &str, u64)> = out.pending.iter().map(|(id, (why, b))| (*id, why.name(), *b)).collect();
         db.save_pending(&handled, &now, run_id)?;
         pending_into(report, &db.pending()?);
-    }
-    if let Some(before) = before {
-        report.freed_bytes = free_bytes(root)? as i64 - before as i64;
     }
     report.duplicate_bytes = out.duplicate_bytes;
     report.deduped_bytes = out.deduped_bytes;
