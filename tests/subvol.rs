@@ -64,3 +64,44 @@ fn remount_in_another_order_rehashes_nothing() {
     let third = run_json(&vol, &[&root, "--incremental"]);
     assert_eq!((num(&third, "files_hashed"), num(&third, "files_removed")), (1, 0), "{third:#}");
 }
+
+/// XFS has one `st_dev`, the device's, which changes when the volume comes
+/// back on another device number (a loop device, a disk enumerated in
+/// another order after a reboot). Files are known by inode alone there
+/// (volume key 0): nothing is rehashed.
+#[test]
+fn xfs_on_another_device_number_rehashes_nothing() {
+    let Some(vol) = Volume::new(Fs::Xfs, 320) else { return };
+    let d = vol.path("d");
+    std::fs::create_dir(&d).unwrap();
+    let mut rng = Rng::new(13);
+    let shared = rng.bytes(128 << 10);
+    for k in 0..4 {
+        std::fs::write(d.join(format!("f{k}")), if k % 2 == 0 { shared.clone() } else { rng.bytes(64 << 10) }).unwrap();
+    }
+    let path = d.to_str().unwrap().to_owned();
+    let first = run_json(&vol, &[&path, "--incremental"]);
+    assert_eq!(num(&first, "files_hashed"), 4, "{first:#}");
+    let dev_before = std::fs::metadata(&d).unwrap().dev();
+    let before = Snapshot::take(&d);
+
+    // Mount the image again with its old loop device taken by another
+    // image, so it gets another device number.
+    let dir = vol.db().parent().unwrap().to_owned();
+    assert!(Command::new("umount").arg(&vol.mnt).status().unwrap().success());
+    let dummy = dir.join("dummy.img");
+    std::fs::File::create(&dummy).unwrap().set_len(1 << 20).unwrap();
+    let out = Command::new("losetup").args(["-f", "--show"]).arg(&dummy).output().unwrap();
+    let loopdev = String::from_utf8_lossy(&out.stdout).trim().to_owned();
+    assert!(out.status.success() && loopdev.starts_with("/dev/loop"), "losetup: {out:?}");
+    let mounted = Command::new("mount").args(["-o", "loop"]).arg(dir.join("volume.img")).arg(&vol.mnt).status();
+    let _ = Command::new("losetup").args(["-d", &loopdev]).status();
+    assert!(mounted.unwrap().success());
+    let dev_after = std::fs::metadata(&d).unwrap().dev();
+    assert_ne!(dev_before, dev_after, "the volume must come back on another device number");
+
+    let again = run_json(&vol, &[&path, "--incremental"]);
+    assert_eq!(num(&again, "bytes_hashed"), 0, "rehashed on another device number: {again:#}");
+    assert_eq!((num(&again, "files_removed"), num(&again, "files_unchanged")), (0, 4), "{again:#}");
+    before.assert_same(&Snapshot::take(&d));
+}
