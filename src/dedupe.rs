@@ -80,6 +80,9 @@ pub struct Outcome {
     pub changed_files: u64,
     /// Files whose data is inline in metadata (btrfs): nothing to share.
     pub inline_files: u64,
+    /// Whole-file groups shared from a copy far less fragmented than the
+    /// planned source.
+    pub swapped_sources: u64,
     /// Bytes of partly covered extents copied into fresh extents so the old
     /// ones can be freed (btrfs); in a dry run, what would be.
     pub rewritten_bytes: u64,
@@ -87,6 +90,44 @@ pub struct Outcome {
     pub errors: BTreeMap<String, u64>,
     /// Set when sharing was stopped because the filesystem refuses it.
     pub refused: Option<String>,
+    /// Destinations left for a later run because the filesystem was out of
+    /// space (ENOSPC, EDQUOT), with why and the bytes planned into them:
+    /// the run records them in the database and the next run, incremental
+    /// or not, plans them again.
+    pub pending: BTreeMap<FileId, (Pending, u64)>,
+}
+
+/// Why a destination was left for a later run.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub enum Pending {
+    /// No room to rewrite the remainders of its partly covered extents
+    /// (btrfs bookends). Its ranges are then not shared either: with the
+    /// remainder still in the old extent, sharing the rest frees nothing,
+    /// and afterwards nothing would show that the extent is pinned.
+    NoSpaceRewrite,
+    /// The kernel answered ENOSPC or EDQUOT to sharing into it.
+    NoSpaceShare,
+    /// Its extents there are also referenced by files outside the plan
+    /// (a read-only snapshot, an excluded file): sharing could free
+    /// nothing and would only add metadata. Planned again by every run, so
+    /// it is shared once the snapshot is gone.
+    Pinned,
+}
+
+impl Pending {
+    /// Name in the database and in reports.
+    pub fn name(self) -> &'static str {
+        match self {
+            Pending::NoSpaceRewrite => "no_space_rewrite",
+            Pending::NoSpaceShare => "no_space_share",
+            Pending::Pinned => "referenced_outside_run",
+        }
+    }
+}
+
+/// Out of space or quota: worth retrying once there is room.
+fn no_space(e: Errno) -> bool {
+    matches!(e, Errno::ENOSPC | Errno::EDQUOT)
 }
 
 /// A range's block addresses (see [`physical_map`]), and whether any of its
@@ -94,6 +135,7 @@ pub struct Outcome {
 struct Mapped {
     blocks: Vec<Option<u64>>,
     shared: bool,
+    extents: Vec<sys::Extent>,
 }
 
 /// One destination of a source range, maybe split into the sub-ranges that
@@ -103,6 +145,8 @@ struct Dest {
     file: File,
     off: u64,
     parts: Vec<(u64, u64)>,
+    /// FIEMAP extents in the range (fragmentation).
+    extents: usize,
 }
 
 /// One destination of one request: borrows the open file of a [`Dest`].
@@ -194,6 +238,9 @@ pub fn execute_with_workers(
         bad: Mutex::new(HashSet::new()),
         inline: Mutex::new(HashSet::new()),
         refused: AtomicBool::new(false),
+        deferred: Mutex::new(HashSet::new()),
+        in_plan: files.values().map(|c| (c.dev, c.ino)).collect(),
+        used_once: used_once(plan),
     };
     let mut out = Outcome::default();
     if let Some(b) = bookends {
@@ -260,6 +307,17 @@ fn on_workers<T: Sync>(
     out
 }
 
+/// Files named by exactly one source range (all its destinations) or one
+/// destination range of `plan`.
+fn used_once(plan: &Plan) -> HashSet<FileId> {
+    let mut uses: HashMap<FileId, (HashSet<(u64, u64)>, u32)> = HashMap::new();
+    for r in &plan.ranges {
+        uses.entry(r.src).or_default().0.insert((r.src_off, r.len));
+        uses.entry(r.dest).or_default().1 += 1;
+    }
+    uses.into_iter().filter(|(_, (s, d))| s.len() + *d as usize == 1).map(|(id, _)| id).collect()
+}
+
 /// Each destination of `plan` with the union of its planned ranges, in id
 /// order.
 fn dest_coverage(plan: &Plan) -> Vec<(FileId, Vec<(u64, u64)>)> {
@@ -312,12 +370,18 @@ impl Outcome {
         }
         self.changed_files += o.changed_files;
         self.inline_files += o.inline_files;
+        self.swapped_sources += o.swapped_sources;
         self.rewritten_bytes += o.rewritten_bytes;
         for (k, n) in o.errors {
             *self.errors.entry(k).or_default() += n;
         }
         if self.refused.is_none() {
             self.refused = o.refused;
+        }
+        for (id, (why, bytes)) in o.pending {
+            let e = self.pending.entry(id).or_insert((why, 0));
+            e.0 = e.0.min(why);
+            e.1 += bytes;
         }
     }
 }
@@ -341,6 +405,15 @@ struct Shared<'a> {
     inline: Mutex<HashSet<FileId>>,
     /// The filesystem refuses to share: every worker stops.
     refused: AtomicBool,
+    /// Destinations whose bookends could not be rewritten for lack of
+    /// space: left whole for a later run (see [`Pending::NoSpaceRewrite`]).
+    deferred: Mutex<HashSet<FileId>>,
+    /// `(volume key, inode)` of every file in the plan: an extent
+    /// referenced by anything else cannot be freed by this run.
+    in_plan: HashSet<(u64, u64)>,
+    /// Files in exactly one range of the plan (as source or destination):
+    /// a whole-file group's source and copy may swap roles safely.
+    used_once: HashSet<FileId>,
 }
 
 /// A set behind a mutex; a worker that panicked holding it cannot have left
@@ -357,6 +430,14 @@ struct Executor<'a> {
     mode: Mode,
     progress: &'a dyn Progress,
     out: Outcome,
+    /// `st_dev` → volume key, for the identity check of opened files.
+    keys: sys::SubvolIds,
+    /// Whether the extent at a FIEMAP address is referenced by a file
+    /// outside the plan (`None`: cannot tell on this filesystem).
+    pinned: HashMap<u64, bool>,
+    /// The filesystem cannot list an extent's owners (not btrfs, no
+    /// CAP_SYS_ADMIN): stop asking.
+    no_owners: bool,
     buf_a: Vec<u8>,
     buf_b: Vec<u8>,
 }
@@ -403,6 +484,9 @@ impl<'a> Executor<'a> {
             mode: sh.mode,
             progress: sh.progress,
             out: Outcome::default(),
+            keys: sys::SubvolIds::new(),
+            pinned: HashMap::new(),
+            no_owners: false,
             buf_a: vec![0; 1 << 20],
             buf_b: vec![0; 1 << 20],
         }
@@ -474,7 +558,9 @@ impl<'a> Executor<'a> {
         let res = self.sh.tree.open_file(&c.path).and_then(|f| Ok((f.metadata()?, f)));
         match res {
             Ok((m, f)) => {
-                let now = Candidate::from_metadata(c.path.clone(), &m);
+                use std::os::unix::fs::MetadataExt;
+                let key = self.keys.id_for(m.dev(), &f);
+                let now = Candidate { dev: key, ..Candidate::from_metadata(c.path.clone(), &m) };
                 if now != *c || !m.is_file() {
                     if locked(&self.sh.bad).insert(id) {
                         self.progress.warn(&format!(
@@ -532,6 +618,9 @@ impl<'a> Executor<'a> {
             let mut whole: Vec<Dest> = Vec::new();
             let mut partial: Vec<Dest> = Vec::new();
             for d in batch {
+                if locked(&self.sh.deferred).contains(&d.dest) {
+                    continue;
+                }
                 let Some(file) = self.open(d.dest) else { continue };
                 let Some(dst) = self.map(file.as_fd(), d.dest, d.dest_off, d.len) else { continue };
                 let parts = if dst.shared {
@@ -542,17 +631,26 @@ impl<'a> Executor<'a> {
                 };
                 let unshared: u64 = parts.iter().map(|p| p.1).sum();
                 self.out.already_shared_bytes += r.len - unshared;
+                let parts = if dst.shared { self.drop_pinned(file.as_fd(), d, &dst.extents, parts) } else { parts };
                 if parts.is_empty() {
                     continue;
                 }
-                let dest = Dest { id: d.dest, file, off: d.dest_off, parts };
+                let dest = Dest { id: d.dest, file, off: d.dest_off, parts, extents: dst.extents.len() };
                 if dest.parts == [(0, r.len)] {
                     whole.push(dest);
                 } else {
                     partial.push(dest);
                 }
             }
-            if !whole.is_empty() {
+            if let Some(k) = self.less_fragmented_copy(src, r, group, &whole, &partial) {
+                // The copy becomes the source and the source one more
+                // destination (see `less_fragmented_copy`).
+                let best = &whole[k];
+                let mut targets = vec![Target { id: r.src, file: src, off: r.src_off }];
+                targets.extend(whole.iter().enumerate().filter(|&(i, _)| i != k).map(|(_, d)| d.target(0)));
+                self.out.swapped_sources += 1;
+                self.submit(&best.file, best.off, r.len, &targets);
+            } else if !whole.is_empty() {
                 let targets: Vec<Target<'_>> = whole.iter().map(|d| d.target(0)).collect();
                 self.submit(src, r.src_off, r.len, &targets);
             }
@@ -562,6 +660,107 @@ impl<'a> Executor<'a> {
                 }
             }
         }
+    }
+
+    /// The copy to share from instead of the planned source, if the source
+    /// is far more fragmented than one of its copies: sharing a contiguous
+    /// copy from a 20,000-extent file leaves the copy with 20,000 extents;
+    /// the other way round, every copy ends contiguous. The planner picks
+    /// sources by rank alone, so this is decided here, and only where it is
+    /// safe whatever the other workers do: a whole-file group (one source
+    /// range, every destination whole and still unshared) whose source and
+    /// chosen copy appear in no other range of the plan. "Far more": at
+    /// least 4 times the extents and 32 more; files under 1 MiB are never
+    /// considered (one FIEMAP more per source, on btrfs a back-reference
+    /// walk per extent).
+    fn less_fragmented_copy(
+        &mut self,
+        src: &File,
+        r: &Range,
+        group: &[Range],
+        whole: &[Dest],
+        partial: &[Dest],
+    ) -> Option<usize> {
+        const MIN_LEN: u64 = 1 << 20;
+        let size = self.files.get(&r.src)?.size;
+        if r.len < MIN_LEN || r.src_off != 0 || r.len != size || !partial.is_empty() || whole.len() != group.len() {
+            return None;
+        }
+        if !self.sh.used_once.contains(&r.src) || whole.iter().any(|d| d.off != 0) {
+            return None;
+        }
+        let (k, best) = whole
+            .iter()
+            .enumerate()
+            .filter(|(_, d)| self.sh.used_once.contains(&d.id))
+            .min_by_key(|(_, d)| d.extents)?;
+        let src_extents = sys::fiemap(src.as_fd(), 0, r.len).ok()?.len();
+        (src_extents >= 4 * best.extents && src_extents >= best.extents + 32).then_some(k)
+    }
+
+    /// The parts (relative to `d.dest_off`) of a destination range that lie
+    /// in extents nothing outside the plan references. A shared extent of
+    /// the destination that a file outside the plan (a read-only snapshot,
+    /// an excluded file) also references stays allocated whatever this run
+    /// does: sharing into it would free nothing and grow metadata. Such
+    /// parts are dropped and the destination counted pending
+    /// ([`Pending::Pinned`]), so a later run shares it once the snapshot
+    /// is gone. Asked only of extents FIEMAP flags `SHARED` whose blocks
+    /// do not already share the source's, once per extent per worker.
+    fn drop_pinned(
+        &mut self,
+        fd: BorrowedFd<'_>,
+        d: &Range,
+        extents: &[sys::Extent],
+        parts: Vec<(u64, u64)>,
+    ) -> Vec<(u64, u64)> {
+        if self.no_owners || parts.is_empty() {
+            return parts;
+        }
+        let mut kept = Vec::with_capacity(parts.len());
+        let mut dropped = 0;
+        for (o, l) in parts {
+            let (start, end) = (d.dest_off + o, d.dest_off + o + l);
+            let mut pos = start;
+            for e in extents.iter().filter(|e| e.is_shared() && e.logical < end && e.logical + e.length > start) {
+                let (es, ee) = (e.logical.max(start), (e.logical + e.length).min(end));
+                if !self.is_pinned(fd, e.physical) {
+                    continue;
+                }
+                if es > pos {
+                    kept.push((pos - d.dest_off, es - pos));
+                }
+                dropped += ee - es;
+                pos = ee;
+            }
+            if pos < end {
+                kept.push((pos - d.dest_off, end - pos));
+            }
+        }
+        if dropped > 0 {
+            self.pend(d.dest, Pending::Pinned, dropped);
+        }
+        kept
+    }
+
+    /// Whether the extent at FIEMAP address `phys` is referenced by a file
+    /// outside the plan (or by more files than can be listed).
+    fn is_pinned(&mut self, fd: BorrowedFd<'_>, phys: u64) -> bool {
+        if let Some(&p) = self.pinned.get(&phys) {
+            return p;
+        }
+        let p = match sys::fs::extent_owners(fd, phys) {
+            Ok(o) => !o.complete || o.refs.iter().any(|r| !self.sh.in_plan.contains(r)),
+            Err(Errno::ENOTTY | Errno::EOPNOTSUPP | Errno::EPERM | Errno::EINVAL) => {
+                // Not btrfs, or not allowed: share as before.
+                self.no_owners = true;
+                false
+            }
+            // Gone meanwhile, or another error: let the kernel decide.
+            Err(_) => false,
+        };
+        self.pinned.insert(phys, p);
+        p
     }
 
     /// The source side of range `r`, mapped on first use only (`None`: it
@@ -613,8 +812,18 @@ impl<'a> Executor<'a> {
             Mode::Share => {
                 if let Err(e) = self.rewrite(&file, size, &pieces, &b.tmp_dir) {
                     let path = display_path(&self.files[&id].path);
-                    self.progress.warn(&format!("{path}: cannot rewrite partly shared extents: {e}"));
-                    *self.out.errors.entry("rewrite".to_owned()).or_default() += 1;
+                    if e.raw_os_error().is_some_and(|n| no_space(Errno::from_raw(n))) {
+                        locked(&self.sh.deferred).insert(id);
+                        let bytes = covered.iter().map(|c| c.1).sum();
+                        self.out.pending.insert(id, (Pending::NoSpaceRewrite, bytes));
+                        self.progress.warn(&format!(
+                            "{path}: no space to rewrite partly shared extents ({e}); not shared now, retried by the next run"
+                        ));
+                        *self.out.errors.entry("no_space".to_owned()).or_default() += 1;
+                    } else {
+                        self.progress.warn(&format!("{path}: cannot rewrite partly shared extents: {e}"));
+                        *self.out.errors.entry("rewrite".to_owned()).or_default() += 1;
+                    }
                 }
             }
         }
@@ -647,6 +856,10 @@ impl<'a> Executor<'a> {
                         self.out.rewritten_bytes += bytes_deduped;
                         pos += bytes_deduped;
                     }
+                    // Out of space: the caller leaves the file for later.
+                    DestResult { status: DedupeStatus::Error(e), .. } if no_space(e) => {
+                        return Err(std::io::Error::from(e));
+                    }
                     // Changed meanwhile, or refused: the file keeps its old extent.
                     _ => break,
                 }
@@ -669,13 +882,18 @@ impl<'a> Executor<'a> {
             Ok(ext) => Mapped {
                 blocks: physical_map(&ext, off, len, self.block_size),
                 shared: ext.iter().any(|e| e.is_shared()),
+                extents: ext,
             },
             Err(e) => {
                 if e != Errno::EOPNOTSUPP {
                     let path = self.files.get(&id).map(|c| display_path(&c.path)).unwrap_or_default();
                     self.progress.info(&format!("{path}: fiemap: {e}"));
                 }
-                Mapped { blocks: vec![None; len.div_ceil(self.block_size) as usize], shared: false }
+                Mapped {
+                    blocks: vec![None; len.div_ceil(self.block_size) as usize],
+                    shared: false,
+                    extents: Vec::new(),
+                }
             }
         })
     }
@@ -732,6 +950,9 @@ impl<'a> Executor<'a> {
                         }
                         Ok(results) => {
                             for (res, &k) in results.iter().zip(&idx) {
+                                if matches!(res.status, DedupeStatus::Error(e) if no_space(e)) {
+                                    self.pend(dests[k].id, Pending::NoSpaceShare, len - done);
+                                }
                                 if !self.record(dests[k].id, res.status, res.bytes_deduped) {
                                     alive[k] = false;
                                 } else if res.bytes_deduped < chunk {
@@ -751,6 +972,9 @@ impl<'a> Executor<'a> {
                         Err(e) => {
                             self.out.duplicate_bytes -= chunk * idx.len() as u64;
                             for &k in &idx {
+                                if no_space(e) {
+                                    self.pend(dests[k].id, Pending::NoSpaceShare, len - done);
+                                }
                                 self.dest_error(
                                     dests[k].id,
                                     e.desc(),
@@ -777,16 +1001,29 @@ impl<'a> Executor<'a> {
                     got += r[0].bytes_deduped;
                 }
                 Ok(r) => {
+                    if matches!(r[0].status, DedupeStatus::Error(e) if no_space(e)) {
+                        self.pend(d.id, Pending::NoSpaceShare, chunk - got);
+                    }
                     self.record(d.id, r[0].status, 0);
                     return false;
                 }
                 Err(e) => {
+                    if no_space(e) {
+                        self.pend(d.id, Pending::NoSpaceShare, chunk - got);
+                    }
                     self.dest_error(d.id, e.desc(), "short");
                     return false;
                 }
             }
         }
         true
+    }
+
+    /// Leave `bytes` planned into destination `id` for a later run.
+    fn pend(&mut self, id: FileId, why: Pending, bytes: u64) {
+        let e = self.out.pending.entry(id).or_insert((why, 0));
+        e.0 = e.0.min(why);
+        e.1 += bytes;
     }
 
     /// Count one destination's status; false when it must not be used again.
@@ -870,7 +1107,8 @@ pub fn range_states(plan: &Plan, files: &HashMap<FileId, Candidate>, block_size:
         // The recorded inode, not whatever took its name (its content may
         // have changed since: the report measures the extents it has now).
         let m = f.metadata().map_err(|_| RangeState::Unknown)?;
-        if !m.is_file() || (m.dev(), m.ino()) != (c.dev, c.ino) {
+        // `c.dev` is the volume key (btrfs subvolume id), not `st_dev`.
+        if !m.is_file() || m.ino() != c.ino || sys::volume_key(f.as_fd()).ok() != Some(c.dev) {
             return Err(RangeState::Unknown);
         }
         let ext = sys::fiemap(f.as_fd(), off, len).map_err(|_| RangeState::Unknown)?;
@@ -960,6 +1198,26 @@ mod tests {
         assert!(bytes.windows(2).all(|w| w[0] >= w[1]), "largest first: {bytes:?}");
         // 320 MiB of source 2: cut at the first group reaching 64 MiB.
         assert_eq!(bytes, vec![100 * mb, 64 * mb, 64 * mb, 64 * mb, 64 * mb, 64 * mb, 3 * 4096]);
+    }
+
+    #[test]
+    fn used_once_is_one_source_range_or_one_destination_range() {
+        let mut ranges = vec![
+            // 1 → 2, 3 whole: 1 is one source range, 2 and 3 one dest each.
+            r(1, 0, 4096, 2),
+            r(1, 0, 4096, 3),
+            // 4 is the source of two ranges; 5 a destination of two.
+            r(4, 0, 4096, 5),
+            r(4, 8192, 4096, 5),
+            // 6 is a source and a destination.
+            r(6, 0, 4096, 7),
+            r(1, 0, 4096, 6),
+        ];
+        ranges.sort_unstable();
+        let once = used_once(&Plan { ranges });
+        let mut got: Vec<i64> = once.iter().map(|f| f.0).collect();
+        got.sort_unstable();
+        assert_eq!(got, vec![1, 2, 3, 7]);
     }
 
     #[test]

@@ -95,6 +95,10 @@ pub struct DbSummary {
     pub largest_remaining_groups: Vec<RemainingGroup>,
     /// Directories holding the most unshared duplicate bytes.
     pub top_directories: Vec<RemainingDir>,
+    /// Duplicate bytes left for a later run, by reason: out of space, or
+    /// pinned by a file outside the run (see [`crate::dedupe::Pending`]).
+    pub pending: std::collections::BTreeMap<String, crate::report::PendingWork>,
+    pub pending_bytes: u64,
     /// Sum over runs of bytes freed, as measured by statfs.
     pub freed_bytes_total: i64,
     pub runs: Vec<RunEntry>,
@@ -152,6 +156,16 @@ fn summarize_inner(path: &Path, progress: &dyn Progress, list: bool) -> Result<D
         })?
         .collect::<rusqlite::Result<Vec<_>>>()?;
     let freed = runs.iter().filter_map(|r| r.report.as_ref()?.get("freed_bytes")?.as_i64()).sum();
+    // A database from before schema v5 has no pending table: nothing pending.
+    let mut pending: std::collections::BTreeMap<String, crate::report::PendingWork> = Default::default();
+    if let Ok(mut st) = conn.prepare("SELECT reason, count(*), sum(bytes) FROM pending GROUP BY reason") {
+        let rows = st.query_map([], |r| Ok((r.get::<_, String>(0)?, r.get::<_, i64>(1)?, r.get::<_, i64>(2)?)))?;
+        for row in rows {
+            let (why, files, bytes) = row?;
+            pending.insert(why, crate::report::PendingWork { files: files as u64, bytes: bytes as u64 });
+        }
+    }
+    let pending_bytes = pending.values().map(|w| w.bytes).sum();
     Ok(DbSummary {
         database: display_path(path),
         filesystem_uuid: meta("filesystem"),
@@ -168,6 +182,8 @@ fn summarize_inner(path: &Path, progress: &dyn Progress, list: bool) -> Result<D
         logical_bytes: logical as u64,
         whole_file_duplicate_files: live.whole_dup_files,
         whole_file_duplicate_bytes: live.whole_dup_bytes,
+        pending,
+        pending_bytes,
         freed_bytes_total: freed,
         runs,
         ranges: live.ranges,
@@ -200,6 +216,9 @@ fn disk_usage(files: &HashMap<FileId, Candidate>, progress: &dyn Progress) -> (u
     use rayon::prelude::*;
     use std::os::fd::AsFd;
     progress.phase("report: measuring files", Some(files.len() as u64), false);
+    // Opened below the top of their mount, never through a symlink (see
+    // dedupe::range_states).
+    let tree = crate::sys::beneath::Tree::over_mounts(files.values().map(|c| c.path.as_path()));
     // One open, fstat and FIEMAP per file, on every CPU (metadata only).
     #[derive(Default)]
     struct Acc {
@@ -211,9 +230,10 @@ fn disk_usage(files: &HashMap<FileId, Candidate>, progress: &dyn Progress) -> (u
         .par_iter()
         .fold(Acc::default, |mut acc, (_, c)| {
             progress.inc(1);
-            let Ok(f) = crate::sys::open_readonly(&c.path) else { return acc };
+            let Ok(f) = tree.open_file(&c.path) else { return acc };
             let Ok(m) = f.metadata() else { return acc };
-            if m.dev() != c.dev || m.ino() != c.ino {
+            // `c.dev` is the volume key (btrfs subvolume id), not `st_dev`.
+            if m.ino() != c.ino || crate::sys::volume_key(f.as_fd()).ok() != Some(c.dev) {
                 return acc;
             }
             acc.allocated += m.blocks() * 512;
@@ -454,6 +474,15 @@ impl DbSummary {
         t.row(["  not yet shared".to_owned(), human(self.unshared_bytes), "what the next run would submit".to_owned()]);
         if self.unknown_bytes > 0 {
             t.row(["  unknown".to_owned(), human(self.unknown_bytes), "files gone or changed".to_owned()]);
+        }
+        if self.pending_bytes > 0 {
+            let list: Vec<String> =
+                self.pending.iter().map(|(k, w)| format!("{k}: {} in {} files", human(w.bytes), w.files)).collect();
+            t.row([
+                "  pending".to_owned(),
+                human(self.pending_bytes),
+                format!("left for the next run ({})", list.join(", ")),
+            ]);
         }
         t.row([
             "freed so far".to_owned(),

@@ -55,8 +55,10 @@ pub fn render_value(s: &Value) -> String {
     directories(b, s);
     groups(b, s);
     let last = runs.iter().rev().find(|r| r.report.is_object());
-    by_key(b, "skipped", "Skipped files by reason", "reason", "files", last, "skipped");
-    by_key(b, "errors", "Errors by kind", "kind", "errors", last, "error_kinds");
+    // Directories left out whole are listed beside files, by reason.
+    let skipped = [("skipped", ""), ("skipped_dirs", " (directories)")];
+    by_key(b, "skipped", "Skipped files by reason", "reason", "count", last, &skipped);
+    by_key(b, "errors", "Errors by kind", "kind", "errors", last, &[("error_kinds", "")]);
     run_table(b, &runs);
     page(db, &body)
 }
@@ -340,13 +342,20 @@ fn groups(b: &mut String, s: &Value) {
 }
 
 /// A `{name: count}` map of the last finished run's report as a table.
-fn by_key(b: &mut String, id: &str, title: &str, what: &str, unit: &str, last: Option<&Run>, key: &str) {
+/// `keys`: the report's maps to list, each with a suffix for its names.
+fn by_key(b: &mut String, id: &str, title: &str, what: &str, unit: &str, last: Option<&Run>, keys: &[(&str, &str)]) {
     let _ = writeln!(b, "<section id=\"{id}\">\n<h2>{title}</h2>");
     let Some(run) = last else {
         b.push_str("<p class=\"note\">No finished run yet.</p>\n</section>\n");
         return;
     };
-    let map = run.report[key].as_object().cloned().unwrap_or_default();
+    let map: serde_json::Map<String, Value> = keys
+        .iter()
+        .flat_map(|(key, suffix)| {
+            let m = run.report[*key].as_object().cloned().unwrap_or_default();
+            m.into_iter().map(move |(k, v)| (format!("{k}{suffix}"), v))
+        })
+        .collect();
     let _ = writeln!(b, "<p class=\"note\">In the last run (run {}, {}).</p>", run.id, date(run.started_at));
     if map.is_empty() {
         let _ = writeln!(b, "<p class=\"note\">None.</p>\n</section>");

@@ -40,6 +40,15 @@ pub struct DedupeStatuses {
     pub errors: BTreeMap<String, u64>,
 }
 
+/// Work left for a later run, for one reason.
+#[derive(Debug, Default, Clone, Serialize)]
+pub struct PendingWork {
+    /// Destination files.
+    pub files: u64,
+    /// Duplicate bytes planned into them.
+    pub bytes: u64,
+}
+
 /// Everything one run did.
 #[derive(Debug, Default, Clone, Serialize)]
 pub struct Report {
@@ -88,6 +97,9 @@ pub struct Report {
     /// Bytes copied into fresh extents so that partly shared extents could
     /// be freed (btrfs); in a dry run, what would be copied.
     pub rewritten_bytes: u64,
+    /// Whole-file groups shared from a copy far less fragmented than the
+    /// planned source, so no copy ends up as fragmented as the source was.
+    pub sources_swapped: u64,
     /// Free space after minus free space before, from statfs (0 in a dry run).
     pub freed_bytes: i64,
     pub dedupe_status: DedupeStatuses,
@@ -101,6 +113,14 @@ pub struct Report {
     pub errors: u64,
     /// The same problems by kind.
     pub error_kinds: BTreeMap<String, u64>,
+    /// Duplicate bytes left for a later run after this one, by reason
+    /// (`no_space_rewrite`, `no_space_share`: the volume was full;
+    /// `referenced_outside_run`: a read-only snapshot or another file not
+    /// in the run keeps the destination's extent, so sharing would free
+    /// nothing): the next run, incremental or not, tries them again.
+    pub pending: BTreeMap<String, PendingWork>,
+    /// Sum of `pending` bytes.
+    pub pending_bytes: u64,
     /// Why sharing was not attempted, when it was not (e.g. unsupported filesystem).
     pub sharing_refused: Option<String>,
     /// Whether the run stopped before the end (signal or time budget).
@@ -229,6 +249,11 @@ impl Report {
         }
         if let Some(why) = &self.sharing_refused {
             let _ = writeln!(s, "  sharing refused: {why}");
+        }
+        if self.pending_bytes > 0 {
+            let list: Vec<String> =
+                self.pending.iter().map(|(k, w)| format!("{k}: {} in {} files", human(w.bytes), w.files)).collect();
+            let _ = writeln!(s, "  pending: {} left for the next run ({})", human(self.pending_bytes), list.join(", "));
         }
         let mut t = Table::new(&["files", "count", "size"]);
         t.row(["considered".to_owned(), self.files_scanned.to_string(), human(self.logical_bytes)]);

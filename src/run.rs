@@ -179,7 +179,7 @@ fn run_inner(cfg: &Config, progress: &dyn Progress, stop: &AtomicBool) -> Result
 
     if cfg.action == Action::Run && !report.interrupted {
         let scanned = Scanned { hashed_runs: &hashed_runs, ids: &ids, hashed: &written.hashed, failed: &failed };
-        share(cfg, &db, &fs, &tree, &scanned, &mut report, progress, stop)?;
+        share(cfg, &db, run_id, &fs, &tree, &scanned, &mut report, progress, stop)?;
         let complete = !cfg.dry_run && !report.interrupted && report.sharing_refused.is_none();
         if complete {
             db.set_meta(LAST_SHARE_RUN, &run_id.to_string())?;
@@ -207,8 +207,9 @@ fn unchanged(k: &Known, c: &Candidate) -> bool {
 }
 
 /// Whether `path` (a recorded name) still names the inode of `c`.
-fn same_inode(path: &Path, c: &Candidate) -> bool {
-    std::fs::symlink_metadata(path).is_ok_and(|m| m.dev() == c.dev && m.ino() == c.ino)
+/// `st_dev` is the raw device number of `c` (its `dev` is the volume key).
+fn same_inode(path: &Path, st_dev: u64, c: &Candidate) -> bool {
+    std::fs::symlink_metadata(path).is_ok_and(|m| m.dev() == st_dev && m.ino() == c.ino)
 }
 
 /// Files waiting for a hashing thread at most: the crawler runs ahead of
@@ -221,9 +222,12 @@ struct Classifier<'a> {
     policy: &'a Policy,
     index: &'a HashMap<(u64, u64), Known>,
     tree: &'a Tree,
-    /// Known files seen by this crawl: `(dev, ino)` → id. Paths live once,
-    /// in the queue being hashed or in the database.
+    /// Known files seen by this crawl: `(volume key, ino)` → id. Paths live
+    /// once, in the queue being hashed or in the database.
     ids: HashMap<(u64, u64), FileId>,
+    /// `st_dev` → volume key (btrfs subvolume id): files are known by
+    /// subvolume and inode, which survive a remount; `st_dev` does not.
+    keys: sys::SubvolIds,
     files: u64,
     logical_bytes: u64,
     unchanged: u64,
@@ -244,6 +248,7 @@ impl<'a> Classifier<'a> {
             index,
             tree,
             ids: HashMap::new(),
+            keys: sys::SubvolIds::new(),
             files: 0,
             logical_bytes: 0,
             unchanged: 0,
@@ -258,10 +263,15 @@ impl<'a> Classifier<'a> {
     /// Sort one crawled file: known and unchanged (a move is recorded
     /// through `writes`), or to be hashed (returned).
     fn sort(&mut self, mut c: Candidate, writes: &SyncSender<WriteOp>) -> Option<(Candidate, Option<FileId>)> {
+        // From here on a candidate's `dev` is its volume key. The parent
+        // directory is opened below the starting paths, like every open.
+        let st_dev = c.dev;
+        let parent = c.path.parent().unwrap_or(&c.path);
+        c.dev = self.keys.id_for_dir(c.dev, || self.tree.open_dir(parent));
         let known = self.index.get(&(c.dev, c.ino));
         if let Some(k) = known {
             self.ids.insert((c.dev, c.ino), k.id);
-            if k.path != c.path && same_inode(&k.path, &c) {
+            if k.path != c.path && same_inode(&k.path, st_dev, &c) {
                 // A hard link: the crawl met the inode under another of its
                 // names first (the parallel crawl's order varies). Nothing
                 // moved; keep the recorded name.
@@ -271,7 +281,7 @@ impl<'a> Classifier<'a> {
         match known {
             Some(k) if self.cfg.incremental && unchanged(k, &c) => {
                 if k.path != c.path {
-                    if let Err(r) = self.moved_xattr(&c) {
+                    if let Err(r) = self.moved_xattr(&c, st_dev) {
                         // Moved and marked nodedup (or gone): forgotten
                         // (pruned as unseen).
                         self.ids.remove(&(c.dev, c.ino));
@@ -301,10 +311,11 @@ impl<'a> Classifier<'a> {
 
     /// The `user.nodedup` attribute of a moved file, read on the file the
     /// crawl listed (opened below the starting path, identity checked).
-    fn moved_xattr(&self, c: &Candidate) -> Result<(), SkipReason> {
+    /// `st_dev` is the device number the crawl saw (`c.dev` is the volume key).
+    fn moved_xattr(&self, c: &Candidate, st_dev: u64) -> Result<(), SkipReason> {
         let f = self.tree.open_file(&c.path).map_err(|_| SkipReason::Vanished)?;
         match f.metadata() {
-            Ok(m) if m.is_file() && (m.dev(), m.ino()) == (c.dev, c.ino) => {}
+            Ok(m) if m.is_file() && (m.dev(), m.ino()) == (st_dev, c.ino) => {}
             _ => return Err(SkipReason::Vanished),
         }
         use std::os::fd::AsFd;
@@ -326,7 +337,7 @@ impl<'a> Classifier<'a> {
 struct HashTally {
     skipped: HashMap<SkipReason, u64>,
     errors: HashMap<&'static str, u64>,
-    /// (dev, ino) of files that could not be hashed this run.
+    /// (volume key, ino) of files that could not be hashed this run.
     failed: HashSet<(u64, u64)>,
     /// Files left in the queue when the run was stopped.
     not_reached: u64,
@@ -433,6 +444,8 @@ fn hash_all(
 thread_local! {
     /// Each hashing thread's read buffer ([`hash::CHUNK`] bytes once grown).
     static READ_BUF: std::cell::RefCell<Vec<u8>> = const { std::cell::RefCell::new(Vec::new()) };
+    /// Each hashing thread's `st_dev` → volume key cache.
+    static VOL_KEYS: std::cell::RefCell<sys::SubvolIds> = std::cell::RefCell::new(sys::SubvolIds::new());
 }
 
 enum HashFail {
@@ -462,14 +475,15 @@ fn hash_one(
         _ => HashFail::Error("open", e),
     })?;
     let before = file.metadata().map_err(|e| HashFail::Error("stat", e))?;
-    if !before.is_file() || before.ino() != c.ino || before.dev() != c.dev {
+    let key = VOL_KEYS.with_borrow_mut(|k| k.id_for(before.dev(), &file));
+    if !before.is_file() || before.ino() != c.ino || key != c.dev {
         return Err(HashFail::Skip(SkipReason::Vanished));
     }
     use std::os::fd::AsFd;
     policy.check_file_xattr_fd(file.as_fd()).map_err(HashFail::Skip)?;
     let flags = sys::inode_flags(file.as_fd(), fs).map_err(|e| HashFail::Error("flags", e.into()))?;
     Policy::check_flags(flags).map_err(HashFail::Skip)?;
-    let now = Candidate::from_metadata(c.path.clone(), &before);
+    let now = Candidate { dev: key, ..Candidate::from_metadata(c.path.clone(), &before) };
     if now.size == 0 {
         return Err(HashFail::Skip(SkipReason::Empty));
     }
@@ -485,7 +499,7 @@ fn hash_one(
         Err(e) => return Err(HashFail::Error("read", e)),
     };
     let after = file.metadata().map_err(|e| HashFail::Error("stat", e))?;
-    if Candidate::from_metadata(c.path.clone(), &after) != now {
+    if (Candidate { dev: key, ..Candidate::from_metadata(c.path.clone(), &after) }) != now {
         // What was read may not be what the shared blocks hold.
         if let Some(cache) = cache {
             cache.forget(&h.cached);
@@ -499,7 +513,7 @@ fn hash_one(
 struct Scanned<'a> {
     /// Which run hashed each file known before this run (incremental runs).
     hashed_runs: &'a [(FileId, i64)],
-    /// Files seen by this run: `(dev, ino)` → id.
+    /// Files seen by this run: `(volume key, ino)` → id.
     ids: &'a HashMap<(u64, u64), FileId>,
     /// Files hashed by this run.
     hashed: &'a [FileId],
@@ -512,6 +526,7 @@ struct Scanned<'a> {
 fn share(
     cfg: &Config,
     db: &Db,
+    run_id: i64,
     fs: &sys::FsInfo,
     tree: &Tree,
     scanned: &Scanned,
@@ -527,10 +542,15 @@ fn share(
     // Incremental: everything hashed before the last complete sharing run
     // was matched then; plan only the groups that hold a newer file.
     let last_share: Option<i64> = db.meta(LAST_SHARE_RUN)?.and_then(|v| v.parse().ok());
+    // Destinations an earlier run left pending (out of space, or extents
+    // kept by a snapshot) are planned again, even when nothing changed.
+    let pending = db.pending()?;
+    pending_into(report, &pending);
     let fresh = match (cfg.incremental, last_share) {
         (true, Some(last)) => Some(
             (scanned.hashed_runs.iter().filter(|(_, run)| *run > last).map(|(id, _)| *id))
                 .chain(scanned.hashed.iter().copied())
+                .chain(pending.iter().map(|p| p.0))
                 .filter(|id| allowed.contains(id))
                 .collect::<HashSet<_>>(),
         ),
@@ -618,10 +638,20 @@ fn share(
         progress.phase("3/3 share: measuring freed space", None, false);
         report.freed_bytes = free_bytes(root)? as i64 - before as i64;
     }
+    if mode == Mode::Share {
+        // A stopped run may not have reached every destination: it only
+        // adds to what is pending.
+        let handled: HashSet<FileId> =
+            if stop.load(Ordering::Relaxed) { HashSet::new() } else { plan.ranges.iter().map(|r| r.dest).collect() };
+        let now: Vec<(FileId, &str, u64)> = out.pending.iter().map(|(id, (why, b))| (*id, why.name(), *b)).collect();
+        db.save_pending(&handled, &now, run_id)?;
+        pending_into(report, &db.pending()?);
+    }
     report.duplicate_bytes = out.duplicate_bytes;
     report.deduped_bytes = out.deduped_bytes;
     report.already_shared_bytes = out.already_shared_bytes;
     report.rewritten_bytes = out.rewritten_bytes;
+    report.sources_swapped = out.swapped_sources;
     // Found only now: these files were considered (and hashed or known
     // unchanged), they stay in files_scanned; they are left out of sharing.
     report.skip(SkipReason::ChangedDuringScan, out.changed_files);
@@ -646,6 +676,18 @@ fn share(
         if cfg.dry_run { "verified duplicate" } else { "shared" }
     ));
     Ok(())
+}
+
+/// Put the pending work (database rows) into the report, by reason.
+fn pending_into(report: &mut Report, rows: &[(FileId, String, u64)]) {
+    report.pending.clear();
+    report.pending_bytes = 0;
+    for (_, why, bytes) in rows {
+        let w = report.pending.entry(why.clone()).or_default();
+        w.files += 1;
+        w.bytes += bytes;
+        report.pending_bytes += bytes;
+    }
 }
 
 /// Free bytes on the filesystem of `path`, after flushing it so that

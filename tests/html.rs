@@ -246,8 +246,11 @@ fn check_page(page: &str, json: &serde_json::Value) {
             (name.text().unwrap().to_owned(), tr.attribute("data-count").unwrap().parse().unwrap())
         })
         .collect();
-    let want: BTreeMap<String, u64> =
+    let mut want: BTreeMap<String, u64> =
         serde_json::from_value(last["report"]["skipped"].clone()).expect("skipped is a map of counts");
+    let dirs: BTreeMap<String, u64> =
+        serde_json::from_value(last["report"]["skipped_dirs"].clone()).expect("skipped_dirs is a map of counts");
+    want.extend(dirs.into_iter().map(|(k, v)| (format!("{k} (directories)"), v)));
     assert!(!want.is_empty(), "the .nodedup directory was skipped");
     assert_eq!(skipped, want);
 }

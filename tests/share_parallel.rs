@@ -115,7 +115,12 @@ fn build(dir: &Path) -> Case {
     let files = paths
         .iter()
         .enumerate()
-        .map(|(i, p)| (FileId(i as i64 + 1), Candidate::from_metadata(p.clone(), &std::fs::metadata(p).unwrap())))
+        .map(|(i, p)| {
+            // Files are known by volume key (btrfs subvolume id), not st_dev.
+            let key = dedupscan::sys::volume_key(std::os::fd::AsFd::as_fd(&std::fs::File::open(p).unwrap())).unwrap();
+            let c = Candidate::from_metadata(p.clone(), &std::fs::metadata(p).unwrap());
+            (FileId(i as i64 + 1), Candidate { dev: key, ..c })
+        })
         .collect();
     Case { plan: Plan { ranges }, files, changed: dir.join("m07"), vanished: dir.join("m06") }
 }

@@ -1,7 +1,13 @@
 //! Schema migrations: numbered SQL files in `schema/`, applied in order,
 //! tracked with `PRAGMA user_version`.
 
-use rusqlite::Connection;
+use std::ffi::OsStr;
+use std::os::unix::ffi::OsStrExt;
+use std::path::Path;
+
+use rusqlite::{params, Connection, Transaction};
+
+use crate::sys::fs::{open_dir, unproven_key, SubvolIds};
 
 use super::DbError;
 
@@ -12,6 +18,7 @@ pub const MIGRATIONS: &[&str] = &[
     include_str!("../../schema/0002_hashed_run.sql"),
     include_str!("../../schema/0003_compact_fingerprints.sql"),
     include_str!("../../schema/0004_small_database.sql"),
+    include_str!("../../schema/0005_fs_state.sql"),
 ];
 
 /// The schema version this build writes.
@@ -27,10 +34,44 @@ pub fn migrate(conn: &mut Connection) -> Result<(), DbError> {
     for (i, sql) in MIGRATIONS.iter().enumerate().skip(version as usize) {
         let tx = conn.transaction()?;
         tx.execute_batch(sql)?;
+        if i + 1 == 5 {
+            rekey_dirs(&tx)?;
+        }
         tx.pragma_update(None, "user_version", (i + 1) as i64)?;
         tx.commit()?;
     }
     Ok(())
+}
+
+/// Version 5: `dirs.dev` turns from `st_dev` into the volume key (btrfs
+/// subvolume id; see [`crate::sys::fs::volume_key`]), without rehashing.
+/// This runs when a run opens the database, so the volume is mounted: each
+/// stored `st_dev` is proved by opening one of its directories (a few are
+/// tried) and finding that `st_dev` on it now; the directory then names the
+/// key. A `st_dev` that cannot be proved (unmounted, moved, or handed to
+/// another subvolume since) is marked unproven: its files are hashed again
+/// by the next run rather than taken for files they may not be.
+fn rekey_dirs(tx: &Transaction<'_>) -> rusqlite::Result<()> {
+    let devs: Vec<i64> =
+        tx.prepare("SELECT DISTINCT dev FROM dirs")?.query_map([], |r| r.get(0))?.collect::<Result<_, _>>()?;
+    let mut keys = SubvolIds::new();
+    tx.execute_batch("CREATE TEMP TABLE rekey (old INTEGER PRIMARY KEY, new INTEGER NOT NULL)")?;
+    for dev in devs {
+        let paths: Vec<Vec<u8>> = tx
+            .prepare("SELECT path FROM dirs WHERE dev = ?1 LIMIT 8")?
+            .query_map([dev], |r| r.get(0))?
+            .collect::<Result<_, _>>()?;
+        let proved = paths.iter().find_map(|p| {
+            let dir = open_dir(Path::new(OsStr::from_bytes(p))).ok()?;
+            let k = keys.id_for(dev as u64, &dir);
+            (k != unproven_key(dev as u64)).then_some(k)
+        });
+        let new = proved.unwrap_or(unproven_key(dev as u64));
+        tx.execute("INSERT INTO rekey (old, new) VALUES (?1, ?2)", params![dev, new as i64])?;
+    }
+    // One statement, so a new key equal to another row's old st_dev is
+    // never converted twice.
+    tx.execute_batch("UPDATE dirs SET dev = (SELECT new FROM rekey WHERE old = dirs.dev); DROP TABLE rekey;")
 }
 
 #[cfg(test)]
@@ -70,6 +111,34 @@ mod tests {
         let files: i64 = c.query_row("SELECT count(*) FROM files", [], |r| r.get(0)).unwrap();
         let runs: i64 = c.query_row("SELECT count(*) FROM runs", [], |r| r.get(0)).unwrap();
         assert_eq!((files, runs), (0, 1));
+    }
+
+    #[test]
+    fn version_4_dirs_are_rekeyed_without_losing_files() {
+        use std::os::unix::fs::MetadataExt;
+        let d = tempfile::tempdir().unwrap();
+        let dev = std::fs::metadata(d.path()).unwrap().dev() as i64;
+        let mut c = Connection::open_in_memory().unwrap();
+        for sql in &MIGRATIONS[..4] {
+            c.execute_batch(sql).unwrap();
+        }
+        c.pragma_update(None, "user_version", 4).unwrap();
+        let here = d.path().as_os_str().as_bytes();
+        c.execute("INSERT INTO dirs (id, dev, path) VALUES (1, ?1, ?2)", params![dev, here]).unwrap();
+        c.execute("INSERT INTO dirs (id, dev, path) VALUES (2, ?1, x'2f6e6f2f73756368')", params![dev + 1]).unwrap();
+        c.execute(
+            "INSERT INTO files (dir, name, ino, size, mtime, ctime, hashed_run, blocks) VALUES (1, x'61', 7, 1, 0, 0, 1, x'00')",
+            [],
+        )
+        .unwrap();
+        migrate(&mut c).unwrap();
+        let key =
+            |id: i64| c.query_row("SELECT dev FROM dirs WHERE id = ?1", [id], |r| r.get::<_, i64>(0)).unwrap() as u64;
+        let want = crate::sys::volume_key(std::os::fd::AsFd::as_fd(&open_dir(d.path()).unwrap())).unwrap();
+        assert_eq!(key(1), want, "proved by its directory");
+        assert_eq!(key(2), unproven_key(dev as u64 + 1), "cannot be proved: marked, rehashed next run");
+        let files: i64 = c.query_row("SELECT count(*) FROM files", [], |r| r.get(0)).unwrap();
+        assert_eq!(files, 1, "nothing dropped");
     }
 
     #[test]

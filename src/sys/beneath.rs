@@ -233,6 +233,16 @@ impl Tree {
         open_file_beneath(fd, rel)
     }
 
+    /// Open the directory at absolute `path` (for `fstat` and ioctls)
+    /// relative to the held directory it lies under, like [`Tree::open_file`].
+    pub fn open_dir(&self, path: &Path) -> io::Result<OwnedFd> {
+        let (fd, rel) = self.locate(path).ok_or_else(|| io::Error::from_raw_os_error(libc::EXDEV))?;
+        if rel.as_os_str().is_empty() {
+            return fd.try_clone_to_owned();
+        }
+        open_beneath(fd, rel, DIR_FLAGS)
+    }
+
     /// The held directory of the `i`-th starting path, and the name of the
     /// file in it when the starting path is a file.
     pub fn root(&self, i: usize) -> Option<(&Path, BorrowedFd<'_>, Option<&CStr>)> {

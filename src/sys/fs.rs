@@ -136,6 +136,158 @@ pub fn syncfs(fd: impl AsFd) -> Result<(), Errno> {
     nix::unistd::syncfs(fd.as_fd())
 }
 
+/// `struct btrfs_ioctl_ino_lookup_args` (4 KiB).
+#[repr(C)]
+struct InoLookupArgs {
+    treeid: u64,
+    objectid: u64,
+    name: [u8; 4080],
+}
+nix::ioctl_readwrite!(ioctl_btrfs_ino_lookup, 0x94, 18, InoLookupArgs);
+
+/// `BTRFS_FIRST_FREE_OBJECTID`: the inode number of a subvolume's root
+/// directory.
+const BTRFS_FIRST_FREE_OBJECTID: u64 = 256;
+
+/// What identifies, across remounts, the part of a filesystem a file is
+/// on: on btrfs the id of its subvolume (`BTRFS_IOC_INO_LOOKUP` with tree
+/// id 0 answers the root id of the tree `fd` is in, without privileges);
+/// on any other filesystem `0`, since the database is per filesystem and
+/// the crawl never leaves it. Never `st_dev`: btrfs hands out a subvolume's
+/// `st_dev` when the subvolume is first touched after mount, so it changes
+/// with the order things are looked at, and a loop device's number changes
+/// between boots.
+pub fn volume_key(fd: BorrowedFd<'_>) -> Result<u64, Errno> {
+    if FsKind::from_magic(fstatfs(fd)?.filesystem_type()) != FsKind::Btrfs {
+        return Ok(0);
+    }
+    let mut a = InoLookupArgs { treeid: 0, objectid: BTRFS_FIRST_FREE_OBJECTID, name: [0; 4080] };
+    // SAFETY: `a` is a valid, writable 4 KiB `btrfs_ioctl_ino_lookup_args`.
+    unsafe { ioctl_btrfs_ino_lookup(fd.as_raw_fd(), &mut a) }?;
+    Ok(a.treeid)
+}
+
+/// The key given to files whose [`volume_key`] could not be read: their
+/// `st_dev` with the top bit set, which no real key has, so such a file is
+/// never mistaken for a known one (it is hashed again next time).
+pub fn unproven_key(dev: u64) -> u64 {
+    dev | 1 << 63
+}
+
+/// `st_dev` → [`volume_key`], asked once per `st_dev` per run: `st_dev` is
+/// stable while a filesystem stays mounted, and a run is short. Each user
+/// (the crawl's consumer, each share worker) keeps its own, so no lock.
+#[derive(Debug, Default)]
+pub struct SubvolIds {
+    by_dev: std::collections::HashMap<u64, u64>,
+}
+
+impl SubvolIds {
+    pub fn new() -> SubvolIds {
+        SubvolIds::default()
+    }
+
+    /// The key of files with `st_dev` `dev`, asking `fd` (any file or
+    /// directory with that `st_dev`, checked) when `dev` is new.
+    /// Where the kernel does not answer: [`unproven_key`], not remembered.
+    pub fn id_for(&mut self, dev: u64, fd: &impl AsFd) -> u64 {
+        if let Some(&k) = self.by_dev.get(&dev) {
+            return k;
+        }
+        let fd = fd.as_fd();
+        let same_dev = nix::sys::stat::fstat(fd).is_ok_and(|st| st.st_dev == dev);
+        match volume_key(fd) {
+            Ok(k) if same_dev => {
+                self.by_dev.insert(dev, k);
+                k
+            }
+            _ => unproven_key(dev),
+        }
+    }
+
+    /// [`SubvolIds::id_for`] for a file found by the crawl, asking its
+    /// parent directory (same subvolume: a subvolume boundary is a
+    /// directory), which `open_parent` opens only when `dev` is new.
+    pub fn id_for_dir<F: AsFd>(&mut self, dev: u64, open_parent: impl FnOnce() -> std::io::Result<F>) -> u64 {
+        if let Some(&k) = self.by_dev.get(&dev) {
+            return k;
+        }
+        match open_parent() {
+            Ok(dir) => self.id_for(dev, &dir),
+            Err(_) => unproven_key(dev),
+        }
+    }
+}
+
+/// Open a directory for ioctls and `fstat`, never through a symlink.
+pub fn open_dir(path: &Path) -> std::io::Result<std::fs::File> {
+    use std::os::unix::fs::OpenOptionsExt;
+    std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_DIRECTORY | libc::O_NOFOLLOW | libc::O_NONBLOCK | libc::O_CLOEXEC)
+        .open(path)
+}
+
+/// `struct btrfs_ioctl_logical_ino_args`.
+#[repr(C)]
+#[derive(Debug, Default)]
+struct LogicalInoArgs {
+    logical: u64,
+    size: u64,
+    reserved: [u64; 3],
+    flags: u64,
+    inodes: u64,
+}
+nix::ioctl_readwrite!(ioctl_btrfs_logical_ino_v2, 0x94, 59, LogicalInoArgs);
+
+/// Return every reference to the extent, whatever offset in it `logical` is.
+const BTRFS_LOGICAL_INO_ARGS_IGNORE_OFFSET: u64 = 1;
+
+/// Who references a btrfs data extent.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ExtentOwners {
+    /// `(subvolume id, inode)` of every reference (one per file extent
+    /// item, so a file may appear more than once).
+    pub refs: Vec<(u64, u64)>,
+    /// False when the answer did not fit: there are more owners.
+    pub complete: bool,
+}
+
+/// Every `(subvolume, inode)` referencing the data extent holding disk
+/// address `logical` (a FIEMAP `fe_physical`), with
+/// `BTRFS_IOC_LOGICAL_INO_V2` (needs CAP_SYS_ADMIN; a back-reference walk,
+/// about what FIEMAP's SHARED flag costs). Read-only snapshots are
+/// subvolumes like any other, so their references are listed too.
+pub fn extent_owners(fd: BorrowedFd<'_>, logical: u64) -> Result<ExtentOwners, Errno> {
+    // 64 KiB: room for 2,730 references; more is answered incomplete.
+    const SIZE: usize = 64 << 10;
+    let mut buf = vec![0u64; SIZE / 8];
+    let mut a = LogicalInoArgs {
+        logical,
+        size: SIZE as u64,
+        flags: BTRFS_LOGICAL_INO_ARGS_IGNORE_OFFSET,
+        inodes: buf.as_mut_ptr() as u64,
+        ..Default::default()
+    };
+    // SAFETY: `a` is a valid `btrfs_ioctl_logical_ino_args`; `inodes` points
+    // at `buf`, SIZE writable bytes, 8-byte aligned, which outlives the call;
+    // the kernel writes at most `size` bytes there.
+    unsafe { ioctl_btrfs_logical_ino_v2(fd.as_raw_fd(), &mut a) }?;
+    // struct btrfs_data_container: bytes_left, bytes_missing, elem_cnt,
+    // elem_missed (u32 each), then elem_cnt u64 values, three per reference
+    // (inode, offset, root).
+    let field = |i: usize| {
+        let b = buf[i / 2].to_ne_bytes();
+        u32::from_ne_bytes([b[i % 2 * 4], b[i % 2 * 4 + 1], b[i % 2 * 4 + 2], b[i % 2 * 4 + 3]])
+    };
+    let (bytes_missing, elem_cnt, elem_missed) = (field(1), field(2) as usize, field(3));
+    let vals = &buf[2..(2 + elem_cnt).min(buf.len())];
+    Ok(ExtentOwners {
+        refs: vals.chunks_exact(3).map(|v| (v[2], v[0])).collect(),
+        complete: elem_missed == 0 && bytes_missing == 0,
+    })
+}
+
 /// Every mount point on this machine, from `/proc/self/mountinfo`.
 pub fn mount_points() -> HashSet<PathBuf> {
     let text = std::fs::read("/proc/self/mountinfo").unwrap_or_default();
@@ -226,6 +378,35 @@ mod tests {
     #[test]
     fn root_is_a_mount_point() {
         assert!(mount_points().contains(Path::new("/")));
+    }
+
+    #[test]
+    fn ino_lookup_request_code_matches_the_kernel() {
+        assert_eq!(std::mem::size_of::<InoLookupArgs>(), 4096);
+        let code = nix::request_code_readwrite!(0x94, 18, std::mem::size_of::<InoLookupArgs>());
+        assert_eq!(code as u64, 0xd000_9412);
+    }
+
+    #[test]
+    fn keys_off_btrfs_are_zero_and_cached_per_dev() {
+        use std::os::unix::fs::MetadataExt;
+        let d = tempfile::tempdir().unwrap();
+        let dev = std::fs::metadata(d.path()).unwrap().dev();
+        let mut ids = SubvolIds::new();
+        let k = ids.id_for_dir(dev, || open_dir(d.path()));
+        if fs_info_of_path(d.path()).unwrap().kind != FsKind::Btrfs {
+            assert_eq!(k, 0);
+        }
+        // A wrong dev is never believed.
+        assert_eq!(ids.id_for_dir(dev ^ 1, || open_dir(d.path())), unproven_key(dev ^ 1));
+        assert_eq!(ids.id_for(dev, &std::fs::File::open(d.path()).unwrap()), k);
+    }
+
+    #[test]
+    fn logical_ino_request_code_matches_the_kernel() {
+        assert_eq!(std::mem::size_of::<LogicalInoArgs>(), 56);
+        let code = nix::request_code_readwrite!(0x94, 59, std::mem::size_of::<LogicalInoArgs>());
+        assert_eq!(code as u64, 0xc038_943b);
     }
 
     #[test]

@@ -13,5 +13,5 @@ pub mod inode;
 
 pub use dedupe::{dedupe_range, DedupeStatus, DestResult};
 pub use fiemap::{fiemap, Extent};
-pub use fs::{fs_info, syncfs, FsInfo, FsKind};
+pub use fs::{fs_info, syncfs, volume_key, FsInfo, FsKind, SubvolIds};
 pub use inode::{inode_flags, open_readonly, InodeFlags};
