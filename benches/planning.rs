@@ -37,7 +37,7 @@ struct Input {
 
 impl Input {
     fn blocks(&self) -> u64 {
-        self.files.iter().map(|f| f.blocks.len() as u64).sum()
+        self.files.iter().map(|f| f.blocks.len()).sum()
     }
 }
 
@@ -46,23 +46,28 @@ fn fp(rng: &mut Rng) -> Fp {
 }
 
 fn plan_file(id: i64, blocks: Vec<Fp>) -> PlanFile {
-    PlanFile { id: FileId(id), rank: id as u64, size: blocks.len() as u64 * BS, blocks }
+    PlanFile::dense(FileId(id), id as u64, blocks.len() as u64 * BS, &blocks)
+}
+
+fn dense(f: &PlanFile) -> Vec<Fp> {
+    (0..f.blocks.len()).map(|b| f.blocks.get(b)).collect()
 }
 
 /// Group files the way the database does: whole-file groups by content,
 /// then anchor groups (fingerprints sampled twice or more) over the files
 /// that are not already a whole-file copy.
 fn input(files: Vec<PlanFile>) -> Input {
-    let mut by_content: BTreeMap<(u64, &[Fp]), Vec<FileId>> = BTreeMap::new();
+    let mut by_content: BTreeMap<(u64, Vec<Fp>), Vec<FileId>> = BTreeMap::new();
     for f in &files {
-        by_content.entry((f.size, f.blocks.as_slice())).or_default().push(f.id);
+        by_content.entry((f.size, dense(f))).or_default().push(f.id);
     }
     let whole: Vec<Vec<FileId>> = by_content.into_values().filter(|g| g.len() > 1).collect();
     let covered: std::collections::HashSet<FileId> = whole.iter().flat_map(|g| g[1..].iter().copied()).collect();
     let mut by_fp: HashMap<Fp, Vec<(FileId, u64)>> = HashMap::new();
     for f in files.iter().filter(|f| !covered.contains(&f.id)) {
-        for b in anchors(&f.blocks) {
-            by_fp.entry(f.blocks[b as usize]).or_default().push((f.id, b));
+        let blocks = dense(f);
+        for b in anchors(&blocks) {
+            by_fp.entry(blocks[b as usize]).or_default().push((f.id, b));
         }
     }
     // The database returns groups ordered by fingerprint (as i64).
@@ -91,10 +96,10 @@ fn small_files(n: usize) -> Input {
         let roll = rng.below(30);
         let blocks = if !files.is_empty() && roll < 10 {
             // whole copy of an earlier file
-            files[rng.below(files.len() as u64) as usize].blocks.clone()
+            dense(&files[rng.below(files.len() as u64) as usize])
         } else if !files.is_empty() && roll < 13 {
             // edited copy: one block changed
-            let mut b = files[rng.below(files.len() as u64) as usize].blocks.clone();
+            let mut b = dense(&files[rng.below(files.len() as u64) as usize]);
             let at = rng.below(b.len() as u64) as usize;
             b[at] = fp(&mut rng);
             b

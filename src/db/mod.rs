@@ -20,7 +20,7 @@ use rusqlite::types::ValueRef;
 use rusqlite::{params, Connection, OpenFlags, OptionalExtension};
 
 use crate::hash::ZERO_FP;
-use crate::plan::{self, short_fp, Fp, Plan, PlanFile, PlanOptions};
+use crate::plan::{self, short_fp, BlockMap, Fp, Plan, PlanFile, PlanOptions};
 use crate::types::FileId;
 use crate::walk::{Candidate, TimeTag};
 
@@ -186,15 +186,21 @@ impl Db {
             .map(drop)
     }
 
-    /// Build the plan over the `allowed` files: whole-file groups first,
-    /// then anchor groups. With `fresh`, only groups holding a fresh file are
+    /// Build the plan over the `allowed` files: whole-file groups, then
+    /// anchor groups. With `fresh`, only groups holding a fresh file are
     /// planned (incremental runs).
     ///
     /// One pass over every block map groups whole files (by size and a hash
     /// of the map) and finds each file's smallest-fingerprint anchor, both in
-    /// memory (a few dozen bytes per file, nothing per block); the sampled
-    /// anchors come from the index, by key range for a full plan and by key
-    /// for the fresh files' anchors in an incremental one.
+    /// memory (a few dozen bytes per file, nothing per block); a second pass
+    /// looks every block of every file up among those smallest anchors, so a
+    /// small file's content is found inside an image even where none of its
+    /// blocks is sampled (a one-block file is its own smallest anchor). The
+    /// sampled anchors come from the index, by key range for a full plan and
+    /// by key for the fresh files' anchors in an incremental one.
+    ///
+    /// Nothing here depends on the order of rows or on file ids: the
+    /// planner orders everything by content (see [`plan::plan`]).
     pub fn plan(
         &self,
         allowed: &HashSet<FileId>,
@@ -206,12 +212,18 @@ impl Db {
         let _read = self.conn.unchecked_transaction()?;
         let pass = self.map_pass(allowed, fresh)?;
         let mut whole = group_whole_files(pass.whole_keys);
+        // Copies beyond the first of a whole-file group bring nothing an
+        // anchor could find that the first does not (same map).
         let covered: HashSet<FileId> = whole.iter().flat_map(|g| g[1..].iter().copied()).collect();
         let mut anchor_groups = match fresh {
             Some(_) => self.anchor_groups_by_key(pass.fresh_anchor_fps, allowed, &covered)?,
             None => self.anchor_groups(allowed, &covered)?,
         };
-        anchor_groups.extend(group_min_anchors(pass.min_anchors, &covered));
+        let mut mins = pass.min_anchors;
+        mins.retain(|m| !covered.contains(&m.1));
+        let hits = self.min_anchor_hits(allowed, &covered, &mins)?;
+        mins.extend(hits);
+        anchor_groups.extend(group_min_anchors(mins));
         if let Some(fresh) = fresh {
             whole.retain(|g| g.iter().any(|id| fresh.contains(id)));
             anchor_groups.retain(|g| g.iter().any(|(id, _)| fresh.contains(id)));
@@ -236,15 +248,42 @@ impl Db {
             }
             let blob = stored_map(&self.conn, r.get_ref(2)?)?;
             pass.whole_keys.push((r.get::<_, i64>(1)? as u64, map_hash(&blob), id));
-            let blocks = decode_blocks(&blob);
-            if let Some(b) = plan::min_anchor(&blocks) {
-                pass.min_anchors.push((blocks[b as usize], id, b));
+            let blocks = BlockMap::from_blob(&blob);
+            if let Some((b, fp)) = plan::min_anchor_sparse(&blocks) {
+                pass.min_anchors.push((fp, id, b));
             }
             if fresh.is_some_and(|f| f.contains(&id)) {
-                pass.fresh_anchor_fps.extend(plan::sampled_anchors(&blocks).map(|b| blocks[b as usize]));
+                pass.fresh_anchor_fps.extend(blocks.data().filter(|&(_, fp)| plan::is_sampled(fp)).map(|(_, fp)| fp));
             }
         }
         Ok(pass)
+    }
+
+    /// Every block of the `allowed` files not `covered` whose fingerprint is
+    /// one of the smallest anchors `mins`, as `(fingerprint, id, block)`:
+    /// a second pass over the block maps, with memory for the anchors only.
+    fn min_anchor_hits(
+        &self,
+        allowed: &HashSet<FileId>,
+        covered: &HashSet<FileId>,
+        mins: &[(Fp, FileId, u64)],
+    ) -> rusqlite::Result<Vec<(Fp, FileId, u64)>> {
+        let keys: rustc_hash::FxHashSet<Fp> = mins.iter().map(|m| m.0).collect();
+        let mut hits = Vec::new();
+        if keys.is_empty() {
+            return Ok(hits);
+        }
+        let mut st = self.conn.prepare("SELECT id, blocks FROM files WHERE size > 0")?;
+        let mut rows = st.query([])?;
+        while let Some(r) = rows.next()? {
+            let id: FileId = r.get(0)?;
+            if !allowed.contains(&id) || covered.contains(&id) {
+                continue;
+            }
+            let blocks = BlockMap::from_blob(&stored_map(&self.conn, r.get_ref(1)?)?);
+            hits.extend(blocks.data().filter(|(_, fp)| keys.contains(fp)).map(|(b, fp)| (fp, id, b)));
+        }
+        Ok(hits)
     }
 
     /// Occurrences of every sampled anchor seen at least twice among
@@ -339,39 +378,25 @@ impl Db {
         Ok(out)
     }
 
-    /// Block maps of the given files, ranked as sources (see
-    /// [`PlanFile::rank`]): hashed by an earlier run first, then by path.
+    /// Block maps of the given files, as the planner takes them (sparse:
+    /// holes are never expanded).
     pub fn plan_files(&self, ids: impl IntoIterator<Item = FileId>) -> rusqlite::Result<Vec<PlanFile>> {
-        let mut st = self.conn.prepare_cached(&format!(
-            "SELECT f.size, f.blocks, f.hashed_run, {PATH_COLS} {FROM_FILES} WHERE f.id = ?1"
-        ))?;
-        // Paths compare as bytes (much faster than by component, and just as
-        // deterministic).
-        let mut rows: Vec<((i64, Vec<u8>), PlanFile)> = Vec::new();
+        let mut st = self.conn.prepare_cached("SELECT size, blocks, ino FROM files WHERE id = ?1")?;
+        let mut out = Vec::new();
         for id in ids {
             let row = st
                 .query_row([id], |r| {
-                    let f = PlanFile {
+                    Ok(PlanFile {
                         id,
-                        rank: 0,
+                        ino: r.get::<_, i64>(2)? as u64,
                         size: r.get::<_, i64>(0)? as u64,
-                        blocks: decode_blocks(&stored_map(&self.conn, r.get_ref(1)?)?),
-                    };
-                    let path = [r.get_ref(3)?.as_blob()?, b"/", r.get_ref(4)?.as_blob()?].concat();
-                    Ok(((r.get(2)?, path), f))
+                        blocks: BlockMap::from_blob(&stored_map(&self.conn, r.get_ref(1)?)?),
+                    })
                 })
                 .optional()?;
-            rows.extend(row);
+            out.extend(row);
         }
-        rows.sort_by(|a, b| a.0.cmp(&b.0));
-        Ok(rows
-            .into_iter()
-            .enumerate()
-            .map(|(i, (_, mut f))| {
-                f.rank = i as u64;
-                f
-            })
-            .collect())
+        Ok(out)
     }
 }
 
@@ -418,12 +443,12 @@ fn group_whole_files(mut keys: Vec<(u64, u64, FileId)>) -> Vec<Vec<FileId>> {
         .collect()
 }
 
-/// Groups of the smallest-fingerprint anchors that occur at least twice,
-/// among files not `covered`.
-fn group_min_anchors(mut mins: Vec<(Fp, FileId, u64)>, covered: &HashSet<FileId>) -> Vec<Vec<(FileId, u64)>> {
-    mins.retain(|m| !covered.contains(&m.1));
-    mins.sort_unstable();
-    mins.chunk_by(|a, b| a.0 == b.0).filter(|g| g.len() > 1).map(|g| g.iter().map(|m| (m.1, m.2)).collect()).collect()
+/// Groups of `(fingerprint, id, block)` occurrences (smallest anchors and
+/// the blocks found equal to one) by fingerprint, those with two or more.
+fn group_min_anchors(mut occ: Vec<(Fp, FileId, u64)>) -> Vec<Vec<(FileId, u64)>> {
+    occ.sort_unstable();
+    occ.dedup();
+    occ.chunk_by(|a, b| a.0 == b.0).filter(|g| g.len() > 1).map(|g| g.iter().map(|m| (m.1, m.2)).collect()).collect()
 }
 
 /// Smallest encoded block map (16 blocks) that copies store once, as a
@@ -630,7 +655,7 @@ mod tests {
         assert_anchors_consistent(&db);
         assert_eq!(whole_groups(&db), vec![vec![id_of(&db, 4), id_of(&db, 5)]]);
         let plan = db.plan_files([c]).unwrap();
-        assert_eq!(plan[0].blocks, decode_blocks(&encode_blocks(&m)));
+        assert_eq!(plan[0].blocks, BlockMap::from_dense(&decode_blocks(&encode_blocks(&m))));
 
         // Directories without files are dropped; paths survive the split.
         let (db, _) = write(db, 4, vec![WriteOp::Removed { id: c }]);
