@@ -5,14 +5,16 @@
 //! fingerprint is sampled into the database's index). Out: a [`Plan`], a list
 //! of `(source range, destination range)` pairs with equal fingerprints.
 //!
-//! Every duplicate block is given exactly one *root*: the copy all others
-//! will share. A match found on one anchor is extended forward and backward
+//! Every distinct duplicate content ends with exactly one copy, its
+//! *source*. A match found on one anchor is extended forward and backward
 //! along both files' block maps (the *diagonal*), tolerating short runs of
 //! differing blocks, so a 4 KiB-granular match costs one index lookup, and
 //! two VM images that differ in scattered blocks are matched in one pass.
-//! Roots are resolved transitively (A→B, B→C becomes A→C, B→C), so the order
-//! in which the executor runs the ranges does not matter and no extent is
-//! kept alive by a chain of copies.
+//! Equal blocks are joined in a union-find, so whole-file groups, runs
+//! inside images and repeats within one file that hold the same content end
+//! in one class with one source, and no extent is kept alive by a chain of
+//! copies. The plan depends on the data alone (see [`plan`]), and the source
+//! is chosen by layout: the copy whose extent stays referenced anyway.
 
 use rustc_hash::FxHashMap;
 
