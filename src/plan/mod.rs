@@ -844,4 +844,33 @@ mod tests {
             }
         }
     }
+
+    #[test]
+    fn sparse_files_of_8_tib_are_planned_by_their_data_alone() {
+        // Two files of 2^31 blocks (8 TiB): four blocks at the start and
+        // four at the end, the rest holes; the second's data is also in a
+        // small file. Holes are never expanded (this would need 16 GiB).
+        let end = 1u64 << 31;
+        let enc = |fps: &[u32]| -> Vec<u8> {
+            let mut w: Vec<u32> = fps[..4].to_vec();
+            w.extend([0, (end - 8) as u32]);
+            w.extend(&fps[4..]);
+            w.iter().flat_map(|x| x.to_le_bytes()).collect()
+        };
+        let data: Vec<Fp> = (1..=8).map(|i| i * 0x101).collect();
+        let big = |id: i64| PlanFile {
+            id: FileId(id),
+            ino: id as u64,
+            size: end * BS,
+            blocks: BlockMap::from_blob(&enc(&data)),
+        };
+        let small = file(3, &data[4..]);
+        let files = vec![big(1), big(2), small];
+        let got = plan(&files, &[vec![FileId(1), FileId(2)]], &db_like_groups(&files), PlanOptions::default());
+        let src = sources(&got);
+        assert_eq!(shared_blocks(&got), 8 + 4, "{got:?}");
+        let tail: std::collections::HashSet<_> =
+            [(1, end - 4), (2, end - 4), (3, 0)].iter().filter_map(|&(f, b)| src.get(&(FileId(f), b))).collect();
+        assert_eq!(tail.len(), 1, "{got:?}");
+    }
 }
