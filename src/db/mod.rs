@@ -187,17 +187,19 @@ impl Db {
     }
 
     /// Build the plan over the `allowed` files: whole-file groups, then
-    /// anchor groups. With `fresh`, only groups holding a fresh file are
-    /// planned (incremental runs).
+    /// groups of equal blocks. With `fresh`, only groups holding a fresh
+    /// file are planned (incremental runs).
     ///
     /// One pass over every block map groups whole files (by size and a hash
-    /// of the map) and finds each file's smallest-fingerprint anchor, both in
-    /// memory (a few dozen bytes per file, nothing per block); a second pass
-    /// looks every block of every file up among those smallest anchors, so a
-    /// small file's content is found inside an image even where none of its
-    /// blocks is sampled (a one-block file is its own smallest anchor). The
-    /// sampled anchors come from the index, by key range for a full plan and
-    /// by key for the fresh files' anchors in an incremental one.
+    /// of the map) in memory, a few dozen bytes per file. Then every block of
+    /// every file outside those copies is grouped by fingerprint — exactly,
+    /// not sampled: a one-block file padded to 4 KiB inside two disk images,
+    /// or a fragment of a file split by an image's allocator, has no anchor
+    /// to be found from, and these were most of what sampling missed. The
+    /// grouping takes 16 bytes per block, so it runs in slices of the
+    /// fingerprint space of at most [`GROUP_BUDGET`] blocks each (one more
+    /// pass over the maps per slice). An incremental plan groups only the
+    /// fingerprints of the fresh files' blocks.
     ///
     /// Nothing here depends on the order of rows or on file ids: the
     /// planner orders everything by content (see [`plan::plan`]).
@@ -212,28 +214,21 @@ impl Db {
         let _read = self.conn.unchecked_transaction()?;
         let pass = self.map_pass(allowed, fresh)?;
         let mut whole = group_whole_files(pass.whole_keys);
-        // Copies beyond the first of a whole-file group bring nothing an
-        // anchor could find that the first does not (same map).
+        // Copies beyond the first of a whole-file group bring nothing the
+        // first does not (same map).
         let covered: HashSet<FileId> = whole.iter().flat_map(|g| g[1..].iter().copied()).collect();
-        let mut anchor_groups = match fresh {
-            Some(_) => self.anchor_groups_by_key(pass.fresh_anchor_fps, allowed, &covered)?,
-            None => self.anchor_groups(allowed, &covered)?,
-        };
-        let mut mins = pass.min_anchors;
-        mins.retain(|m| !covered.contains(&m.1));
-        let hits = self.min_anchor_hits(allowed, &covered, &mins)?;
-        mins.extend(hits);
-        anchor_groups.extend(group_min_anchors(mins));
+        let keys = fresh.map(|_| pass.fresh_fps);
+        let mut block_groups = self.block_groups(allowed, &covered, keys.as_ref(), pass.data_blocks)?;
         if let Some(fresh) = fresh {
             whole.retain(|g| g.iter().any(|id| fresh.contains(id)));
-            anchor_groups.retain(|g| g.iter().any(|(id, _)| fresh.contains(id)));
+            block_groups.retain(|g| g.iter().any(|(id, _)| fresh.contains(id)));
         }
         let mut involved: Vec<FileId> =
-            whole.iter().flatten().copied().chain(anchor_groups.iter().flatten().map(|(id, _)| *id)).collect();
+            whole.iter().flatten().copied().chain(block_groups.iter().flatten().map(|(id, _)| *id)).collect();
         involved.sort_unstable();
         involved.dedup();
         let files = self.plan_files(involved)?;
-        Ok(Planned { plan: plan::plan(&files, &whole, &anchor_groups, opts), whole_groups: whole })
+        Ok(Planned { plan: plan::plan(&files, &whole, &block_groups, opts), whole_groups: whole })
     }
 
     /// Read every block map once; see [`Db::plan`].
@@ -249,101 +244,61 @@ impl Db {
             let blob = stored_map(&self.conn, r.get_ref(2)?)?;
             pass.whole_keys.push((r.get::<_, i64>(1)? as u64, map_hash(&blob), id));
             let blocks = BlockMap::from_blob(&blob);
-            if let Some((b, fp)) = plan::min_anchor_sparse(&blocks) {
-                pass.min_anchors.push((fp, id, b));
-            }
+            pass.data_blocks += blocks.data_len() as u64;
             if fresh.is_some_and(|f| f.contains(&id)) {
-                pass.fresh_anchor_fps.extend(blocks.data().filter(|&(_, fp)| plan::is_sampled(fp)).map(|(_, fp)| fp));
+                pass.fresh_fps.extend(blocks.data_fps().iter().copied());
             }
         }
         Ok(pass)
     }
 
-    /// Every block of the `allowed` files not `covered` whose fingerprint is
-    /// one of the smallest anchors `mins`, as `(fingerprint, id, block)`:
-    /// a second pass over the block maps, with memory for the anchors only.
-    fn min_anchor_hits(
+    /// Groups of two or more equal blocks among the `allowed` files not
+    /// `covered`, as `(id, block)`; with `keys`, only blocks whose
+    /// fingerprint is one of them. `data_blocks` (an upper bound of the
+    /// blocks to group) sets how many slices of the fingerprint space the
+    /// grouping takes (see [`GROUP_BUDGET`]).
+    fn block_groups(
         &self,
         allowed: &HashSet<FileId>,
         covered: &HashSet<FileId>,
-        mins: &[(Fp, FileId, u64)],
-    ) -> rusqlite::Result<Vec<(Fp, FileId, u64)>> {
-        let keys: rustc_hash::FxHashSet<Fp> = mins.iter().map(|m| m.0).collect();
-        let mut hits = Vec::new();
-        if keys.is_empty() {
-            return Ok(hits);
-        }
+        keys: Option<&rustc_hash::FxHashSet<Fp>>,
+        data_blocks: u64,
+    ) -> rusqlite::Result<Vec<Vec<(FileId, u64)>>> {
+        let slices = match keys {
+            Some(_) => 1, // bounded by the fresh data and its matches
+            None => data_blocks.div_ceil(GROUP_BUDGET).max(1) as u32,
+        };
+        let mut groups = Vec::new();
         let mut st = self.conn.prepare("SELECT id, blocks FROM files WHERE size > 0")?;
-        let mut rows = st.query([])?;
-        while let Some(r) = rows.next()? {
-            let id: FileId = r.get(0)?;
-            if !allowed.contains(&id) || covered.contains(&id) {
-                continue;
-            }
-            let blocks = BlockMap::from_blob(&stored_map(&self.conn, r.get_ref(1)?)?);
-            hits.extend(blocks.data().filter(|(_, fp)| keys.contains(fp)).map(|(b, fp)| (fp, id, b)));
-        }
-        Ok(hits)
-    }
-
-    /// Occurrences of every sampled anchor seen at least twice among
-    /// `allowed` files, skipping files in `covered` (already handled as
-    /// whole-file duplicates). Streams the index in key order.
-    fn anchor_groups(
-        &self,
-        allowed: &HashSet<FileId>,
-        covered: &HashSet<FileId>,
-    ) -> rusqlite::Result<Vec<Vec<(FileId, u64)>>> {
-        let mut st = self.conn.prepare("SELECT fp, file_id, blk FROM anchors ORDER BY fp")?;
-        let mut rows = st.query([])?;
-        let mut groups = Vec::new();
-        let mut cur: Vec<(FileId, u64)> = Vec::new();
-        let mut cur_fp: Option<i64> = None;
-        while let Some(r) = rows.next()? {
-            let id: FileId = r.get(1)?;
-            if !allowed.contains(&id) || covered.contains(&id) {
-                continue;
-            }
-            let fp: i64 = r.get(0)?;
-            if cur_fp != Some(fp) {
-                if cur.len() > 1 {
-                    groups.push(std::mem::take(&mut cur));
+        for slice in 0..slices {
+            // (fingerprint, index in `ids`, block): 16 bytes
+            let mut occ: Vec<(Fp, u32, u64)> = Vec::new();
+            let mut ids: Vec<FileId> = Vec::new();
+            let mut rows = st.query([])?;
+            while let Some(r) = rows.next()? {
+                let id: FileId = r.get(0)?;
+                if !allowed.contains(&id) || covered.contains(&id) {
+                    continue;
                 }
-                cur.clear();
-                cur_fp = Some(fp);
-            }
-            cur.push((id, r.get::<_, i64>(2)? as u64));
-        }
-        if cur.len() > 1 {
-            groups.push(cur);
-        }
-        Ok(groups)
-    }
-
-    /// The groups of the sampled anchors `fps` (the fresh files' anchors),
-    /// looked up by key, so an incremental run never scans the whole index.
-    fn anchor_groups_by_key(
-        &self,
-        mut fps: Vec<Fp>,
-        allowed: &HashSet<FileId>,
-        covered: &HashSet<FileId>,
-    ) -> rusqlite::Result<Vec<Vec<(FileId, u64)>>> {
-        fps.sort_unstable();
-        fps.dedup();
-        let mut st = self.conn.prepare_cached("SELECT file_id, blk FROM anchors WHERE fp = ?1")?;
-        let mut groups = Vec::new();
-        for fp in fps {
-            let rows = st.query_map([fp], |r| Ok((r.get::<_, FileId>(0)?, r.get::<_, i64>(1)? as u64)))?;
-            let mut g = Vec::new();
-            for row in rows {
-                let (id, blk) = row?;
-                if allowed.contains(&id) && !covered.contains(&id) {
-                    g.push((id, blk));
+                let blocks = BlockMap::from_blob(&stored_map(&self.conn, r.get_ref(1)?)?);
+                let n = occ.len();
+                let at = ids.len() as u32;
+                occ.extend(
+                    blocks
+                        .data()
+                        .filter(|(_, fp)| fp % slices == slice && keys.is_none_or(|k| k.contains(fp)))
+                        .map(|(b, fp)| (fp, at, b)),
+                );
+                if occ.len() > n {
+                    ids.push(id);
                 }
             }
-            if g.len() > 1 {
-                groups.push(g);
-            }
+            occ.sort_unstable();
+            groups.extend(
+                occ.chunk_by(|a, b| a.0 == b.0)
+                    .filter(|g| g.len() > 1)
+                    .map(|g| g.iter().map(|o| (ids[o.1 as usize], o.2)).collect::<Vec<_>>()),
+            );
         }
         Ok(groups)
     }
@@ -416,12 +371,15 @@ pub fn join_path(dir: &[u8], name: &[u8]) -> PathBuf {
 struct MapPass {
     /// `(size, hash of the block map, id)` of every allowed file with data.
     whole_keys: Vec<(u64, u64, FileId)>,
-    /// `(fingerprint, id, block)`: each file's smallest-fingerprint block,
-    /// where it is not a sampled anchor already.
-    min_anchors: Vec<(Fp, FileId, u64)>,
-    /// Sampled anchors of the fresh files (incremental plans).
-    fresh_anchor_fps: Vec<Fp>,
+    /// Data blocks of the allowed files.
+    data_blocks: u64,
+    /// Fingerprints of the fresh files' blocks (incremental plans).
+    fresh_fps: rustc_hash::FxHashSet<Fp>,
 }
+
+/// Most blocks grouped at once by [`Db::plan`] (16 bytes each: 128 MiB);
+/// more are grouped in slices of the fingerprint space, one pass each.
+pub const GROUP_BUDGET: u64 = 8 << 20;
 
 /// Hash of an encoded block map: equal maps, equal hashes. Only compared
 /// within one process; the planner checks the maps themselves before it
@@ -441,14 +399,6 @@ fn group_whole_files(mut keys: Vec<(u64, u64, FileId)>) -> Vec<Vec<FileId>> {
         .filter(|g| g.len() > 1)
         .map(|g| g.iter().map(|k| k.2).collect())
         .collect()
-}
-
-/// Groups of `(fingerprint, id, block)` occurrences (smallest anchors and
-/// the blocks found equal to one) by fingerprint, those with two or more.
-fn group_min_anchors(mut occ: Vec<(Fp, FileId, u64)>) -> Vec<Vec<(FileId, u64)>> {
-    occ.sort_unstable();
-    occ.dedup();
-    occ.chunk_by(|a, b| a.0 == b.0).filter(|g| g.len() > 1).map(|g| g.iter().map(|m| (m.1, m.2)).collect()).collect()
 }
 
 /// Smallest encoded block map (16 blocks) that copies store once, as a
