@@ -1,6 +1,6 @@
 //! Planning cost: `dedupscan::plan::plan` on synthetic block maps shaped like
-//! the database's output (whole-file groups by size and digest, anchor groups
-//! by sampled fingerprint, whole-file duplicates left out of the anchors), so
+//! the database's output (whole-file groups by size and digest, groups of
+//! equal blocks by fingerprint, whole-file duplicates left out of them), so
 //! the planner is measured alone, without SQLite.
 //!
 //! Cases:
@@ -16,7 +16,7 @@
 //! Kept short (10 samples, ~3 s each) so that `cargo bench` stays under two
 //! minutes on a 2-core machine.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::BTreeMap;
 use std::hint::black_box;
 use std::time::Duration;
 
@@ -54,8 +54,8 @@ fn dense(f: &PlanFile) -> Vec<Fp> {
 }
 
 /// Group files the way the database does: whole-file groups by content,
-/// then anchor groups (fingerprints sampled twice or more) over the files
-/// that are not already a whole-file copy.
+/// then every block of the files that are not already a whole-file copy
+/// grouped by fingerprint (`Db::plan`'s exact block groups).
 fn input(files: Vec<PlanFile>) -> Input {
     let mut by_content: BTreeMap<(u64, Vec<Fp>), Vec<FileId>> = BTreeMap::new();
     for f in &files {
@@ -63,22 +63,17 @@ fn input(files: Vec<PlanFile>) -> Input {
     }
     let whole: Vec<Vec<FileId>> = by_content.into_values().filter(|g| g.len() > 1).collect();
     let covered: std::collections::HashSet<FileId> = whole.iter().flat_map(|g| g[1..].iter().copied()).collect();
-    let mut by_fp: HashMap<Fp, Vec<(FileId, u64)>> = HashMap::new();
+    let mut occ: Vec<(Fp, FileId, u64)> = Vec::new();
     for f in files.iter().filter(|f| !covered.contains(&f.id)) {
-        let blocks = dense(f);
-        for b in anchors(&blocks) {
-            by_fp.entry(blocks[b as usize]).or_default().push((f.id, b));
-        }
+        occ.extend(f.blocks.data().map(|(b, fp)| (fp, f.id, b)));
     }
-    // The database returns groups ordered by fingerprint (as i64).
-    let mut anchor_groups: Vec<(i64, Vec<(FileId, u64)>)> =
-        by_fp.into_iter().filter(|(_, g)| g.len() > 1).map(|(k, g)| (k as i64, g)).collect();
-    anchor_groups.sort_unstable_by_key(|(k, _)| *k);
-    let anchor_groups = anchor_groups.into_iter().map(|(_, mut g)| {
-        g.sort_unstable();
-        g
-    });
-    Input { whole, anchor_groups: anchor_groups.collect(), files }
+    occ.sort_unstable();
+    let anchor_groups = occ
+        .chunk_by(|a, b| a.0 == b.0)
+        .filter(|g| g.len() > 1)
+        .map(|g| g.iter().map(|o| (o.1, o.2)).collect())
+        .collect();
+    Input { whole, anchor_groups, files }
 }
 
 fn vm_pair(n: usize, changed_per_mille: u64) -> Input {
