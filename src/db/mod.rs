@@ -634,4 +634,28 @@ mod tests {
         let n: i64 = db.conn.query_row("SELECT count(*) FROM dirs", [], |r| r.get(0)).unwrap();
         assert_eq!(n, 1);
     }
+
+    #[test]
+    fn block_groups_are_the_same_in_one_slice_or_several() {
+        let dir = tempfile::tempdir().unwrap();
+        let db = Db::open(&dir.path().join("db"), "fs").unwrap();
+        let (a, b) = (map(1, 40), map(2, 40));
+        let mut c = a[10..30].to_vec();
+        c.extend(&b[..7]);
+        c.push(a[3]);
+        let ops = vec![hashed(None, 1, "/v/a", &a), hashed(None, 2, "/v/b", &b), hashed(None, 3, "/v/c", &c)];
+        let (db, _) = write(db, 1, ops);
+        let all: HashSet<FileId> = db.load_index().unwrap().values().map(|k| k.id).collect();
+        let none = HashSet::new();
+        let sorted = |mut g: Vec<Vec<(FileId, u64)>>| {
+            g.iter_mut().for_each(|x| x.sort());
+            g.sort();
+            g
+        };
+        let one = sorted(db.block_groups(&all, &none, None, 1).unwrap());
+        let three = sorted(db.block_groups(&all, &none, None, 3 * GROUP_BUDGET).unwrap());
+        // a[3] twice, a[10..30] and b[..7]: every block of c is in a group.
+        assert_eq!(one.len(), 20 + 7 + 1);
+        assert_eq!(one, three);
+    }
 }
