@@ -111,7 +111,8 @@ fn planning(c: &mut Criterion) {
     let mut g = c.benchmark_group("plan");
     g.sample_size(10).warm_up_time(Duration::from_millis(500)).measurement_time(Duration::from_secs(3));
     for (name, inp) in [("vm_pair_200k_2pct", vm_pair(200_000, 20)), ("small_files_50k", small_files(50_000))] {
-        let once = plan(&inp.files, &inp.whole, &inp.anchor_groups, PlanOptions::default());
+        let once =
+            plan(&inp.files, &inp.whole, &inp.anchor_groups, PlanOptions { exact_groups: true, ..Default::default() });
         eprintln!(
             "{name}: {} files, {} blocks, {} whole-file groups, {} anchor groups -> {} ranges, {} blocks shared",
             inp.files.len(),
@@ -124,7 +125,14 @@ fn planning(c: &mut Criterion) {
         // Throughput in blocks (of 4 KiB) considered, so cases compare.
         g.throughput(Throughput::Elements(inp.blocks()));
         g.bench_function(name, |b| {
-            b.iter(|| black_box(plan(&inp.files, &inp.whole, &inp.anchor_groups, PlanOptions::default())))
+            b.iter(|| {
+                black_box(plan(
+                    &inp.files,
+                    &inp.whole,
+                    &inp.anchor_groups,
+                    PlanOptions { exact_groups: true, ..Default::default() },
+                ))
+            })
         });
     }
     let mut rng = Rng::new(9);

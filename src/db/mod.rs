@@ -228,6 +228,7 @@ impl Db {
         involved.sort_unstable();
         involved.dedup();
         let files = self.plan_files(involved)?;
+        let opts = PlanOptions { exact_groups: true, ..opts };
         Ok(Planned { plan: plan::plan(&files, &whole, &block_groups, opts), whole_groups: whole })
     }
 

@@ -69,11 +69,15 @@ pub struct PlanOptions {
     /// Shortest range worth sharing, in blocks (a range that is a whole
     /// destination file is always kept).
     pub min_blocks: u64,
+    /// The anchor groups hold every block with a given fingerprint (as
+    /// `Db::plan` builds them), not a sample: their members are joined
+    /// directly, without walking diagonals (which could find nothing more).
+    pub exact_groups: bool,
 }
 
 impl Default for PlanOptions {
     fn default() -> Self {
-        PlanOptions { block_size: 4096, gap_blocks: 32, min_blocks: 1 }
+        PlanOptions { block_size: 4096, gap_blocks: 32, min_blocks: 1, exact_groups: false }
     }
 }
 
@@ -248,6 +252,22 @@ impl<'a> Planner<'a> {
 
     fn anchor_group(&mut self, occ: &[Loc]) {
         let Some(&first) = occ.first() else { return };
+        if self.opts.exact_groups {
+            // Every equal block is in the group: join each member with the
+            // first one whose tail agrees (a partial last block only with a
+            // partial last block of the same length).
+            let mut firsts: Vec<Loc> = Vec::new();
+            for &l in occ {
+                match firsts.iter().find(|&&f| self.tails_compatible(f, l)) {
+                    Some(&f) => {
+                        let (x, y) = (self.num(f).expect("data"), self.num(l).expect("data"));
+                        self.union(x, y);
+                    }
+                    None => firsts.push(l),
+                }
+            }
+            return;
+        }
         for &d in &occ[1..] {
             self.extend(first, d);
         }
@@ -872,5 +892,16 @@ mod tests {
         let tail: std::collections::HashSet<_> =
             [(1, end - 4), (2, end - 4), (3, 0)].iter().filter_map(|&(f, b)| src.get(&(FileId(f), b))).collect();
         assert_eq!(tail.len(), 1, "{got:?}");
+    }
+
+    #[test]
+    fn exact_groups_joined_directly_plan_what_walking_them_plans() {
+        for seed in 1..6 {
+            let files = mixed(seed);
+            let groups = all_blocks_groups(&files);
+            let walked = plan(&files, &whole_groups(&files), &groups, PlanOptions::default());
+            let exact = PlanOptions { exact_groups: true, ..Default::default() };
+            assert_eq!(plan(&files, &whole_groups(&files), &groups, exact), walked, "seed {seed}");
+        }
     }
 }
