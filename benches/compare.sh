@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # benches/compare.sh [--size SMALL|FULL|BYTES] [--fs btrfs|xfs|both] [--out FILE]
-#                    [--bin PATH] [--label TEXT] [--no-verify]
+#                    [--bin PATH] [--label TEXT] [--no-verify] [--permute-names SEED]
 #
 # Side-by-side benchmark of dedupscan and duperemove on a loop-mounted btrfs
 # and/or XFS volume holding the corpus of benches/corpus.sh (SMALL = 400M,
@@ -41,6 +41,13 @@
 # binary was built from, when it is not the checkout's HEAD).
 # `benches/compare_report.py --table FILE` prints the table again.
 #
+# --permute-names SEED renames the top-level and second-level directories of
+# the corpus on the volume (before anything is measured) to
+# `NN-<old name>`, NN their position in a permutation seeded by SEED, so that
+# path order no longer follows the corpus layout: results that move with
+# SEED depend on names (the planner must not). The renames are logged in
+# FILE.logs/permute-names.log.
+#
 # Needs root, loop devices, /usr/bin/time, mkfs.btrfs / mkfs.xfs, duperemove,
 # python3. Everything it mounts or creates is removed on exit, also on error
 # or Ctrl-C (after the step that is running finishes).
@@ -61,6 +68,7 @@ out=compare-results.json
 bin=${DEDUPSCAN_BIN:-$ROOT/target/release/dedupscan}
 verify=1
 label=
+permute=
 while [[ $# -gt 0 ]]; do
     case $1 in
     --size) size_arg=${2:?}; shift 2 ;;
@@ -74,6 +82,8 @@ while [[ $# -gt 0 ]]; do
     --label) label=${2:?}; shift 2 ;;
     --label=*) label=${1#*=}; shift ;;
     --no-verify) verify=0; shift ;;
+    --permute-names) permute=${2:?}; shift 2 ;;
+    --permute-names=*) permute=${1#*=}; shift ;;
     -h | --help) usage ;;
     *) echo "compare.sh: unknown argument '$1'" >&2; usage ;;
     esac
@@ -97,6 +107,7 @@ read -r -a DUPEREMOVE_ARGS <<<"${DUPEREMOVE_ARGS:-}"
 log() { printf '[compare %s] %s\n' "$(date +%T)" "$*" >&2; }
 die() { printf 'compare.sh: %s\n' "$*" >&2; exit 1; }
 
+[[ -z $permute || $permute =~ ^[0-9]+$ ]] || die "--permute-names takes a number (the seed)"
 [[ $EUID -eq 0 ]] || die "must run as root (loop devices, mount, drop_caches)"
 [[ -x $bin ]] || die "$bin: no dedupscan binary (cargo build --release, or --bin PATH)"
 [[ -r $IDEAL ]] || die "$IDEAL: ideal-dup.py not found (set IDEAL_DUP)"
@@ -258,6 +269,29 @@ check_unchanged() { # FS NAME
     fi
 }
 
+# permute_names DIR SEED: rename DIR's subdirectories and theirs to
+# NN-<name>, NN from a seeded shuffle (second level first, then top level).
+permute_names() {
+    python3 - "$1" "$2" <<'EOF'
+import os, random, sys
+root, seed = sys.argv[1], int(sys.argv[2])
+rng = random.Random(seed)
+def permute(parent):
+    names = sorted(n for n in os.listdir(parent)
+                   if os.path.isdir(os.path.join(parent, n)) and not os.path.islink(os.path.join(parent, n)))
+    order = names[:]
+    rng.shuffle(order)
+    for i, n in enumerate(order):
+        new = f"{i:02d}-{n}"
+        os.rename(os.path.join(parent, n), os.path.join(parent, new))
+        print(f"{os.path.relpath(os.path.join(parent, n), root)} -> {new}")
+for top in sorted(os.listdir(root)):
+    if os.path.isdir(os.path.join(root, top)) and not os.path.islink(os.path.join(root, top)):
+        permute(os.path.join(root, top))
+permute(root)
+EOF
+}
+
 fresh_copy() { # FS LABEL
     umount_vol
     rm -f "$WORK/work.img"
@@ -285,7 +319,7 @@ record step=meta started="$(date -u +%FT%TZ)" size_name="$size_name" size_bytes=
     volume_bytes="$vol_bytes" kernel="$(uname -r)" nproc="$(nproc)" \
     cpu="$(awk -F': ' '/model name/ {print $2; exit}' /proc/cpuinfo)" \
     mem_kb="$(awk '/MemTotal/ {print $2}' /proc/meminfo)" \
-    dedupscan_version="$("$BIN" --version)" dedupscan_sha256="$(sha256sum "$BIN" | cut -c1-16)" \
+    permute_names="$permute" dedupscan_version="$("$BIN" --version)" dedupscan_sha256="$(sha256sum "$BIN" | cut -c1-16)" \
     git_head="$(git -C "$ROOT" rev-parse --short HEAD 2>/dev/null || echo unknown)" \
     git_dirty_files="$(git -C "$ROOT" status --short 2>/dev/null | wc -l)" \
     git_src_diff_sha256="$(git -C "$ROOT" diff HEAD -- src schema Cargo.toml 2>/dev/null | sha256sum | cut -c1-12)" \
@@ -312,6 +346,10 @@ for fs in "${filesystems[@]}"; do
     mount_vol "$fs" "$img"
     mkdir "$DATA"
     cp -a --sparse=always --reflink=never "$WORK/corpus/." "$DATA/"
+    if [[ -n $permute ]]; then
+        permute_names "$DATA" "$permute" >"$LOGS/permute-names.log"
+        log "$fs: directory names permuted (seed $permute): $(tr '\n' ' ' <"$LOGS/permute-names.log" | cut -c1-200)"
+    fi
     sync -f "$MNT"
     # Corpus facts on this volume, and the yardstick.
     read -r files logical < <(find "$DATA" -type f -printf '%s\n' | awk '{n++; s += $1} END {printf "%d %.0f\n", n, s}')

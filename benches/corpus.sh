@@ -15,10 +15,22 @@
 #                                 data (seeded; dd conv=notrunc)
 #   DIR/toolchain/{a,b}/          two identical copies of (part of) a Rust
 #                                 toolchain from ~/.rustup/toolchains
+#   DIR/layered/                  the same files in every layer at once:
+#     roots/{small,copy}/         a small tree (a subset of the first release's
+#                                 tree) twice, as whole files
+#     images/small-{1,2}.raw      its files concatenated at 4 KiB alignment in
+#                                 two seeded orders, with 0-3 blocks of random
+#                                 data of their own before each file
+#     images/small.ext4           an ext4 image of it (mkfs.ext4 -d)
+#     tarballs/small.tar          a tarball of it
+#                                 so each content is a whole file in two trees,
+#                                 a run inside three images and a tar member:
+#                                 one planner must join all of them.
 #
 # Budget: each tree gets up to 8% of SIZE (a subset of its files, picked by a
-# hash of the path, so both releases keep the same paths), the toolchain
-# copies share what is left. Trees, tarballs, images and the VM copy are each
+# hash of the path, so both releases keep the same paths), the layered tree
+# 2% (about 12% with its copies, images and tarball), the toolchain copies
+# share what is left. Trees, tarballs, images and the VM copy are each
 # about one tree's size, so the corpus is roughly 7 x tree + 2 x toolchain.
 #
 # Downloads are cached in $DEDUPSCAN_BENCH_CACHE (default
@@ -196,6 +208,35 @@ EOF
 while read -r blk i; do
     dd if="$TMP/rand.bin" of="$pair" bs=$BLOCK skip="$i" seek="$blk" count=1 conv=notrunc status=none
 done <"$TMP/blocks"
+
+# The layered part: one small tree as whole files, raw images, ext4 image
+# and tarball at once.
+L=$DIR/layered
+mkdir -p "$L/roots" "$L/images" "$L/tarballs"
+got=$(copy_selected "$DIR/trees/debian-${rels[0]}" $((SIZE * 2 / 100)) "$L/roots/small")
+log "layered/roots/small: $(numfmt --to=iec "$got") from trees/debian-${rels[0]}, and its copies"
+cp -a --sparse=always --reflink=never "$L/roots/small" "$L/roots/copy"
+tar -C "$L/roots/small" -cf "$L/tarballs/small.tar" .
+bytes=$(du -sb "$L/roots/small" | cut -f1)
+uuid=$(python3 -c "import uuid,sys; print(uuid.uuid5(uuid.NAMESPACE_DNS, sys.argv[1]))" "layered.$SEED")
+mkfs.ext4 -q -F -b 4096 -U "$uuid" -E "hash_seed=$uuid" -L layered \
+    -d "$L/roots/small" "$L/images/small.ext4" "$((bytes * 14 / 10 / 1048576 + 32))M" >&2
+python3 - "$L/roots/small" "$L/images" "$SEED" <<'EOF'
+import os, random, sys
+root, out, seed = sys.argv[1], sys.argv[2], int(sys.argv[3])
+files = sorted(os.path.join(d, n) for d, _, ns in os.walk(root) for n in ns
+               if os.path.isfile(os.path.join(d, n)) and not os.path.islink(os.path.join(d, n)))
+for k in (1, 2):
+    rng = random.Random(seed * 1000 + k)
+    order = files[:]
+    rng.shuffle(order)
+    with open(os.path.join(out, f"small-{k}.raw"), "wb") as img:
+        for p in order:
+            img.write(rng.randbytes(4096 * rng.randrange(4)))
+            with open(p, "rb") as f:
+                data = f.read()
+            img.write(data + bytes(-len(data) % 4096))
+EOF
 
 # Toolchain copies: whatever is left of the budget, split in two.
 src=${TOOLCHAIN_SRC:-$(du -s /root/.rustup/toolchains/*/ 2>/dev/null | sort -n | tail -1 | cut -f2)}

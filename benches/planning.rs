@@ -1,6 +1,6 @@
 //! Planning cost: `dedupscan::plan::plan` on synthetic block maps shaped like
-//! the database's output (whole-file groups by size and digest, anchor groups
-//! by sampled fingerprint, whole-file duplicates left out of the anchors), so
+//! the database's output (whole-file groups by size and digest, groups of
+//! equal blocks by fingerprint, whole-file duplicates left out of them), so
 //! the planner is measured alone, without SQLite.
 //!
 //! Cases:
@@ -16,7 +16,7 @@
 //! Kept short (10 samples, ~3 s each) so that `cargo bench` stays under two
 //! minutes on a 2-core machine.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::BTreeMap;
 use std::hint::black_box;
 use std::time::Duration;
 
@@ -37,7 +37,7 @@ struct Input {
 
 impl Input {
     fn blocks(&self) -> u64 {
-        self.files.iter().map(|f| f.blocks.len() as u64).sum()
+        self.files.iter().map(|f| f.blocks.len()).sum()
     }
 }
 
@@ -46,34 +46,34 @@ fn fp(rng: &mut Rng) -> Fp {
 }
 
 fn plan_file(id: i64, blocks: Vec<Fp>) -> PlanFile {
-    PlanFile { id: FileId(id), rank: id as u64, size: blocks.len() as u64 * BS, blocks }
+    PlanFile::dense(FileId(id), id as u64, blocks.len() as u64 * BS, &blocks)
+}
+
+fn dense(f: &PlanFile) -> Vec<Fp> {
+    (0..f.blocks.len()).map(|b| f.blocks.get(b)).collect()
 }
 
 /// Group files the way the database does: whole-file groups by content,
-/// then anchor groups (fingerprints sampled twice or more) over the files
-/// that are not already a whole-file copy.
+/// then every block of the files that are not already a whole-file copy
+/// grouped by fingerprint (`Db::plan`'s exact block groups).
 fn input(files: Vec<PlanFile>) -> Input {
-    let mut by_content: BTreeMap<(u64, &[Fp]), Vec<FileId>> = BTreeMap::new();
+    let mut by_content: BTreeMap<(u64, Vec<Fp>), Vec<FileId>> = BTreeMap::new();
     for f in &files {
-        by_content.entry((f.size, f.blocks.as_slice())).or_default().push(f.id);
+        by_content.entry((f.size, dense(f))).or_default().push(f.id);
     }
     let whole: Vec<Vec<FileId>> = by_content.into_values().filter(|g| g.len() > 1).collect();
     let covered: std::collections::HashSet<FileId> = whole.iter().flat_map(|g| g[1..].iter().copied()).collect();
-    let mut by_fp: HashMap<Fp, Vec<(FileId, u64)>> = HashMap::new();
+    let mut occ: Vec<(Fp, FileId, u64)> = Vec::new();
     for f in files.iter().filter(|f| !covered.contains(&f.id)) {
-        for b in anchors(&f.blocks) {
-            by_fp.entry(f.blocks[b as usize]).or_default().push((f.id, b));
-        }
+        occ.extend(f.blocks.data().map(|(b, fp)| (fp, f.id, b)));
     }
-    // The database returns groups ordered by fingerprint (as i64).
-    let mut anchor_groups: Vec<(i64, Vec<(FileId, u64)>)> =
-        by_fp.into_iter().filter(|(_, g)| g.len() > 1).map(|(k, g)| (k as i64, g)).collect();
-    anchor_groups.sort_unstable_by_key(|(k, _)| *k);
-    let anchor_groups = anchor_groups.into_iter().map(|(_, mut g)| {
-        g.sort_unstable();
-        g
-    });
-    Input { whole, anchor_groups: anchor_groups.collect(), files }
+    occ.sort_unstable();
+    let anchor_groups = occ
+        .chunk_by(|a, b| a.0 == b.0)
+        .filter(|g| g.len() > 1)
+        .map(|g| g.iter().map(|o| (o.1, o.2)).collect())
+        .collect();
+    Input { whole, anchor_groups, files }
 }
 
 fn vm_pair(n: usize, changed_per_mille: u64) -> Input {
@@ -91,10 +91,10 @@ fn small_files(n: usize) -> Input {
         let roll = rng.below(30);
         let blocks = if !files.is_empty() && roll < 10 {
             // whole copy of an earlier file
-            files[rng.below(files.len() as u64) as usize].blocks.clone()
+            dense(&files[rng.below(files.len() as u64) as usize])
         } else if !files.is_empty() && roll < 13 {
             // edited copy: one block changed
-            let mut b = files[rng.below(files.len() as u64) as usize].blocks.clone();
+            let mut b = dense(&files[rng.below(files.len() as u64) as usize]);
             let at = rng.below(b.len() as u64) as usize;
             b[at] = fp(&mut rng);
             b
@@ -111,7 +111,8 @@ fn planning(c: &mut Criterion) {
     let mut g = c.benchmark_group("plan");
     g.sample_size(10).warm_up_time(Duration::from_millis(500)).measurement_time(Duration::from_secs(3));
     for (name, inp) in [("vm_pair_200k_2pct", vm_pair(200_000, 20)), ("small_files_50k", small_files(50_000))] {
-        let once = plan(&inp.files, &inp.whole, &inp.anchor_groups, PlanOptions::default());
+        let once =
+            plan(&inp.files, &inp.whole, &inp.anchor_groups, PlanOptions { exact_groups: true, ..Default::default() });
         eprintln!(
             "{name}: {} files, {} blocks, {} whole-file groups, {} anchor groups -> {} ranges, {} blocks shared",
             inp.files.len(),
@@ -124,7 +125,14 @@ fn planning(c: &mut Criterion) {
         // Throughput in blocks (of 4 KiB) considered, so cases compare.
         g.throughput(Throughput::Elements(inp.blocks()));
         g.bench_function(name, |b| {
-            b.iter(|| black_box(plan(&inp.files, &inp.whole, &inp.anchor_groups, PlanOptions::default())))
+            b.iter(|| {
+                black_box(plan(
+                    &inp.files,
+                    &inp.whole,
+                    &inp.anchor_groups,
+                    PlanOptions { exact_groups: true, ..Default::default() },
+                ))
+            })
         });
     }
     let mut rng = Rng::new(9);

@@ -575,12 +575,6 @@ fn share(
         std::thread::spawn(move || free_bytes(&root))
     });
     let planned = db.plan(&allowed, fresh.as_ref(), opts)?;
-    if planned.unplannable > 0 {
-        progress.warn(&format!(
-            "{} mostly-hole files too large to plan in memory were left out of the plan (scanned and recorded)",
-            planned.unplannable
-        ));
-    }
     let (plan, whole_groups) = (planned.plan, planned.whole_groups.len());
     // The recorded facts of the files the plan names, for the executor's
     // identity checks.

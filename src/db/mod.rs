@@ -62,9 +62,6 @@ pub struct Planned {
     /// The whole-file duplicate groups it was built from (each sorted by
     /// id, at least two files).
     pub whole_groups: Vec<Vec<FileId>>,
-    /// Files left out because the planner would have to expand their holes
-    /// (see [`plannable`]) or memory ran out.
-    pub unplannable: u64,
 }
 
 /// An open database plus the lock that keeps other runs out.
@@ -223,15 +220,23 @@ impl Db {
             .map(drop)
     }
 
-    /// Build the plan over the `allowed` files: whole-file groups first,
-    /// then anchor groups. With `fresh`, only groups holding a fresh file are
-    /// planned (incremental runs).
+    /// Build the plan over the `allowed` files: whole-file groups, then
+    /// groups of equal blocks. With `fresh`, only groups holding a fresh
+    /// file are planned (incremental runs).
     ///
     /// One pass over every block map groups whole files (by size and a hash
-    /// of the map) and finds each file's smallest-fingerprint anchor, both in
-    /// memory (a few dozen bytes per file, nothing per block); the sampled
-    /// anchors come from the index, by key range for a full plan and by key
-    /// for the fresh files' anchors in an incremental one.
+    /// of the map) in memory, a few dozen bytes per file. Then every block of
+    /// every file outside those copies is grouped by fingerprint — exactly,
+    /// not sampled: a one-block file padded to 4 KiB inside two disk images,
+    /// or a fragment of a file split by an image's allocator, has no anchor
+    /// to be found from, and these were most of what sampling missed. The
+    /// grouping takes 16 bytes per block, so it runs in slices of the
+    /// fingerprint space of at most [`GROUP_BUDGET`] blocks each (one more
+    /// pass over the maps per slice). An incremental plan groups only the
+    /// fingerprints of the fresh files' blocks.
+    ///
+    /// Nothing here depends on the order of rows or on file ids: the
+    /// planner orders everything by content (see [`plan::plan`]).
     pub fn plan(
         &self,
         allowed: &HashSet<FileId>,
@@ -243,25 +248,22 @@ impl Db {
         let _read = self.conn.unchecked_transaction()?;
         let pass = self.map_pass(allowed, fresh)?;
         let mut whole = group_whole_files(pass.whole_keys);
-        let unplannable = pass.unplannable.len() as u64;
-        // Files left out of the plan take no part in anchor groups either.
-        let covered: HashSet<FileId> =
-            whole.iter().flat_map(|g| g[1..].iter().copied()).chain(pass.unplannable).collect();
-        let mut anchor_groups = match fresh {
-            Some(_) => self.anchor_groups_by_key(pass.fresh_anchor_fps, allowed, &covered)?,
-            None => self.anchor_groups(allowed, &covered)?,
-        };
-        anchor_groups.extend(group_min_anchors(pass.min_anchors, &covered));
+        // Copies beyond the first of a whole-file group bring nothing the
+        // first does not (same map).
+        let covered: HashSet<FileId> = whole.iter().flat_map(|g| g[1..].iter().copied()).collect();
+        let keys = fresh.map(|_| pass.fresh_fps);
+        let mut block_groups = self.block_groups(allowed, &covered, keys.as_ref(), pass.data_blocks)?;
         if let Some(fresh) = fresh {
             whole.retain(|g| g.iter().any(|id| fresh.contains(id)));
-            anchor_groups.retain(|g| g.iter().any(|(id, _)| fresh.contains(id)));
+            block_groups.retain(|g| g.iter().any(|(id, _)| fresh.contains(id)));
         }
         let mut involved: Vec<FileId> =
-            whole.iter().flatten().copied().chain(anchor_groups.iter().flatten().map(|(id, _)| *id)).collect();
+            whole.iter().flatten().copied().chain(block_groups.iter().flatten().map(|(id, _)| *id)).collect();
         involved.sort_unstable();
         involved.dedup();
         let files = self.plan_files(involved)?;
-        Ok(Planned { plan: plan::plan(&files, &whole, &anchor_groups, opts), whole_groups: whole, unplannable })
+        let opts = PlanOptions { exact_groups: true, ..opts };
+        Ok(Planned { plan: plan::plan(&files, &whole, &block_groups, opts), whole_groups: whole })
     }
 
     /// Read every block map once; see [`Db::plan`].
@@ -275,81 +277,63 @@ impl Db {
                 continue;
             }
             let blob = stored_map(&self.conn, r.get_ref(2)?)?;
-            // Sparse: holes are skipped, never expanded (issue 12).
-            let map = BlockMap::from_blob(&blob).ok().filter(plannable);
-            let Some(map) = map else {
-                pass.unplannable.push(id);
-                continue;
-            };
-            pass.whole_keys.push((r.get::<_, i64>(1)? as u64, map.hash64(), id));
-            if let Some((b, fp)) = map.min_anchor() {
-                pass.min_anchors.push((fp, id, b));
-            }
+            pass.whole_keys.push((r.get::<_, i64>(1)? as u64, crate::blockmap::hash_encoding(&blob), id));
+            let blocks = plan::BlockMap::from_blob(&blob);
+            pass.data_blocks += blocks.data_len() as u64;
             if fresh.is_some_and(|f| f.contains(&id)) {
-                pass.fresh_anchor_fps.extend(map.sampled_anchors().map(|(_, fp)| fp));
+                pass.fresh_fps.extend(blocks.data_fps().iter().copied());
             }
         }
         Ok(pass)
     }
 
-    /// Occurrences of every sampled anchor seen at least twice among
-    /// `allowed` files, skipping files in `covered` (already handled as
-    /// whole-file duplicates). Streams the index in key order.
-    fn anchor_groups(
+    /// Groups of two or more equal blocks among the `allowed` files not
+    /// `covered`, as `(id, block)`; with `keys`, only blocks whose
+    /// fingerprint is one of them. `data_blocks` (an upper bound of the
+    /// blocks to group) sets how many slices of the fingerprint space the
+    /// grouping takes (see [`GROUP_BUDGET`]).
+    fn block_groups(
         &self,
         allowed: &HashSet<FileId>,
         covered: &HashSet<FileId>,
+        keys: Option<&rustc_hash::FxHashSet<Fp>>,
+        data_blocks: u64,
     ) -> rusqlite::Result<Vec<Vec<(FileId, u64)>>> {
-        let mut st = self.conn.prepare("SELECT fp, file_id, blk FROM anchors ORDER BY fp")?;
-        let mut rows = st.query([])?;
+        let slices = match keys {
+            Some(_) => 1, // bounded by the fresh data and its matches
+            None => data_blocks.div_ceil(GROUP_BUDGET).max(1) as u32,
+        };
         let mut groups = Vec::new();
-        let mut cur: Vec<(FileId, u64)> = Vec::new();
-        let mut cur_fp: Option<i64> = None;
-        while let Some(r) = rows.next()? {
-            let id: FileId = r.get(1)?;
-            if !allowed.contains(&id) || covered.contains(&id) {
-                continue;
-            }
-            let fp: i64 = r.get(0)?;
-            if cur_fp != Some(fp) {
-                if cur.len() > 1 {
-                    groups.push(std::mem::take(&mut cur));
+        let mut st = self.conn.prepare("SELECT id, blocks FROM files WHERE size > 0")?;
+        for slice in 0..slices {
+            // (fingerprint, index in `ids`, block): 16 bytes
+            let mut occ: Vec<(Fp, u32, u64)> = Vec::new();
+            let mut ids: Vec<FileId> = Vec::new();
+            let mut rows = st.query([])?;
+            while let Some(r) = rows.next()? {
+                let id: FileId = r.get(0)?;
+                if !allowed.contains(&id) || covered.contains(&id) {
+                    continue;
                 }
-                cur.clear();
-                cur_fp = Some(fp);
-            }
-            cur.push((id, r.get::<_, i64>(2)? as u64));
-        }
-        if cur.len() > 1 {
-            groups.push(cur);
-        }
-        Ok(groups)
-    }
-
-    /// The groups of the sampled anchors `fps` (the fresh files' anchors),
-    /// looked up by key, so an incremental run never scans the whole index.
-    fn anchor_groups_by_key(
-        &self,
-        mut fps: Vec<Fp>,
-        allowed: &HashSet<FileId>,
-        covered: &HashSet<FileId>,
-    ) -> rusqlite::Result<Vec<Vec<(FileId, u64)>>> {
-        fps.sort_unstable();
-        fps.dedup();
-        let mut st = self.conn.prepare_cached("SELECT file_id, blk FROM anchors WHERE fp = ?1")?;
-        let mut groups = Vec::new();
-        for fp in fps {
-            let rows = st.query_map([fp], |r| Ok((r.get::<_, FileId>(0)?, r.get::<_, i64>(1)? as u64)))?;
-            let mut g = Vec::new();
-            for row in rows {
-                let (id, blk) = row?;
-                if allowed.contains(&id) && !covered.contains(&id) {
-                    g.push((id, blk));
+                let blocks = plan::BlockMap::from_blob(&stored_map(&self.conn, r.get_ref(1)?)?);
+                let n = occ.len();
+                let at = ids.len() as u32;
+                occ.extend(
+                    blocks
+                        .data()
+                        .filter(|(_, fp)| fp % slices == slice && keys.is_none_or(|k| k.contains(fp)))
+                        .map(|(b, fp)| (fp, at, b)),
+                );
+                if occ.len() > n {
+                    ids.push(id);
                 }
             }
-            if g.len() > 1 {
-                groups.push(g);
-            }
+            occ.sort_unstable();
+            groups.extend(
+                occ.chunk_by(|a, b| a.0 == b.0)
+                    .filter(|g| g.len() > 1)
+                    .map(|g| g.iter().map(|o| (ids[o.1 as usize], o.2)).collect::<Vec<_>>()),
+            );
         }
         Ok(groups)
     }
@@ -384,38 +368,25 @@ impl Db {
         Ok(out)
     }
 
-    /// Block maps of the given files, ranked as sources (see
-    /// [`PlanFile::rank`]): hashed by an earlier run first, then by path.
+    /// Block maps of the given files, as the planner takes them (sparse:
+    /// holes are never expanded).
     pub fn plan_files(&self, ids: impl IntoIterator<Item = FileId>) -> rusqlite::Result<Vec<PlanFile>> {
-        let mut st = self.conn.prepare_cached(&format!(
-            "SELECT f.size, f.blocks, f.hashed_run, {PATH_COLS} {FROM_FILES} WHERE f.id = ?1"
-        ))?;
-        // Paths compare as bytes (much faster than by component, and just as
-        // deterministic).
-        let mut rows: Vec<((i64, Vec<u8>), PlanFile)> = Vec::new();
+        let mut st = self.conn.prepare_cached("SELECT size, blocks, ino FROM files WHERE id = ?1")?;
+        let mut out = Vec::new();
         for id in ids {
             let row = st
                 .query_row([id], |r| {
-                    // Bounded and fallible: a map the planner cannot hold
-                    // leaves its file out (see `plannable`).
-                    let map = BlockMap::from_blob(&stored_map(&self.conn, r.get_ref(1)?)?).ok().filter(plannable);
-                    let Some(blocks) = map.and_then(|m| m.to_dense(u64::MAX).ok()) else { return Ok(None) };
-                    let f = PlanFile { id, rank: 0, size: r.get::<_, i64>(0)? as u64, blocks };
-                    let path = [r.get_ref(3)?.as_blob()?, b"/", r.get_ref(4)?.as_blob()?].concat();
-                    Ok(Some(((r.get(2)?, path), f)))
+                    Ok(PlanFile {
+                        id,
+                        ino: r.get::<_, i64>(2)? as u64,
+                        size: r.get::<_, i64>(0)? as u64,
+                        blocks: plan::BlockMap::from_blob(&stored_map(&self.conn, r.get_ref(1)?)?),
+                    })
                 })
                 .optional()?;
-            rows.extend(row.flatten());
+            out.extend(row);
         }
-        rows.sort_by(|a, b| a.0.cmp(&b.0));
-        Ok(rows
-            .into_iter()
-            .enumerate()
-            .map(|(i, (_, mut f))| {
-                f.rank = i as u64;
-                f
-            })
-            .collect())
+        Ok(out)
     }
 }
 
@@ -435,27 +406,15 @@ pub fn join_path(dir: &[u8], name: &[u8]) -> PathBuf {
 struct MapPass {
     /// `(size, hash of the block map, id)` of every allowed file with data.
     whole_keys: Vec<(u64, u64, FileId)>,
-    /// `(fingerprint, id, block)`: each file's smallest-fingerprint block,
-    /// where it is not a sampled anchor already.
-    min_anchors: Vec<(Fp, FileId, u64)>,
-    /// Sampled anchors of the fresh files (incremental plans).
-    fresh_anchor_fps: Vec<Fp>,
-    /// Files the planner cannot hold (see [`plannable`]).
-    unplannable: Vec<FileId>,
+    /// Data blocks of the allowed files.
+    data_blocks: u64,
+    /// Fingerprints of the fresh files' blocks (incremental plans).
+    fresh_fps: rustc_hash::FxHashSet<Fp>,
 }
 
-/// Whether the planner, which holds one fingerprint per block (holes
-/// included), may expand this map: when that costs at most
-/// [`PLAN_DENSE_BLOCKS`] blocks or twice its data. A mostly-hole file
-/// larger than that (an 8 TiB sparse file with 4 KiB of data is 2³¹ blocks)
-/// is left out of the plan instead of costing gigabytes; a planner that
-/// consumes the maps sparsely lifts this.
-pub fn plannable(map: &BlockMap) -> bool {
-    map.len() <= PLAN_DENSE_BLOCKS.max(map.data_len().saturating_mul(2))
-}
-
-/// See [`plannable`]: 64 MiB of expanded map (64 GiB of 4 KiB blocks).
-pub const PLAN_DENSE_BLOCKS: u64 = 1 << 24;
+/// Most blocks grouped at once by [`Db::plan`] (16 bytes each: 128 MiB);
+/// more are grouped in slices of the fingerprint space, one pass each.
+pub const GROUP_BUDGET: u64 = 8 << 20;
 
 /// Whole-file duplicate groups from sorted-by-key `(size, map hash, id)`:
 /// each group sorted by id, at least two files.
@@ -465,14 +424,6 @@ fn group_whole_files(mut keys: Vec<(u64, u64, FileId)>) -> Vec<Vec<FileId>> {
         .filter(|g| g.len() > 1)
         .map(|g| g.iter().map(|k| k.2).collect())
         .collect()
-}
-
-/// Groups of the smallest-fingerprint anchors that occur at least twice,
-/// among files not `covered`.
-fn group_min_anchors(mut mins: Vec<(Fp, FileId, u64)>, covered: &HashSet<FileId>) -> Vec<Vec<(FileId, u64)>> {
-    mins.retain(|m| !covered.contains(&m.1));
-    mins.sort_unstable();
-    mins.chunk_by(|a, b| a.0 == b.0).filter(|g| g.len() > 1).map(|g| g.iter().map(|m| (m.1, m.2)).collect()).collect()
 }
 
 /// Smallest encoded block map (16 blocks) that copies store once, as a
@@ -664,7 +615,7 @@ mod tests {
         assert_anchors_consistent(&db);
         assert_eq!(whole_groups(&db), vec![vec![id_of(&db, 4), id_of(&db, 5)]]);
         let plan = db.plan_files([c]).unwrap();
-        assert_eq!(plan[0].blocks, decode_blocks(&encode_blocks(&m)));
+        assert_eq!(plan[0].blocks, BlockMap::from_dense(&decode_blocks(&encode_blocks(&m))));
 
         // Directories without files are dropped; paths survive the split.
         let (db, _) = write(db, 4, vec![WriteOp::Removed { id: c }]);
@@ -692,5 +643,29 @@ mod tests {
         assert_eq!((k.path.as_path(), k.ctime, k.hashed_run), (Path::new("/w/x/b"), 9, 1));
         let n: i64 = db.conn.query_row("SELECT count(*) FROM dirs", [], |r| r.get(0)).unwrap();
         assert_eq!(n, 1);
+    }
+
+    #[test]
+    fn block_groups_are_the_same_in_one_slice_or_several() {
+        let dir = tempfile::tempdir().unwrap();
+        let db = Db::open(&dir.path().join("db"), "fs").unwrap();
+        let (a, b) = (map(1, 40), map(2, 40));
+        let mut c = a[10..30].to_vec();
+        c.extend(&b[..7]);
+        c.push(a[3]);
+        let ops = vec![hashed(None, 1, "/v/a", &a), hashed(None, 2, "/v/b", &b), hashed(None, 3, "/v/c", &c)];
+        let (db, _) = write(db, 1, ops);
+        let all: HashSet<FileId> = db.load_index().unwrap().values().map(|k| k.id).collect();
+        let none = HashSet::new();
+        let sorted = |mut g: Vec<Vec<(FileId, u64)>>| {
+            g.iter_mut().for_each(|x| x.sort());
+            g.sort();
+            g
+        };
+        let one = sorted(db.block_groups(&all, &none, None, 1).unwrap());
+        let three = sorted(db.block_groups(&all, &none, None, 3 * GROUP_BUDGET).unwrap());
+        // a[3] twice, a[10..30] and b[..7]: every block of c is in a group.
+        assert_eq!(one.len(), 20 + 7 + 1);
+        assert_eq!(one, three);
     }
 }

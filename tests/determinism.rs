@@ -1,0 +1,187 @@
+//! The plan is a function of the data: five full runs on fresh copies of one
+//! btrfs volume, with 1, 2 and 8 hashing threads (so files reach the
+//! database in different orders and get different row ids), and one more on
+//! a copy whose directories were renamed, give the same plan range for
+//! range (named by inode number, which a fresh copy and a rename keep) and
+//! the same freed bytes within 0.2 points of the ideal.
+//!
+//! The tree is "layered": the same files as whole files in two trees, inside
+//! two raw images at different 4 KiB-aligned offsets (with blocks of their
+//! own around them), and repeated inside one file, so whole-file groups and
+//! runs inside images must be joined into one copy per content.
+
+mod common;
+
+use std::collections::HashSet;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use common::*;
+use dedupscan::corpus::Rng;
+use dedupscan::db::Db;
+use dedupscan::plan::PlanOptions;
+
+const BLK: usize = 4096;
+
+fn sh(cmd: &mut Command) {
+    let out = cmd.output().unwrap_or_else(|e| panic!("{cmd:?}: {e}"));
+    assert!(out.status.success(), "{cmd:?}: {}", String::from_utf8_lossy(&out.stderr));
+}
+
+/// The layered tree under `dir`.
+fn build(dir: &Path) {
+    let mut rng = Rng::new(77);
+    // Files of 1 to 24 blocks, some with an unaligned tail.
+    let files: Vec<Vec<u8>> = (0..40)
+        .map(|i| {
+            let len = BLK * (1 + rng.below(24) as usize) - if i % 5 == 0 { 300 } else { 0 };
+            rng.bytes(len)
+        })
+        .collect();
+    for tree in ["roots/alpha", "roots/beta"] {
+        std::fs::create_dir_all(dir.join(tree)).unwrap();
+        for (i, f) in files.iter().enumerate() {
+            std::fs::write(dir.join(format!("{tree}/f{i:02}.bin")), f).unwrap();
+        }
+    }
+    // Two images: the files padded to 4 KiB, in two different orders, with
+    // blocks of their own in between (so the images stay partly unique).
+    std::fs::create_dir_all(dir.join("images")).unwrap();
+    for (name, seed) in [("one.img", 1u64), ("two.img", 2)] {
+        let mut order: Vec<usize> = (0..files.len()).collect();
+        let mut r = Rng::new(seed);
+        for i in (1..order.len()).rev() {
+            order.swap(i, r.below(i as u64 + 1) as usize);
+        }
+        let mut img = Vec::new();
+        for i in order {
+            let own = BLK * (1 + r.below(3) as usize);
+            img.extend(r.bytes(own));
+            img.extend(&files[i]);
+            img.resize(img.len().div_ceil(BLK) * BLK, 0);
+        }
+        std::fs::write(dir.join("images").join(name), img).unwrap();
+    }
+    // A block repeated inside one file, and a file that is four copies of one.
+    std::fs::create_dir_all(dir.join("misc")).unwrap();
+    let blk = rng.bytes(BLK);
+    let mut rep = rng.bytes(3 * BLK);
+    for _ in 0..3 {
+        rep.extend(&blk);
+        rep.extend(rng.bytes(2 * BLK));
+    }
+    std::fs::write(dir.join("misc/repeats.bin"), rep).unwrap();
+    std::fs::write(dir.join("misc/fourfold.bin"), files[3].repeat(4)).unwrap();
+    // A sparse copy of one image with a hole in front: shifted runs, holes.
+    let one = std::fs::read(dir.join("images/one.img")).unwrap();
+    let f = std::fs::File::create(dir.join("misc/sparse.img")).unwrap();
+    use std::os::unix::fs::FileExt;
+    f.write_all_at(&one[..one.len() / 2], 64 * BLK as u64).unwrap();
+}
+
+/// One run on a fresh copy: the plan as `(src ino, src off, len, dest ino,
+/// dest off)`, freed bytes, ideal duplicate bytes.
+type Key = (u64, u64, u64, u64, u64);
+
+fn run_on_copy(pristine: &Path, work: &Path, n: usize, threads: &str, rename: bool) -> (Vec<Key>, u64, u64) {
+    let img = work.join("copy.img");
+    let mnt = work.join("mnt");
+    std::fs::create_dir_all(&mnt).unwrap();
+    sh(Command::new("cp").arg("--sparse=always").arg("--reflink=never").arg(pristine).arg(&img));
+    sh(Command::new("mount").args(["-o", "loop"]).arg(&img).arg(&mnt));
+    let _guard = Unmount(mnt.clone());
+    let root = mnt.join("data");
+    if rename {
+        // Names sort the other way round now; inode numbers stay.
+        for (a, b) in [("roots", "zz-roots"), ("images", "aa-images"), ("misc", "00-misc")] {
+            std::fs::rename(root.join(a), root.join(b)).unwrap();
+        }
+        std::fs::rename(root.join("zz-roots/alpha"), root.join("zz-roots/zeta")).unwrap();
+    }
+    let ideal = ideal_dup_bytes(&root);
+    let before = Snapshot::take(&root);
+    let db = work.join(format!("db-{n}.sqlite"));
+    let args: Vec<&std::ffi::OsStr> = vec![
+        root.as_os_str(),
+        "--threads".as_ref(),
+        threads.as_ref(),
+        "--json".as_ref(),
+        "--db".as_ref(),
+        db.as_os_str(),
+    ];
+    let (code, report, stderr) = dedupscan(&args);
+    assert_eq!(code, 0, "{stderr}");
+    validate_report(&report);
+    Snapshot::take(&root).assert_same(&before);
+    let freed = report["freed_bytes"].as_i64().unwrap().max(0) as u64;
+    // The plan the run used, rebuilt from its database.
+    let db = Db::open_for_report(&db).unwrap();
+    let all: HashSet<_> = db.load_index().unwrap().values().map(|k| k.id).collect();
+    let planned = db.plan(&all, None, PlanOptions::default()).unwrap();
+    let facts = db.file_facts(all.iter().copied()).unwrap();
+    let mut plan: Vec<Key> = planned
+        .plan
+        .ranges
+        .iter()
+        .map(|r| (facts[&r.src].ino, r.src_off, r.len, facts[&r.dest].ino, r.dest_off))
+        .collect();
+    plan.sort_unstable();
+    (plan, freed, ideal)
+}
+
+struct Unmount(PathBuf);
+
+impl Drop for Unmount {
+    fn drop(&mut self) {
+        let ok = Command::new("umount").arg(&self.0).status().is_ok_and(|s| s.success());
+        if !ok {
+            let _ = Command::new("umount").arg("-l").arg(&self.0).status();
+        }
+    }
+}
+
+#[test]
+fn five_fresh_copies_and_a_renamed_one_give_the_same_plan() {
+    let Some(vol) = Volume::new(Fs::Btrfs, 256) else { return };
+    build(&vol.path("data"));
+    // The pristine image: unmount the volume and copy its image.
+    let work = tempfile::Builder::new().prefix("dedupscan-determinism-").tempdir_in("/var/tmp").unwrap();
+    let pristine = work.path().join("pristine.img");
+    let src_img = vol.mnt.parent().unwrap().join("volume.img");
+    sh(Command::new("umount").arg(&vol.mnt));
+    sh(Command::new("cp").arg("--sparse=always").arg(&src_img).arg(&pristine));
+    // Left unmounted: a copy of a mounted btrfs would be given a temporary
+    // fsid (Volume's drop then finds nothing to unmount).
+
+    let mut results = Vec::new();
+    let runs = [("1", false), ("2", false), ("8", false), ("1", false), ("8", false), ("2", true)];
+    for (n, (threads, rename)) in runs.into_iter().enumerate() {
+        results.push((threads, rename, run_on_copy(&pristine, work.path(), n, threads, rename)));
+    }
+    for (threads, rename, (plan, freed, ideal)) in &results {
+        let dup: u64 = plan.iter().map(|k| k.2).sum();
+        eprintln!(
+            "--threads {threads} rename {rename}: {} ranges, {dup} planned, {freed} freed, ideal {ideal}",
+            plan.len()
+        );
+    }
+    let (_, _, (plan0, freed0, ideal)) = &results[0];
+    assert!(!plan0.is_empty());
+    // Every copy of the tree's files is in the plan: both trees and both
+    // images hold them, and three of each four copies are destinations.
+    let dup: u64 = plan0.iter().map(|k| k.2).sum();
+    assert!(dup * 100 >= ideal * 99, "planned {dup} of ideal {ideal}");
+    for (threads, rename, (plan, freed, _)) in &results[1..] {
+        assert!(
+            plan == plan0,
+            "--threads {threads} rename {rename}: the plan differs ({} vs {} ranges)",
+            plan.len(),
+            plan0.len()
+        );
+        let diff = (*freed as f64 - *freed0 as f64).abs() / *ideal as f64 * 100.0;
+        assert!(
+            diff <= 0.2,
+            "--threads {threads} rename {rename}: freed {freed} vs {freed0} ({diff:.2} points of ideal)"
+        );
+    }
+}
