@@ -615,7 +615,7 @@ mod tests {
         assert_anchors_consistent(&db);
         assert_eq!(whole_groups(&db), vec![vec![id_of(&db, 4), id_of(&db, 5)]]);
         let plan = db.plan_files([c]).unwrap();
-        assert_eq!(plan[0].blocks, BlockMap::from_dense(&decode_blocks(&encode_blocks(&m))));
+        assert_eq!(plan[0].blocks, plan::BlockMap::from_dense(&decode_blocks(&encode_blocks(&m))));
 
         // Directories without files are dropped; paths survive the split.
         let (db, _) = write(db, 4, vec![WriteOp::Removed { id: c }]);
