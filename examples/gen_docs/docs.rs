@@ -303,6 +303,16 @@ fn hand_written() -> Roff {
         ],
     );
 
+    tagged(
+        &mut r,
+        "/etc/default/dedupscan, /etc/dedupscan/<instance>.conf",
+        [
+            roman("Options the units add to every run (DEDUPSCAN_OPTIONS) and to one volume's runs (DEDUPSCAN_VOLUME_OPTIONS); by default "),
+            bold("--max-runtime 6h"),
+            roman(". Exit statuses 1 and 4 do not mark the unit failed."),
+        ],
+    );
+
     r.control("SH", ["ENVIRONMENT"]);
     tagged(
         &mut r,
