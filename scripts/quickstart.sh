@@ -26,8 +26,10 @@ else
   # The first build takes minutes (longer with Debian's cargo on 2 cores):
   # cargo's own "Compiling ..." lines are the progress display.
   echo "== building dedupscan (release)" >&2
-  cargo build --release --bin dedupscan --example make_corpus
-  bin=$PWD/target/release/dedupscan
+  # Only the binary: the demo's files are written by Python below, so the
+  # build does not pull in the test-only dependencies (an example would).
+  cargo build --release --bin dedupscan
+  bin=${CARGO_TARGET_DIR:-$PWD/target}/release/dedupscan
 fi
 
 if [ $# -gt 0 ]; then
@@ -58,6 +60,48 @@ if [ "$(id -u)" -ne 0 ]; then
   echo "the demo mounts loop volumes and needs root: sudo $0 (or give a PATH on btrfs/XFS you own)" >&2
   exit 1
 fi
+# The demo's files (~90 MiB, the same every time): whole-file copies, a copy
+# shifted by one block, two files sharing their first half, a VM image and
+# a copy with 2% of its blocks changed, a sparse file and its copy, and
+# unique files.
+demo_corpus() {
+  python3 - "$1" <<'PY'
+import os, random, sys
+root, r = sys.argv[1], random.Random(1)
+def put(rel, data):
+    p = os.path.join(root, rel)
+    os.makedirs(os.path.dirname(p), exist_ok=True)
+    with open(p, 'wb') as f:
+        f.write(data)
+for i in range(8):                                   # whole-file copies
+    data = r.randbytes(r.randrange(4096, 3 << 20))
+    for copy in 'abc':
+        put(f'whole/{copy}/file{i}.bin', data)
+orig = r.randbytes(4 << 20)                          # shifted by one block
+put('shifted/original.bin', orig)
+put('shifted/shifted.bin', r.randbytes(4096) + orig)
+half = r.randbytes(2 << 20)                          # shared first half
+put('partial/first.bin', half + r.randbytes(2 << 20))
+put('partial/second.bin', half + r.randbytes(2 << 20))
+img = bytearray(r.randbytes(16 << 20))               # VM image pair
+put('images/vm-monday.img', bytes(img))
+for _ in range(len(img) // 4096 // 50):
+    b = r.randrange(len(img) // 4096) * 4096
+    img[b:b + 4096] = r.randbytes(4096)
+put('images/vm-tuesday.img', bytes(img))
+island = r.randbytes(256 << 10)                      # sparse disk images
+for n in ('disk1.raw', 'disk2.raw'):
+    p = os.path.join(root, 'sparse', n)
+    os.makedirs(os.path.dirname(p), exist_ok=True)
+    with open(p, 'wb') as f:
+        f.truncate(64 << 20)
+        f.seek(32 << 20)
+        f.write(island)
+for i in range(200):                                 # unique files
+    put(f'unique/u{i:03}.dat', r.randbytes(r.randrange(1, 64 << 10)))
+PY
+}
+
 work=$(mktemp -d /var/tmp/dedupscan-demo.XXXXXX)
 cleanup() {
   for m in "$work"/mnt-*; do mountpoint -q "$m" 2>/dev/null && umount "$m"; done
@@ -70,7 +114,7 @@ for fs in xfs btrfs; do
   truncate -s 1G "$img"
   if [ $fs = xfs ]; then mkfs.xfs -q -m reflink=1 "$img"; else mkfs.btrfs -q "$img"; fi
   mount -o loop "$img" "$mnt"
-  ./target/release/examples/make_corpus "$mnt/data" 1 2
+  demo_corpus "$mnt/data"
   sync
   echo
   echo "=== $fs demo volume: $(du -sh "$mnt/data" | cut -f1) of generated files"

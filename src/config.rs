@@ -285,3 +285,28 @@ pub fn default_db_path(uuid: &str) -> Result<PathBuf> {
     };
     Ok(state.join("dedupscan").join(name))
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn excludes_must_parse_and_be_absolute() {
+        for ok in ["/srv/tmp/**", "**/*.qcow2", "*.iso", "/srv/{a,b}/**"] {
+            assert!(check_exclude(ok).is_ok(), "{ok}");
+        }
+        for bad in ["[abc", "/srv/{a", "**/[x"] {
+            assert!(check_exclude(bad).is_err(), "{bad}");
+        }
+        let e = check_exclude("./tmp/**").unwrap_err();
+        assert!(e.contains("relative") && e.contains("'**/tmp/**'"), "{e}");
+        assert!(check_exclude("tmp").is_err());
+    }
+
+    #[test]
+    fn filesystem_names() {
+        assert_eq!(fs_name(0xEF53), "ext2/ext3/ext4");
+        assert_eq!(fs_name(0x0102_1994), "tmpfs");
+        assert_eq!(fs_name(0x1234), "a filesystem with magic 0x1234");
+    }
+}
