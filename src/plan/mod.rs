@@ -645,7 +645,7 @@ mod tests {
         let noise = fps(99, n);
         let mut changed = 0;
         for i in 0..n {
-            if noise[i] % 50 == 0 {
+            if noise[i].is_multiple_of(50) {
                 b[i] = noise[i] ^ 0xdead_0001;
                 changed += 1;
             }
