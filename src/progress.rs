@@ -282,6 +282,9 @@ impl Progress for Bars {
         if let Some(b) = &*self.bar.lock().unwrap() {
             b.set_length(total);
             b.set_style(self.style(true, bytes));
+            // Show the totals now (a forced redraw), not at the next steady
+            // tick: a scan that ends within a tick would never show them.
+            b.suspend(|| ());
         }
     }
 

@@ -547,7 +547,7 @@ mod tests {
         assert_eq!(r.skipped[&SkipReason::Symlink], 40);
         assert_eq!(r.skipped[&SkipReason::Empty], 40);
         assert_eq!(r.skipped[&SkipReason::Hardlink], 1);
-        assert_eq!(r.skipped[&SkipReason::Nodedup], 1);
+        assert_eq!(r.skipped_dirs[&SkipReason::Nodedup], 1);
         assert!(r.errors.is_empty(), "{:?}", r.errors);
     }
 

@@ -51,8 +51,9 @@ fn rerun_on_compressed_btrfs_submits_nothing() {
     assert!(ext.iter().all(|e| e.flags & dedupscan::sys::fiemap::flags::ENCODED != 0), "not compressed: {ext:?}");
     assert!(shared_bytes(&d.join("b")) == 1 << 20 && shared_bytes(&d.join("shifted")) > 0);
 
-    // A full rerun: everything planned is already shared.
-    let again = run_json(&vol, &[path]);
+    // A full rerun (--rehash: read and plan everything again): everything
+    // planned is already shared.
+    let again = run_json(&vol, &["--rehash", path]);
     assert_eq!(num(&again, "duplicate_bytes"), 0, "resubmitted shared compressed extents: {again:#}");
     assert_eq!(num(&again, "rewritten_bytes"), 0, "{again:#}");
     assert!(num(&again, "already_shared_bytes") >= (2 << 20) - (64 << 10), "{again:#}");

@@ -212,7 +212,19 @@ fn stopped_runs_exit_5_and_a_plain_rerun_carries_on() {
         .stderr(Stdio::piped())
         .spawn()
         .unwrap();
-    std::thread::sleep(std::time::Duration::from_millis(300));
+    // Signal as soon as the run is reading files (its read counter in
+    // /proc moves), not after a fixed sleep: on a quiet machine the whole
+    // scan can end within a fixed delay.
+    let io = format!("/proc/{}/io", child.id());
+    let reading = || {
+        std::fs::read_to_string(&io)
+            .ok()
+            .and_then(|t| t.lines().find_map(|l| l.strip_prefix("rchar: ").and_then(|v| v.trim().parse::<u64>().ok())))
+    };
+    let t0 = std::time::Instant::now();
+    while reading().is_some_and(|r| r < 4 << 20) && t0.elapsed() < std::time::Duration::from_secs(10) {
+        std::thread::sleep(std::time::Duration::from_millis(1));
+    }
     nix::sys::signal::kill(nix::unistd::Pid::from_raw(child.id() as i32), nix::sys::signal::SIGINT).unwrap();
     let out = child.wait_with_output().unwrap();
     let rest = String::from_utf8_lossy(&out.stderr);

@@ -422,7 +422,10 @@ fn refused_destination(fs: Fs) {
     let mut files = std::collections::HashMap::new();
     for (i, p) in paths.iter().enumerate() {
         std::fs::write(p, &data).unwrap();
-        files.insert(FileId(i as i64 + 1), Candidate::from_metadata(p.clone(), &std::fs::metadata(p).unwrap()));
+        // Files are known by volume key (btrfs subvolume id), not st_dev.
+        let key = dedupscan::sys::volume_key(std::os::fd::AsFd::as_fd(&std::fs::File::open(p).unwrap())).unwrap();
+        let c = Candidate::from_metadata(p.clone(), &std::fs::metadata(p).unwrap());
+        files.insert(FileId(i as i64 + 1), Candidate { dev: key, ..c });
     }
     let before = Snapshot::take(&dir);
     let range = |dest| Range { src: FileId(1), src_off: 0, len: 1 << 20, dest: FileId(dest), dest_off: 0 };
