@@ -162,7 +162,7 @@ fn service_unit_settings() {
             "/usr/bin/dedupscan %f --incremental --drop-cache --progress never $DEDUPSCAN_OPTIONS $DEDUPSCAN_VOLUME_OPTIONS",
         ),
         // Per-file errors and a locked database are not failures.
-        ("SuccessExitStatus", "1 4"),
+        ("SuccessExitStatus", "1 4 5"),
         ("MemoryHigh", "1G"),
         ("StartupCPUWeight", "5"),
         ("StartupIOWeight", "5"),
