@@ -17,14 +17,6 @@ fn compressible(seed: u64, len: usize) -> Vec<u8> {
     Rng::new(seed).bytes(len).iter().map(|b| b"abcdefgh"[(b & 7) as usize]).collect()
 }
 
-fn db_report(vol: &Volume) -> serde_json::Value {
-    let db = vol.db();
-    let (code, json, err) = dedupscan(&["report".as_ref(), "--json".as_ref(), "--db".as_ref(), db.as_os_str()]);
-    assert_eq!(code, 0, "{err}");
-    validate_db_report(&json);
-    json
-}
-
 #[test]
 fn rerun_on_compressed_btrfs_submits_nothing() {
     let Some(vol) = Volume::new(Fs::Btrfs, 256) else { return };

@@ -115,14 +115,6 @@ fn btrfs_frees_at_least_90_percent_of_ideal() {
     assert!(freed * 10 >= ideal as i64 * 9, "btrfs freed {freed} of ideal {ideal}");
 }
 
-fn db_report(vol: &Volume) -> serde_json::Value {
-    let db = vol.db();
-    let (code, json, err) = dedupscan(&["report".as_ref(), "--json".as_ref(), "--db".as_ref(), db.as_os_str()]);
-    assert_eq!(code, 0, "{err}");
-    validate_db_report(&json);
-    json
-}
-
 #[test]
 fn report_subcommand_measures_what_is_shared_and_what_remains() {
     let Some(vol) = Volume::new(Fs::Btrfs, 320) else { return };

@@ -65,11 +65,3 @@ fn bookends_stuck_on_a_full_disk_are_freed_by_the_next_incremental_run() {
     assert!(same_physical(&d.join("a"), 4 * 4096, &d.join("b"), 4 * 4096, 1996 * 4096));
     assert_eq!(num(&db_report(&vol), "pending_bytes"), 0);
 }
-
-fn db_report(vol: &Volume) -> serde_json::Value {
-    let db = vol.db();
-    let (code, json, err) = dedupscan(&["report".as_ref(), "--json".as_ref(), "--db".as_ref(), db.as_os_str()]);
-    assert_eq!(code, 0, "{err}");
-    validate_db_report(&json);
-    json
-}

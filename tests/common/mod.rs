@@ -301,3 +301,13 @@ pub fn run_json(vol: &Volume, args: &[&str]) -> serde_json::Value {
 pub fn num(report: &serde_json::Value, key: &str) -> u64 {
     report[key].as_u64().unwrap_or_else(|| panic!("{key} missing or not a number in {report:#}"))
 }
+
+/// `dedupscan report --json` on the volume's database, validated against
+/// its schema.
+pub fn db_report(vol: &Volume) -> serde_json::Value {
+    let db = vol.db();
+    let (code, json, err) = dedupscan(&["report".as_ref(), "--json".as_ref(), "--db".as_ref(), db.as_os_str()]);
+    assert_eq!(code, 0, "{err}");
+    validate_db_report(&json);
+    json
+}
