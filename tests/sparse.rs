@@ -131,6 +131,10 @@ fn eight_tib_twins(fs: Fs) {
     check(&run, "run");
     assert_eq!(num(&run.json, "files_scanned"), 2, "{:#}", run.json);
     before.assert_same(&Snapshot::take_sparse(&d));
+    // The planner reads the maps sparsely: the one data block at 7 TiB is
+    // planned and shared like any other.
+    assert_eq!(num(&run.json, "duplicate_bytes"), 4096, "{:#}", run.json);
+    assert!(same_physical(&d.join("huge"), 7 * TIB, &d.join("twin"), 7 * TIB, 4096), "{:#}", run.json);
 
     // `report` rebuilds the plan from the database: bounded too.
     let report = bounded(&vol, &["report"]);
