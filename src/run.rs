@@ -542,15 +542,22 @@ fn share(
     // Incremental: everything hashed before the last complete sharing run
     // was matched then; plan only the groups that hold a newer file.
     let last_share: Option<i64> = db.meta(LAST_SHARE_RUN)?.and_then(|v| v.parse().ok());
-    // Destinations an earlier run left pending (out of space, or extents
-    // kept by a snapshot) are planned again, even when nothing changed.
+    // Destinations an earlier run left pending are planned again, even when
+    // nothing changed: those that ran out of space every time (the space may
+    // be back), those whose extents a file outside the plan kept only once
+    // FIEMAP no longer flags those extents shared (the snapshot is gone);
+    // replanning a still-pinned file's group every night would cost a
+    // nightly run as much as the group.
     let pending = db.pending()?;
     pending_into(report, &pending);
+    let pinned = dedupe::Pending::Pinned.name();
+    let pinned_facts = db.file_facts(pending.iter().filter(|p| p.1 == pinned).map(|p| p.0))?;
+    let retry = |p: &&(FileId, String, u64)| p.1 != pinned || !still_shared(tree, pinned_facts.get(&p.0));
     let fresh = match (cfg.incremental, last_share) {
         (true, Some(last)) => Some(
             (scanned.hashed_runs.iter().filter(|(_, run)| *run > last).map(|(id, _)| *id))
                 .chain(scanned.hashed.iter().copied())
-                .chain(pending.iter().map(|p| p.0))
+                .chain(pending.iter().filter(retry).map(|p| p.0))
                 .filter(|id| allowed.contains(id))
                 .collect::<HashSet<_>>(),
         ),
@@ -670,6 +677,15 @@ fn share(
         if cfg.dry_run { "verified duplicate" } else { "shared" }
     ));
     Ok(())
+}
+
+/// Whether the recorded file `c` still has an extent FIEMAP flags shared
+/// (metadata only). A file that cannot be opened or mapped is retried.
+fn still_shared(tree: &Tree, c: Option<&Candidate>) -> bool {
+    use std::os::fd::AsFd;
+    let Some(c) = c else { return false };
+    let Ok(f) = tree.open_file(&c.path) else { return false };
+    sys::fiemap(f.as_fd(), 0, c.size.max(1)).is_ok_and(|ext| ext.iter().any(|e| e.is_shared()))
 }
 
 /// Put the pending work (database rows) into the report, by reason.

@@ -38,6 +38,12 @@ fn extents_pinned_by_a_readonly_snapshot_are_left_until_it_is_gone() {
     assert_eq!(first["pending"]["referenced_outside_run"]["bytes"].as_u64(), Some(len as u64), "{first:#}");
     assert!(!same_physical(&sub.join("a"), 0, &sub.join("b"), 0, len as u64));
 
+    // While the snapshot stays, a nightly run with nothing changed does not
+    // plan the pinned group again (its extents are still shared).
+    let still = run_json(&vol, &[path, "--incremental"]);
+    assert_eq!(num(&still, "ranges_planned"), 0, "replanned a still-pinned group: {still:#}");
+    assert_eq!(num(&still, "pending_bytes"), len as u64, "{still:#}");
+
     // The snapshot goes: the next incremental run, with nothing changed,
     // shares and frees the copy.
     btrfs(&["subvolume", "delete"], &snap);
