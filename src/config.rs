@@ -88,7 +88,12 @@ impl Config {
         let bars = match g.progress {
             ProgressMode::Always => true,
             ProgressMode::Never => false,
-            ProgressMode::Auto => std::io::stderr().is_terminal() && verbosity > Verbosity::Quiet,
+            // A dumb terminal cannot redraw a bar: plain lines there, as in a pipe.
+            ProgressMode::Auto => {
+                std::io::stderr().is_terminal()
+                    && std::env::var_os("TERM").is_none_or(|t| t != "dumb")
+                    && verbosity > Verbosity::Quiet
+            }
         };
         let list = cli.run.list || matches!(&cli.command, Some(Command::Report(r)) if r.list);
         let (action, scan, dry_run, min_range, rewrite_ratio) = match cli.command {

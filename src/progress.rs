@@ -12,7 +12,7 @@
 //! `journalctl -p warning` finds the warnings.
 
 use std::fmt::Write as _;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
@@ -322,8 +322,14 @@ impl Progress for Bars {
 
 /// Plain log lines for the journal: no control characters, a status line at
 /// most every [`LogLines::every`], with units, a rate and, once the total is
-/// known, how much is left and an ETA.
-pub struct LogLines {
+/// known, how much is left and an ETA. A phase that counts nothing (the
+/// plan phase, measuring freed space) still says every `every` that it is
+/// working: a heartbeat thread prints the status line when nothing else was
+/// printed for that long, so a journal never goes silent for minutes.
+pub struct LogLines(Arc<LogState>);
+
+/// What [`LogLines`] and its heartbeat thread share.
+pub struct LogState {
     verbosity: Verbosity,
     label: Mutex<String>,
     bytes: Mutex<bool>,
@@ -333,6 +339,17 @@ pub struct LogLines {
     started: Mutex<Instant>,
     last: Mutex<Instant>,
     every: Duration,
+    /// A phase has started and not finished: the heartbeat may speak.
+    active: AtomicBool,
+    /// Status lines the heartbeat printed (for tests).
+    beats: AtomicU64,
+}
+
+impl std::ops::Deref for LogLines {
+    type Target = LogState;
+    fn deref(&self) -> &LogState {
+        &self.0
+    }
 }
 
 impl LogLines {
@@ -346,7 +363,12 @@ impl LogLines {
             .and_then(|s| s.parse::<f64>().ok())
             .filter(|s| s.is_finite() && *s >= 0.0)
             .map_or(Self::EVERY, Duration::from_secs_f64);
-        LogLines {
+        LogLines::every(verbosity, every)
+    }
+
+    /// A status line at most every `every`.
+    fn every(verbosity: Verbosity, every: Duration) -> LogLines {
+        let state = Arc::new(LogState {
             verbosity,
             label: Mutex::new(String::new()),
             bytes: Mutex::new(false),
@@ -356,9 +378,21 @@ impl LogLines {
             started: Mutex::new(Instant::now()),
             last: Mutex::new(Instant::now()),
             every,
+            active: AtomicBool::new(false),
+            beats: AtomicU64::new(0),
+        });
+        if verbosity >= Verbosity::Normal {
+            let weak = Arc::downgrade(&state);
+            let tick = every.clamp(Duration::from_millis(10), Duration::from_secs(1));
+            // Without the thread the run only loses its heartbeat.
+            let _ = std::thread::Builder::new().name("heartbeat".into()).spawn(move || heartbeat(&weak, tick));
         }
+        LogLines(state)
     }
+}
 
+impl LogState {
+    /// The status line of the current phase with `done` units done.
     fn status_line(&self, done: u64) -> String {
         let label = self.label.lock().unwrap().clone();
         let bytes = *self.bytes.lock().unwrap();
@@ -373,10 +407,34 @@ impl LogLines {
     }
 }
 
+/// Until the [`LogLines`] is dropped: every `tick`, print the status line
+/// of the active phase if nothing was printed for `every`.
+fn heartbeat(state: &std::sync::Weak<LogState>, tick: Duration) {
+    loop {
+        std::thread::sleep(tick);
+        let Some(s) = state.upgrade() else { return };
+        if !s.active.load(Ordering::Relaxed) {
+            continue;
+        }
+        let mut last = s.last.lock().unwrap();
+        if last.elapsed() >= s.every {
+            *last = Instant::now();
+            drop(last);
+            emit(Level::Info, &s.status_line(s.done.load(Ordering::Relaxed)));
+            s.beats.fetch_add(1, Ordering::Relaxed);
+        }
+    }
+}
+
 /// One status line: `1/3 scan: 1.2 GiB of 5.0 GiB (24%), 1234 of 5678
 /// files, 350.0 MiB/s, about 12s left` (parts unknown yet are left out).
 fn status_line(label: &str, bytes: bool, done: u64, total: u64, files: (u64, u64), elapsed: Duration) -> String {
     let amount = |n: u64| if bytes { human(n) } else { n.to_string() };
+    if done == 0 && total == 0 && files == (0, 0) {
+        // A phase that counts nothing: say that it is alive.
+        let so_far = humantime::format_duration(Duration::from_secs(elapsed.as_secs()));
+        return format!("{label}: working, {so_far} so far");
+    }
     let mut s = format!("{label}: {}", amount(done));
     if total > 0 {
         let _ = write!(s, " of {} ({:.0}%)", amount(total), done.min(total) as f64 * 100.0 / total as f64);
@@ -424,6 +482,7 @@ impl Progress for LogLines {
         self.files.reset();
         *self.started.lock().unwrap() = Instant::now();
         *self.last.lock().unwrap() = Instant::now();
+        self.active.store(true, Ordering::Relaxed);
         if self.verbosity >= Verbosity::Verbose {
             emit(Level::Info, &format!("{label}: started"));
         }
@@ -461,6 +520,7 @@ impl Progress for LogLines {
     }
 
     fn finish_phase(&self, summary: &str) {
+        self.active.store(false, Ordering::Relaxed);
         if self.verbosity >= Verbosity::Normal && !summary.is_empty() {
             emit(Level::Info, summary);
         }
@@ -497,6 +557,24 @@ mod tests {
         let s = status_line("1/3 scan", true, 879254300, 0, (5, 0), Duration::from_secs(1));
         assert_eq!(s, "1/3 scan: 838.5 MiB, 5 files, 838.5 MiB/s");
         assert_eq!(status_line("report", false, 0, 10, (0, 0), Duration::ZERO), "report: 0 of 10 (0%)");
+        let s = status_line("2/3 plan", false, 0, 0, (0, 0), Duration::from_millis(75_400));
+        assert_eq!(s, "2/3 plan: working, 1m 15s so far");
+    }
+
+    #[test]
+    fn a_phase_that_counts_nothing_still_has_a_heartbeat() {
+        let lines = LogLines::every(Verbosity::Normal, Duration::from_millis(20));
+        std::thread::sleep(Duration::from_millis(100));
+        assert_eq!(lines.beats.load(Ordering::Relaxed), 0, "no phase, no heartbeat");
+        lines.phase("2/3 plan", None, false);
+        std::thread::sleep(Duration::from_millis(300));
+        let beats = lines.beats.load(Ordering::Relaxed);
+        assert!(beats >= 2, "{beats} heartbeats in 300 ms at 20 ms");
+        lines.finish_phase("");
+        std::thread::sleep(Duration::from_millis(60));
+        let after = lines.beats.load(Ordering::Relaxed);
+        std::thread::sleep(Duration::from_millis(100));
+        assert_eq!(lines.beats.load(Ordering::Relaxed), after, "a finished phase stays quiet");
     }
 
     #[test]

@@ -484,12 +484,30 @@ fn bars_on_a_terminal_show_totals_file_counts_and_a_moving_plan_phase() {
     }
     vol.remount();
     let bin = assert_cmd::cargo::cargo_bin("dedupscan");
-    let cmd = format!("{} {} --db {} > /dev/null", bin.display(), s(&d), s(&vol.db()));
     let dir = tempfile::tempdir().unwrap();
     let log = dir.path().join("tty");
-    let st = Command::new("script").args(["-qfec", &cmd]).arg(&log).stdout(std::process::Stdio::null()).status();
-    assert!(st.unwrap().success());
-    let out = std::fs::read_to_string(&log).unwrap();
+    let on_tty = |term: &str, db: &std::path::Path, extra: &str| {
+        let cmd = format!("{} {} --db {} {extra} > /dev/null", bin.display(), s(&d), s(db));
+        let st = Command::new("script")
+            .args(["-qfec", &cmd])
+            .arg(&log)
+            .env("TERM", term)
+            .stdout(std::process::Stdio::null())
+            .status();
+        assert!(st.unwrap().success());
+        std::fs::read_to_string(&log).unwrap()
+    };
+    // A terminal that cannot move the cursor (TERM=dumb, as in a chroot or
+    // an Emacs shell) gets the plain lines of a pipe, not a silent bar.
+    // A dry run leaves the volume as it is for the next run.
+    let dumb = on_tty("dumb", &dir.path().join("dumb.sqlite"), "--dry-run");
+    // (The terminal turns each \n into \r\n; a bar redraws with a lone \r.)
+    assert!(
+        !dumb.replace("\r\n", "\n").contains('\r') && !dumb.contains("\x1b["),
+        "bars on a dumb terminal:\n{dumb:?}"
+    );
+    assert!(dumb.contains("1/3 scan: 120.0 MiB in 40 files to go through"), "no plain lines:\n{dumb}");
+    let out = on_tty("xterm-256color", &vol.db(), "");
     let frames: Vec<&str> = out.split(['\r', '\n']).map(|f| f.trim_start_matches("\x1b[2K")).collect();
     // Once the crawl is over the scan is a bar with a total, file counts and an ETA.
     let bar =
