@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # benches/compare.sh [--size SMALL|FULL|BYTES] [--fs btrfs|xfs|both] [--out FILE]
 #                    [--bin PATH] [--label TEXT] [--no-verify] [--permute-names SEED]
+#                    [--memory-limit SIZE]
 #
 # Side-by-side benchmark of dedupscan and duperemove on a loop-mounted btrfs
 # and/or XFS volume holding the corpus of benches/corpus.sh (SMALL = 400M,
@@ -48,6 +49,13 @@
 # SEED depend on names (the planner must not). The renames are logged in
 # FILE.logs/permute-names.log.
 #
+# --memory-limit SIZE (e.g. 1G) runs every timed step -- the raw reads,
+# each dedupscan step and duperemove -- inside a memory cgroup limited to
+# SIZE (cgroup v2 memory.max, or v1 memory.limit_in_bytes, whichever the
+# machine has). The page cache a step fills is charged to the cgroup, so a
+# corpus larger than SIZE no longer fits in cache, as on a busy server whose
+# data is many times its RAM: a tool that reads a byte twice pays for it.
+#
 # Needs root, loop devices, /usr/bin/time, mkfs.btrfs / mkfs.xfs, duperemove,
 # python3. Everything it mounts or creates is removed on exit, also on error
 # or Ctrl-C (after the step that is running finishes).
@@ -69,6 +77,7 @@ bin=${DEDUPSCAN_BIN:-$ROOT/target/release/dedupscan}
 verify=1
 label=
 permute=
+memory_limit=
 while [[ $# -gt 0 ]]; do
     case $1 in
     --size) size_arg=${2:?}; shift 2 ;;
@@ -84,6 +93,8 @@ while [[ $# -gt 0 ]]; do
     --no-verify) verify=0; shift ;;
     --permute-names) permute=${2:?}; shift 2 ;;
     --permute-names=*) permute=${1#*=}; shift ;;
+    --memory-limit) memory_limit=${2:?}; shift 2 ;;
+    --memory-limit=*) memory_limit=${1#*=}; shift ;;
     -h | --help) usage ;;
     *) echo "compare.sh: unknown argument '$1'" >&2; usage ;;
     esac
@@ -130,6 +141,35 @@ LOOP=
 mkdir -p "$LOGS" "$MNT"
 : >"$STEPS"
 
+# The memory cgroup of --memory-limit: CGROUP is its directory (empty: no limit).
+CGROUP=
+cgroup_setup() { # BYTES
+    local root=/sys/fs/cgroup
+    if [[ $(stat -fc %T "$root") == cgroup2fs ]]; then
+        grep -qw memory "$root/cgroup.subtree_control" || echo +memory >"$root/cgroup.subtree_control"
+        CGROUP=$root/dedupscan-compare-$$
+        mkdir "$CGROUP"
+        echo "$1" >"$CGROUP/memory.max"
+        [[ -e $CGROUP/memory.swap.max ]] && echo 0 >"$CGROUP/memory.swap.max"
+    elif [[ -d $root/memory ]]; then
+        CGROUP=$root/memory/dedupscan-compare-$$
+        mkdir "$CGROUP"
+        echo "$1" >"$CGROUP/memory.limit_in_bytes"
+    else
+        die "--memory-limit: no memory cgroup (neither cgroup v2 nor v1 memory at $root)"
+    fi
+}
+cgroup_remove() {
+    [[ -n $CGROUP && -d $CGROUP ]] || return 0
+    rmdir "$CGROUP" 2>/dev/null || { sleep 1; rmdir "$CGROUP" 2>/dev/null; } || log "could not remove $CGROUP"
+}
+# IN_CGROUP: the prefix that runs a command in the cgroup (a shell that moves
+# itself in, then execs the command); empty without --memory-limit.
+IN_CGROUP=()
+if [[ -n $memory_limit ]]; then
+    memory_limit=$(numfmt --from=iec "$memory_limit") || die "--memory-limit takes a size such as 1G"
+fi
+
 cleanup() {
     local rc=$?
     set +e
@@ -149,11 +189,17 @@ cleanup() {
         done
     fi
     rm -rf "$WORK"
+    cgroup_remove
     [[ $rc -ne 0 ]] && log "failed (exit $rc); partial logs in $out.logs"
     exit "$rc"
 }
 trap cleanup EXIT
 trap 'exit 130' INT TERM HUP
+if [[ -n $memory_limit ]]; then
+    cgroup_setup "$memory_limit"
+    IN_CGROUP=(sh -c 'echo $$ >"$0/cgroup.procs" && exec "$@"' "$CGROUP")
+    log "every timed step runs in $CGROUP, limited to $(numfmt --to=iec "$memory_limit")"
+fi
 
 # --- helpers -------------------------------------------------------------------
 
@@ -225,7 +271,7 @@ step() {
     cold
     load=$(cut -d' ' -f1 /proc/loadavg)
     t0=$(date +%s%N)
-    /usr/bin/time -v -o "$base.time" "$@" >"$base.out" 2>"$base.err" || rc=$?
+    /usr/bin/time -v -o "$base.time" "${IN_CGROUP[@]}" "$@" >"$base.out" 2>"$base.err" || rc=$?
     t1=$(date +%s%N)
     rss=$(awk -F': ' '/Maximum resident set size/ {print $2}' "$base.time")
     record fs="$fs" step="$name" wall_s="$(awk -v a="$t0" -v b="$t1" 'BEGIN {printf "%.3f", (b - a) / 1e9}')" \
@@ -319,7 +365,7 @@ record step=meta started="$(date -u +%FT%TZ)" size_name="$size_name" size_bytes=
     volume_bytes="$vol_bytes" kernel="$(uname -r)" nproc="$(nproc)" \
     cpu="$(awk -F': ' '/model name/ {print $2; exit}' /proc/cpuinfo)" \
     mem_kb="$(awk '/MemTotal/ {print $2}' /proc/meminfo)" \
-    permute_names="$permute" dedupscan_version="$("$BIN" --version)" dedupscan_sha256="$(sha256sum "$BIN" | cut -c1-16)" \
+    permute_names="$permute" memory_limit_bytes="${memory_limit:-0}" dedupscan_version="$("$BIN" --version)" dedupscan_sha256="$(sha256sum "$BIN" | cut -c1-16)" \
     git_head="$(git -C "$ROOT" rev-parse --short HEAD 2>/dev/null || echo unknown)" \
     git_dirty_files="$(git -C "$ROOT" status --short 2>/dev/null | wc -l)" \
     git_src_diff_sha256="$(git -C "$ROOT" diff HEAD -- src schema Cargo.toml 2>/dev/null | sha256sum | cut -c1-12)" \

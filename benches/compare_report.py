@@ -208,3 +208,5 @@ print(f"Run {m.get('started')} – {m.get('finished')} ({m.get('total_s')} s), c
       f"kernel {m.get('kernel')}; {m.get('dedupscan_version')} (git {m.get('git_head')}, "
       f"{m.get('git_dirty_files')} files modified), {m.get('duperemove_version')} {m.get('duperemove_args') or ''}; "
       f"1-min load average before the timed steps {min(loads, default=0):.2f}–{max(loads, default=0):.2f}.")
+if m.get("memory_limit_bytes"):
+    print(f"Every timed step ran in a memory cgroup limited to {mib(m['memory_limit_bytes'])} (`--memory-limit`).")
