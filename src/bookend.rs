@@ -23,6 +23,18 @@ pub struct DestExtent {
     pub unstable: bool,
 }
 
+/// What to do about one destination file's partly covered extents.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Decision {
+    /// Parts to rewrite, as `(offset, length)` in the file.
+    pub rewrite: Vec<(u64, u64)>,
+    /// Covered bytes that will be shared but cannot free space: their
+    /// extent stays on disk for its uncovered rest (not worth rewriting, or
+    /// compressed/inline and not rewritable). The report's `pinned_bytes`,
+    /// so that shared = freed + pinned adds up on btrfs.
+    pub pinned: u64,
+}
+
 /// Parts of `extents` to rewrite, as `(offset, length)` in the file.
 ///
 /// `covered` are the ranges the plan shares into this file (sorted by
@@ -31,39 +43,55 @@ pub struct DestExtent {
 /// part: then the whole extent is freed for writing the remainder, and the
 /// net gain is at least what is written.
 pub fn remainders(extents: &[DestExtent], covered: &[(u64, u64)], file_size: u64, max_ratio: f64) -> Vec<(u64, u64)> {
-    let mut out = Vec::new();
-    for e in extents.iter().filter(|e| !e.shared && !e.unstable) {
-        let start = e.logical;
-        let end = (e.logical + e.length).min(file_size);
-        if end <= start {
-            continue;
-        }
-        let mut gaps = Vec::new();
-        let mut pos = start;
-        let mut cov = 0;
-        for &(o, l) in covered {
-            let (cs, ce) = (o.max(start), (o + l).min(end));
-            if cs >= ce {
-                continue;
-            }
-            if cs > pos {
-                gaps.push((pos, cs - pos));
-            }
-            cov += ce - cs;
-            pos = pos.max(ce);
-        }
-        if pos < end {
-            gaps.push((pos, end - pos));
-        }
+    decide(extents, covered, file_size, max_ratio).rewrite
+}
+
+/// [`remainders`], and the covered bytes of the partly covered extents left
+/// as they are (pinned). Extents already shared with another file are in
+/// neither: whether they are freed depends on that file, not on this one.
+pub fn decide(extents: &[DestExtent], covered: &[(u64, u64)], file_size: u64, max_ratio: f64) -> Decision {
+    let mut out = Decision::default();
+    for e in extents.iter().filter(|e| !e.shared) {
+        let Some((cov, gaps)) = coverage(e, covered, file_size) else { continue };
         let uncovered: u64 = gaps.iter().map(|g| g.1).sum();
         if cov == 0 || uncovered == 0 {
             continue; // untouched, or freed anyway
         }
-        if uncovered as f64 <= cov as f64 * max_ratio {
-            out.extend(gaps);
+        if !e.unstable && uncovered as f64 <= cov as f64 * max_ratio {
+            out.rewrite.extend(gaps);
+        } else {
+            out.pinned += cov;
         }
     }
     out
+}
+
+/// Bytes of extent `e` that `covered` covers, and its uncovered gaps
+/// (`None`: the extent lies past the end of the file).
+fn coverage(e: &DestExtent, covered: &[(u64, u64)], file_size: u64) -> Option<(u64, Vec<(u64, u64)>)> {
+    let start = e.logical;
+    let end = (e.logical + e.length).min(file_size);
+    if end <= start {
+        return None;
+    }
+    let mut gaps = Vec::new();
+    let mut pos = start;
+    let mut cov = 0;
+    for &(o, l) in covered {
+        let (cs, ce) = (o.max(start), (o + l).min(end));
+        if cs >= ce {
+            continue;
+        }
+        if cs > pos {
+            gaps.push((pos, cs - pos));
+        }
+        cov += ce - cs;
+        pos = pos.max(ce);
+    }
+    if pos < end {
+        gaps.push((pos, end - pos));
+    }
+    Some((cov, gaps))
 }
 
 /// Merge `(offset, length)` ranges into sorted, non-overlapping ones.
@@ -152,6 +180,25 @@ mod tests {
         // A 10-block extent of which the file uses 9 blocks and 100 bytes.
         let size = 9 * K + 100;
         assert_eq!(remainders(&[ext(0, 10 * K)], &[(K, 8 * K + 100)], size, 1.0), vec![(0, K)]);
+    }
+
+    #[test]
+    fn pinned_is_what_is_covered_but_not_freed() {
+        // Remainder too large: the covered 4 blocks stay pinned.
+        assert_eq!(decide(&[ext(0, 10 * K)], &[(0, 4 * K)], 1 << 40, 1.0), Decision { rewrite: vec![], pinned: 4 * K });
+        // Rewritten: nothing pinned.
+        assert_eq!(decide(&[ext(0, 8 * K)], &[(0, 4 * K)], 1 << 40, 1.0).pinned, 0);
+        // --rewrite-ratio 0: every partly covered extent is pinned.
+        assert_eq!(decide(&[ext(0, 8 * K)], &[(0, 7 * K)], 1 << 40, 0.0).pinned, 7 * K);
+        // Compressed (unstable) and partly covered: pinned, never rewritten.
+        let zstd = DestExtent { unstable: true, ..ext(0, 8 * K) };
+        assert_eq!(decide(&[zstd], &[(0, 7 * K)], 1 << 40, 1.0), Decision { rewrite: vec![], pinned: 7 * K });
+        // Wholly covered, untouched or shared with another file: not pinned here.
+        let shared = DestExtent { shared: true, ..ext(16 * K, 8 * K) };
+        assert_eq!(
+            decide(&[ext(0, 8 * K), ext(8 * K, 8 * K), shared], &[(0, 8 * K), (16 * K, K)], 1 << 40, 1.0).pinned,
+            0
+        );
     }
 
     #[test]
