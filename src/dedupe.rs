@@ -86,6 +86,9 @@ pub struct Outcome {
     /// Bytes of partly covered extents copied into fresh extents so the old
     /// ones can be freed (btrfs); in a dry run, what would be.
     pub rewritten_bytes: u64,
+    /// Bytes planned into partly covered extents that stay on disk for
+    /// their uncovered rest (btrfs): shared, but freeing nothing.
+    pub pinned_bytes: u64,
     /// Files that could not be opened or mapped.
     pub errors: BTreeMap<String, u64>,
     /// Set when sharing was stopped because the filesystem refuses it.
@@ -372,6 +375,7 @@ impl Outcome {
         self.inline_files += o.inline_files;
         self.swapped_sources += o.swapped_sources;
         self.rewritten_bytes += o.rewritten_bytes;
+        self.pinned_bytes += o.pinned_bytes;
         for (k, n) in o.errors {
             *self.errors.entry(k).or_default() += n;
         }
@@ -803,7 +807,8 @@ impl<'a> Executor<'a> {
                 unstable: e.flags & unstable != 0,
             })
             .collect();
-        let pieces = bookend::remainders(&extents, covered, size, b.max_ratio);
+        let bookend::Decision { rewrite: pieces, pinned } = bookend::decide(&extents, covered, size, b.max_ratio);
+        self.out.pinned_bytes += pinned;
         if pieces.is_empty() {
             return;
         }

@@ -97,6 +97,11 @@ pub struct Report {
     /// Bytes copied into fresh extents so that partly shared extents could
     /// be freed (btrfs); in a dry run, what would be copied.
     pub rewritten_bytes: u64,
+    /// btrfs: bytes shared into extents that stay on disk for a part still
+    /// in use (a remainder too large to rewrite, or compressed): shared but
+    /// not freed, so that `deduped_bytes` = `freed_bytes` + this, give or
+    /// take metadata. In a dry run, what would be.
+    pub pinned_bytes: u64,
     /// Whole-file groups shared from a copy far less fragmented than the
     /// planned source, so no copy ends up as fragmented as the source was.
     pub sources_swapped: u64,
@@ -290,6 +295,13 @@ impl Report {
             } else {
                 t.row(["shared".to_owned(), human(self.deduped_bytes), "confirmed by the kernel".to_owned()]);
                 t.row(["rewritten".to_owned(), human(self.rewritten_bytes), "partly shared extents".to_owned()]);
+                if self.pinned_bytes > 0 {
+                    t.row([
+                        "pinned".to_owned(),
+                        human(self.pinned_bytes),
+                        "shared, not freed: the rest of the extent is in use".to_owned(),
+                    ]);
+                }
                 t.row(["freed".to_owned(), human_signed(self.freed_bytes), "measured with statfs".to_owned()]);
             }
             s.push('\n');

@@ -627,7 +627,9 @@ fn share(
         .map(|h| h.join().map_err(|_| anyhow::anyhow!("free space measurement panicked")).and_then(|r| r))
         .transpose()?;
     progress.phase(if cfg.dry_run { "3/3 verify" } else { "3/3 share" }, Some(plan.bytes()), true);
-    let bookends = (fs.kind == FsKind::Btrfs && cfg.rewrite_ratio > 0.0).then(|| dedupe::Bookends {
+    // With --rewrite-ratio 0 the pass still runs: it rewrites nothing but
+    // counts what stays pinned.
+    let bookends = (fs.kind == FsKind::Btrfs).then(|| dedupe::Bookends {
         tmp_dir: if root.is_dir() { root.clone() } else { root.parent().unwrap_or(root).to_owned() },
         max_ratio: cfg.rewrite_ratio,
     });
@@ -652,6 +654,7 @@ fn share(
     report.deduped_bytes = out.deduped_bytes;
     report.already_shared_bytes = out.already_shared_bytes;
     report.rewritten_bytes = out.rewritten_bytes;
+    report.pinned_bytes = out.pinned_bytes;
     report.sources_swapped = out.swapped_sources;
     // Found only now: these files were considered (and hashed or known
     // unchanged), they stay in files_scanned; they are left out of sharing.
