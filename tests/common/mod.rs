@@ -68,6 +68,8 @@ pub fn require() -> bool {
 /// test passes), and is appended to the file `DEDUPSCAN_SKIP_LOG` names,
 /// whose lines `scripts/test.sh` prints at the end of the suite.
 pub fn skip(why: &str) {
+    // One line, whatever a tool's message held.
+    let why = why.split_whitespace().collect::<Vec<_>>().join(" ");
     let thread = std::thread::current();
     let test = thread.name().unwrap_or("a test");
     if require() {
