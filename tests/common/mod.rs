@@ -164,7 +164,15 @@ impl Volume {
 
     /// Unmount and mount again: drops cached state, like a reboot.
     pub fn remount(&self) {
-        run_quiet(Command::new("umount").arg(&self.mnt)).unwrap();
+        // A just-written volume can be busy for a moment (seen once on a
+        // loaded machine, right after writing 500 files, no run started
+        // yet): try again for a few seconds before calling it a failure.
+        let mut tries = 0;
+        while let Err(e) = run_quiet(Command::new("umount").arg(&self.mnt)) {
+            tries += 1;
+            assert!(tries < 50 && e.contains("busy"), "{e}");
+            std::thread::sleep(std::time::Duration::from_millis(100));
+        }
         run_quiet(Command::new("mount").args(["-o", "loop"]).arg(self.dir.path().join("volume.img")).arg(&self.mnt))
             .unwrap();
     }
