@@ -14,11 +14,21 @@ echo "== cargo clippy --all-targets -- -D warnings (also type-checks benches and
 cargo clippy --all-targets -- -D warnings
 echo "== cargo test (unit + integration on real volumes)"
 log=$(mktemp)
-trap 'rm -f "$log"' EXIT
+# Every skipped test appends a line here (tests/common skip()); printed below,
+# since libtest shows nothing of a test that passes by skipping.
+export DEDUPSCAN_SKIP_LOG
+DEDUPSCAN_SKIP_LOG=$(mktemp)
+trap 'rm -f "$log" "$DEDUPSCAN_SKIP_LOG"' EXIT
+start=$SECONDS
 cargo test --all-features -- --test-threads="${DEDUPSCAN_TEST_THREADS:-2}" 2>&1 | tee "$log"
-# One closing line with the totals of every test binary.
+# One closing line with the totals of every test binary, and the skips.
 awk '/^test result:/ { for (i = 1; i <= NF; i++) { if ($(i+1) ~ /^passed/) p += $i; if ($(i+1) ~ /^failed/) f += $i } }
      END { printf "tests: %d passed, %d failed\n", p, f }' "$log"
+echo "cargo test took $((SECONDS - start)) s (build included)"
+if [ -s "$DEDUPSCAN_SKIP_LOG" ]; then
+    echo "*** SKIPPED ($(wc -l < "$DEDUPSCAN_SKIP_LOG")); DEDUPSCAN_REQUIRE_FS_TESTS=1 makes these failures:"
+    sort "$DEDUPSCAN_SKIP_LOG" | sed 's/^/    /'
+fi
 # The Debian package: built, lintian-clean, installed into a throwaway root
 # and purged (packaging/check-deb.sh; needs root, a release build: ~1-2 min).
 if [ "$(id -u)" -eq 0 ]; then

@@ -6,8 +6,6 @@
 
 mod common;
 
-use std::process::Command;
-
 use common::*;
 use dedupscan::corpus::Rng;
 
@@ -20,8 +18,7 @@ fn compressible(seed: u64, len: usize) -> Vec<u8> {
 #[test]
 fn rerun_on_compressed_btrfs_submits_nothing() {
     let Some(vol) = Volume::new(Fs::Btrfs, 256) else { return };
-    let st = Command::new("mount").args(["-o", "remount,compress-force=zstd"]).arg(&vol.mnt).status().unwrap();
-    assert!(st.success(), "remount with compress-force=zstd");
+    vol.remount_with("compress-force=zstd");
     let d = vol.path("d");
     std::fs::create_dir(&d).unwrap();
     let a = compressible(4, 1 << 20);

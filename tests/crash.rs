@@ -7,6 +7,7 @@ mod common;
 
 use std::collections::HashMap;
 use std::io::{Seek, SeekFrom, Write};
+use std::os::unix::process::ExitStatusExt;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -16,55 +17,73 @@ use std::time::{Duration, Instant};
 use common::*;
 use dedupscan::corpus::Rng;
 
-fn integrity_ok(db: &Path) {
-    let c = rusqlite::Connection::open(db).unwrap();
-    let ok: String = c.query_row("PRAGMA integrity_check", [], |r| r.get(0)).unwrap();
-    assert_eq!(ok, "ok", "database {} damaged", db.display());
-}
-
 fn start(vol: &Volume, data: &Path) -> std::process::Child {
-    Command::new(assert_cmd::cargo::cargo_bin("dedupscan"))
+    dedupscan()
         .arg(data)
-        .args(["--progress", "never", "-q", "--db"])
-        .arg(vol.db())
+        .args(["--progress", "never", "-q"])
+        .db(vol.db())
+        .command()
         .stdout(Stdio::null())
         .stderr(Stdio::null())
         .spawn()
         .unwrap()
 }
 
+/// Kill points spread over a run: rounds of SIGKILL at 0/20 .. 19/20 of a
+/// typical run's time, each on new duplicated data, so there is always
+/// hashing and sharing to interrupt. A kill counts only if it landed on a
+/// running process (the child's status says SIGKILL): a round whose run
+/// ended first is done again, sooner.
 fn sigkill_many_times(fs: Fs) {
     let Some(vol) = Volume::new(fs, 1024) else { return };
     let data = vol.path("data");
     dedupscan::corpus::build(&data, 3, 1).unwrap();
-    // How long an uninterrupted full run takes (on a copy of the work).
-    let t = Instant::now();
-    let mut calib = start(&vol, &data);
-    assert!(calib.wait().unwrap().success());
-    let full = t.elapsed();
+    assert!(start(&vol, &data).wait().unwrap().success());
     let mut rng = Rng::new(42);
-    for i in 0..20u32 {
-        // New duplicated data every round, so there is always hashing and
-        // sharing to interrupt.
+    let mut pairs = Vec::new();
+    let mut new_pair = |name: String| {
         let blob = rng.bytes(3 << 20);
-        std::fs::write(data.join(format!("round{i}-a")), &blob).unwrap();
-        std::fs::write(data.join(format!("round{i}-b")), &blob).unwrap();
-        let before = Snapshot::take(&data);
-        let mut child = start(&vol, &data);
-        std::thread::sleep(full * i / 20 + Duration::from_millis(5));
-        let _ = child.kill(); // SIGKILL
-        let _ = child.wait();
-        before.assert_same(&Snapshot::take(&data));
-        integrity_ok(&vol.db());
+        let pair = (data.join(format!("{name}-a")), data.join(format!("{name}-b")));
+        std::fs::write(&pair.0, &blob).unwrap();
+        std::fs::write(&pair.1, &blob).unwrap();
+        pairs.push(pair);
+    };
+    // How long a run takes now that the corpus is known: one new pair to
+    // hash and share, like every round below.
+    new_pair("calibration".into());
+    let t = Instant::now();
+    assert!(start(&vol, &data).wait().unwrap().success());
+    let typical = t.elapsed();
+    let mut early = 0;
+    for i in 0..20u32 {
+        let mut delay = typical * i / 20 + Duration::from_millis(5);
+        for attempt in 0.. {
+            new_pair(format!("round{i}-{attempt}"));
+            let before = Snapshot::take(&data);
+            let mut child = start(&vol, &data);
+            std::thread::sleep(delay);
+            let _ = child.kill(); // SIGKILL
+            let status = child.wait().unwrap();
+            before.assert_same(&Snapshot::take(&data));
+            integrity_ok(&vol.db());
+            if status.signal() == Some(libc::SIGKILL) {
+                break;
+            }
+            // The run ended before the kill: this round tested nothing.
+            assert!(status.success(), "round {i}: the run failed on its own: {status}");
+            early += 1;
+            assert!(attempt < 5, "round {i}: every run ended before the kill (last after {delay:?})");
+            delay /= 2;
+        }
     }
+    eprintln!("{fs:?}: 20 kills landed; {early} runs ended before their kill and were done again sooner");
     let before = Snapshot::take(&data);
     let r = run_json(&vol, &[data.to_str().unwrap()]);
     assert_eq!(r["errors"].as_u64(), Some(0), "{r:#}");
     before.assert_same(&Snapshot::take(&data));
     integrity_ok(&vol.db());
-    for i in 0..20 {
-        let (a, b) = (data.join(format!("round{i}-a")), data.join(format!("round{i}-b")));
-        assert!(same_physical(&a, 0, &b, 0, 3 << 20), "round {i} pair not shared after recovery");
+    for (a, b) in &pairs {
+        assert!(same_physical(a, 0, b, 0, 3 << 20), "{} not shared with {} after recovery", a.display(), b.display());
     }
 }
 
@@ -176,25 +195,17 @@ fn full_disk_under_the_database_stops_cleanly_and_keeps_it_intact() {
     };
     mount("size=192k");
     let db = dbdir.join("db.sqlite");
-    let (code, _, err) =
-        dedupscan(&["scan".as_ref(), data.as_os_str(), "--db".as_ref(), db.as_os_str(), "--progress=never".as_ref()]);
+    let full = dedupscan().arg("scan").arg(&data).db(&db).arg("--progress=never").run();
     let remount = Command::new("mount").args(["-o", "remount,size=64m"]).arg(&dbdir).status().unwrap();
     assert!(remount.success());
-    assert_eq!(code, 3, "{err}");
-    assert!(err.contains("full"), "the message must say the disk is full: {err}");
+    assert_eq!(full.code, 3, "{}", full.stderr);
+    assert!(full.stderr.contains("full"), "the message must say the disk is full: {}", full.stderr);
     integrity_ok(&db);
     // With space again, the next run completes.
-    let (code, json, err) = dedupscan(&[
-        "scan".as_ref(),
-        data.as_os_str(),
-        "--db".as_ref(),
-        db.as_os_str(),
-        "--json".as_ref(),
-        "--incremental".as_ref(),
-    ]);
+    let again = dedupscan().arg("scan").arg(&data).db(&db).json().arg("--incremental").run();
     let _ = Command::new("umount").arg(&dbdir).status();
-    assert_eq!(code, 0, "{err}");
-    assert_eq!(json["files_scanned"].as_u64(), Some(3000));
+    assert_eq!(again.code, 0, "{}", again.stderr);
+    assert_eq!(again.json["files_scanned"].as_u64(), Some(3000));
 }
 
 #[test]

@@ -23,11 +23,6 @@ use dedupscan::plan::PlanOptions;
 
 const BLK: usize = 4096;
 
-fn sh(cmd: &mut Command) {
-    let out = cmd.output().unwrap_or_else(|e| panic!("{cmd:?}: {e}"));
-    assert!(out.status.success(), "{cmd:?}: {}", String::from_utf8_lossy(&out.stderr));
-}
-
 /// The layered tree under `dir`.
 fn build(dir: &Path) {
     let mut rng = Rng::new(77);
@@ -101,16 +96,7 @@ fn run_on_copy(pristine: &Path, work: &Path, n: usize, threads: &str, rename: bo
     let ideal = ideal_dup_bytes(&root);
     let before = Snapshot::take(&root);
     let db = work.join(format!("db-{n}.sqlite"));
-    let args: Vec<&std::ffi::OsStr> = vec![
-        root.as_os_str(),
-        "--threads".as_ref(),
-        threads.as_ref(),
-        "--json".as_ref(),
-        "--db".as_ref(),
-        db.as_os_str(),
-    ];
-    let (code, report, stderr) = dedupscan(&args);
-    assert_eq!(code, 0, "{stderr}");
+    let report = dedupscan().arg(&root).args(["--threads", threads]).json().db(&db).expect(0).run().json;
     validate_report(&report);
     Snapshot::take(&root).assert_same(&before);
     let freed = report["freed_bytes"].as_i64().unwrap().max(0) as u64;

@@ -4,17 +4,10 @@
 
 mod common;
 
-use std::ffi::OsStr;
 use std::io::{BufRead, BufReader, Write};
-use std::path::Path;
-use std::process::Stdio;
 
 use common::*;
 use dedupscan::corpus::Rng;
-
-fn s(p: &Path) -> &str {
-    p.to_str().unwrap()
-}
 
 #[test]
 fn twenty_thousand_files_rehash_only_what_changed() {
@@ -61,10 +54,7 @@ fn twenty_thousand_files_rehash_only_what_changed() {
     assert_eq!(num(&third, "files_unchanged"), 20_000 - 1 - 3 - 1);
 
     // The report from the database agrees.
-    let db = vol.db();
-    let (code, sum, err) = dedupscan(&["report".as_ref(), "--json".as_ref(), "--db".as_ref(), db.as_os_str()]);
-    assert_eq!(code, 0, "{err}");
-    assert_eq!(sum["files"].as_u64(), Some(19_999));
+    assert_eq!(db_report(&vol)["files"].as_u64(), Some(19_999));
 }
 
 #[test]
@@ -79,8 +69,7 @@ fn a_second_run_on_a_locked_database_exits_at_once_with_code_4() {
     let lock = std::fs::File::create(&lock_path).unwrap();
     let _held = nix::fcntl::Flock::lock(lock, nix::fcntl::FlockArg::LockExclusiveNonblock).unwrap();
     let t = std::time::Instant::now();
-    let (code, _, err) = dedupscan(&[data.as_os_str(), "--db".as_ref(), db.as_os_str()]);
-    assert_eq!(code, 4, "{err}");
+    let err = dedupscan().arg(&data).db(&db).expect(4).run().stderr;
     assert!(err.contains("locked by another dedupscan run"), "{err}");
     assert!(t.elapsed().as_secs() < 5, "waited for the lock instead of exiting");
 }
@@ -97,12 +86,9 @@ fn sigterm_mid_scan_commits_and_the_next_run_carries_on() {
     }
     vol.remount(); // cold cache: reading takes time
     let db = vol.db();
-    let mut child = std::process::Command::new(assert_cmd::cargo::cargo_bin("dedupscan"))
+    let mut child = dedupscan()
         .args(["scan", s(&data), "--threads", "1", "-v", "--progress", "never", "--json", "--db", s(&db)])
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
+        .spawn();
     let mut err = BufReader::new(child.stderr.take().unwrap());
     let mut line = String::new();
     while err.read_line(&mut line).unwrap() > 0 && !line.contains("1/3 scan: started") {
@@ -117,9 +103,7 @@ fn sigterm_mid_scan_commits_and_the_next_run_carries_on() {
     assert!(first["interrupted"].as_bool().unwrap(), "{first:#}");
     let done = num(&first, "files_hashed");
     assert!(done < n, "the scan finished before the signal: make the test data larger");
-    let ok: String =
-        rusqlite::Connection::open(&db).unwrap().query_row("PRAGMA integrity_check", [], |r| r.get(0)).unwrap();
-    assert_eq!(ok, "ok");
+    integrity_ok(&db);
     // The next incremental run hashes exactly the rest.
     let second = run_json(&vol, &["scan", s(&data), "--incremental"]);
     assert!(!second["interrupted"].as_bool().unwrap());
@@ -138,10 +122,12 @@ fn max_runtime_stops_cleanly() {
     }
     vol.remount();
     let db = vol.db();
-    let (code, r, err) = dedupscan(
-        &["scan", s(&data), "--threads", "1", "--max-runtime", "1ms", "--json", "--db", s(&db)].map(OsStr::new),
-    );
-    assert_eq!(code, 5, "a stopped run exits 5: {err}");
+    // A stopped run exits 5.
+    let r = dedupscan()
+        .args(["scan", s(&data), "--threads", "1", "--max-runtime", "1ms", "--json", "--db", s(&db)])
+        .expect(5)
+        .run()
+        .json;
     validate_report(&r);
     assert!(r["interrupted"].as_bool().unwrap(), "{r:#}");
     assert!(num(&r, "files_hashed") < 400);
@@ -179,8 +165,7 @@ fn corrupt_database_is_refused_and_left_untouched() {
     let db = vol.db();
     let garbage: Vec<u8> = Rng::new(4).bytes(65536);
     std::fs::write(&db, &garbage).unwrap();
-    let (code, _, err) = dedupscan(&[data.as_os_str(), "--db".as_ref(), db.as_os_str()]);
-    assert_eq!(code, 3, "{err}");
+    let err = dedupscan().arg(&data).db(&db).expect(3).run().stderr;
     assert!(err.contains("not readable as a dedupscan database") && err.contains(s(&db)), "{err}");
     assert!(err.contains("rebuild"), "the message must say what to do: {err}");
     assert_eq!(std::fs::read(&db).unwrap(), garbage, "the corrupt database was modified");
@@ -193,14 +178,11 @@ fn database_of_another_filesystem_is_refused() {
         std::fs::write(v.path("f"), b"data").unwrap();
     }
     let db = x.db();
-    let (code, _, err) = dedupscan(&[x.mnt.as_os_str(), "--db".as_ref(), db.as_os_str()]);
-    assert_eq!(code, 0, "{err}");
-    let (code, _, err) = dedupscan(&[b.mnt.as_os_str(), "--db".as_ref(), db.as_os_str()]);
-    assert_eq!(code, 3, "{err}");
+    dedupscan().arg(&x.mnt).db(&db).expect(0).run();
+    let err = dedupscan().arg(&b.mnt).db(&db).expect(3).run().stderr;
     assert!(err.contains("describes filesystem"), "{err}");
     // Paths on two filesystems in one run are a usage error.
-    let (code, _, err) = dedupscan(&[x.mnt.as_os_str(), b.mnt.as_os_str()]);
-    assert_eq!(code, 2, "{err}");
+    dedupscan().arg(&x.mnt).arg(&b.mnt).expect(2).run();
 }
 
 #[test]
@@ -214,16 +196,13 @@ fn a_file_marked_nodedup_after_it_was_hashed_is_left_alone_and_forgotten() {
     }
     run_json(&vol, &["scan", s(&d)]);
     // Mark b in place, and move c under a new name and mark it too.
-    let st = std::process::Command::new("setfattr").args(["-n", "user.nodedup", "-v", "1"]).arg(d.join("b")).status();
-    assert!(st.unwrap().success());
+    set_nodedup(&d.join("b"));
     std::fs::rename(d.join("c"), d.join("c2")).unwrap();
-    let st = std::process::Command::new("setfattr").args(["-n", "user.nodedup", "-v", "1"]).arg(d.join("c2")).status();
-    assert!(st.unwrap().success());
+    set_nodedup(&d.join("c2"));
     let r = run_json(&vol, &[s(&d), "--incremental"]);
     assert_eq!(r["skipped"]["nodedup"].as_u64(), Some(2), "{r:#}");
     assert_eq!(num(&r, "deduped_bytes"), 0, "{r:#}");
     assert_eq!(shared_bytes(&d.join("b")) + shared_bytes(&d.join("c2")), 0);
-    let db = vol.db();
-    let (_, sum, _) = dedupscan(&["report".as_ref(), "--json".as_ref(), "--db".as_ref(), db.as_os_str()]);
+    let sum = db_report(&vol);
     assert_eq!(sum["files"].as_u64(), Some(1), "protected files are forgotten: {sum:#}");
 }

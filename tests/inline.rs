@@ -6,12 +6,6 @@ mod common;
 use common::*;
 use dedupscan::corpus::Rng;
 use std::path::Path;
-use std::process::Command;
-
-fn remount_with(vol: &Volume, opts: &str) {
-    let ok = Command::new("mount").args(["-o", &format!("remount,{opts}")]).arg(&vol.mnt).status().unwrap();
-    assert!(ok.success(), "mount -o remount,{opts}");
-}
 
 fn is_inline(path: &Path) -> bool {
     let f = std::fs::File::open(path).unwrap();
@@ -32,10 +26,10 @@ fn btrfs_inline_source_with_a_regular_copy_is_never_submitted() {
     let d = vol.path("small");
     std::fs::create_dir(&d).unwrap();
     let data = Rng::new(5).bytes(1000);
-    remount_with(&vol, "max_inline=0");
+    vol.remount_with("max_inline=0");
     std::fs::write(d.join("b"), &data).unwrap();
     dedupscan::sys::syncfs(std::fs::File::open(&d).unwrap()).unwrap();
-    remount_with(&vol, "max_inline=2048");
+    vol.remount_with("max_inline=2048");
     std::fs::write(d.join("a"), &data).unwrap();
     dedupscan::sys::syncfs(std::fs::File::open(&d).unwrap()).unwrap();
     assert!(is_inline(&d.join("a")) && !is_inline(&d.join("b")), "setup: a inline, b a regular extent");

@@ -11,11 +11,6 @@ use std::process::Command;
 use common::*;
 use dedupscan::corpus::Rng;
 
-fn btrfs(args: &[&str], path: &std::path::Path) {
-    let out = Command::new("btrfs").args(args).arg(path).output().expect("btrfs-progs installed (scripts/deps.sh)");
-    assert!(out.status.success(), "btrfs {args:?} {}: {}", path.display(), String::from_utf8_lossy(&out.stderr));
-}
-
 #[test]
 fn extents_pinned_by_a_readonly_snapshot_are_left_until_it_is_gone() {
     let Some(vol) = Volume::new(Fs::Btrfs, 256) else { return };

@@ -27,14 +27,15 @@
 //! `.nodedup`-marked directory), the legitimate duplicates still shared
 //! (freed bytes > 0), and the documented exit code.
 //!
-//! `DEDUPSCAN_RACE_BIN=/path/to/dedupscan` runs the tests against another
+//! The attacker is `examples/race_attacker.rs` (`cargo test` builds it; with
+//! `cargo test --test race` add `--example race_attacker`).
+//! `DEDUPSCAN_TEST_BIN=/path/to/dedupscan` runs the tests against another
 //! binary (e.g. an older build, to see them fail).
 
 mod common;
 
 use std::collections::HashSet;
-use std::io::{BufRead, BufReader, Write};
-use std::mem::MaybeUninit;
+use std::io::{BufRead, BufReader};
 use std::os::unix::fs::{MetadataExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 use std::process::{Child, ChildStdout, Command, Stdio};
@@ -72,27 +73,6 @@ enum Target {
     SameVolume,
     /// A directory on another filesystem (tmpfs).
     OtherFs,
-}
-
-/// A tmpfs mounted for the other-filesystem target; unmounted on drop.
-struct Tmpfs {
-    dir: tempfile::TempDir,
-}
-
-impl Tmpfs {
-    fn new() -> Tmpfs {
-        let dir = tempfile::Builder::new().prefix("dedupscan-race-").tempdir_in("/var/tmp").unwrap();
-        let st =
-            Command::new("mount").args(["-t", "tmpfs", "-o", "size=16m,mode=0700", "tmpfs"]).arg(dir.path()).status();
-        assert!(st.unwrap().success(), "cannot mount a tmpfs");
-        Tmpfs { dir }
-    }
-}
-
-impl Drop for Tmpfs {
-    fn drop(&mut self) {
-        let _ = Command::new("umount").arg("-l").arg(self.dir.path()).status();
-    }
 }
 
 /// The volume and everything the test checks.
@@ -143,8 +123,8 @@ fn scene(fs: Fs, target: Target) -> Option<Scene> {
     let (private, tmpfs) = match target {
         Target::SameVolume => (vol.path("private"), None),
         Target::OtherFs => {
-            let t = Tmpfs::new();
-            (t.dir.path().join("private"), Some(t))
+            let t = Tmpfs::new("size=16m,mode=0700");
+            (t.path().join("private"), Some(t))
         }
     };
     let outside = private.join("outside");
@@ -172,8 +152,7 @@ impl Attacker {
         };
         let mut child = Command::new("setpriv")
             .args([format!("--reuid={NOBODY}"), format!("--regid={NOBODY}"), "--clear-groups".into(), "--".into()])
-            .arg(std::env::current_exe().unwrap())
-            .args(["--exact", "attacker", "--ignored", "--nocapture", "--test-threads=1", "-q"])
+            .arg(attacker_program())
             .env("RACE_USER_DIR", &s.user)
             .env("RACE_LINK", link)
             .env("RACE_MOMENT", format!("{moment:?}"))
@@ -199,66 +178,30 @@ impl Attacker {
     }
 }
 
-/// The attacker's side, run as a separate process (by [`Attacker::start`],
-/// as uid 65534): make the symlink, watch `sub`, swap at the moment.
-#[test]
-#[ignore = "the attacker process of the race tests; they start it"]
-fn attacker() {
-    use rustix::fs::inotify::{self, ReadFlags, WatchFlags};
-    let Ok(user) = std::env::var("RACE_USER_DIR") else { return };
-    let user = PathBuf::from(user);
-    let (sub, link) = (user.join("sub"), user.join("link"));
-    std::os::unix::fs::symlink(std::env::var("RACE_LINK").unwrap(), &link).unwrap();
-    let share = std::env::var("RACE_MOMENT").unwrap() == "Share";
-    let fd = inotify::init(inotify::CreateFlags::CLOEXEC).unwrap();
-    inotify::add_watch(&fd, &sub, WatchFlags::OPEN).unwrap();
-    println!("ready");
-    std::io::stdout().flush().unwrap();
-    let mut buf = [MaybeUninit::uninit(); 8192];
-    let mut reader = inotify::Reader::new(&fd, &mut buf);
-    let mut opened: HashSet<Vec<u8>> = HashSet::new();
-    loop {
-        let ev = reader.next().unwrap();
-        let go = match ev.file_name() {
-            // `sub` itself opened (the crawler is about to list it).
-            None => !share && ev.events().contains(ReadFlags::OPEN),
-            // A file of `sub` opened a second time: the hashing pool opens
-            // each once, so this is the share phase.
-            Some(name) if share && !ev.events().contains(ReadFlags::ISDIR) => !opened.insert(name.to_bytes().to_vec()),
-            Some(_) => false,
-        };
-        if go {
-            rustix::fs::renameat_with(rustix::fs::CWD, &sub, rustix::fs::CWD, &link, rustix::fs::RenameFlags::EXCHANGE)
-                .unwrap();
-            println!("swapped");
-            std::io::stdout().flush().unwrap();
-            return;
-        }
-    }
-}
-
-fn bin() -> PathBuf {
-    std::env::var_os("DEDUPSCAN_RACE_BIN")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| assert_cmd::cargo::cargo_bin("dedupscan"))
+/// `examples/race_attacker.rs` as built next to this test binary
+/// (`target/<profile>/deps/race-*` → `target/<profile>/examples/`).
+fn attacker_program() -> PathBuf {
+    let exe = std::env::current_exe().unwrap();
+    let p = exe.parent().and_then(Path::parent).unwrap().join("examples/race_attacker");
+    assert!(
+        p.exists(),
+        "{} is not built: `cargo test` builds the examples; with `--test race` add `--example race_attacker`",
+        p.display()
+    );
+    p
 }
 
 /// Run the binary with `args` under `strace -f -y`: (exit code, stdout,
 /// stderr, every traced open line).
-fn traced(vol: &Volume, name: &str, args: &[&std::ffi::OsStr]) -> (i32, Vec<u8>, String, Vec<String>) {
+fn traced(vol: &Volume, name: &str, args: &[&std::ffi::OsStr]) -> (i32, String, String, Vec<String>) {
     let trace = vol.db().with_extension(format!("{name}.trace"));
-    let out = Command::new("strace")
-        .args(["-f", "-qq", "-y", "-e", "trace=open,openat,openat2,creat", "-o"])
-        .arg(&trace)
-        .arg(bin())
-        .args(args)
-        .output()
-        .expect("strace (scripts/deps.sh installs it)");
+    let strace = ["strace", "-f", "-qq", "-y", "-e", "trace=open,openat,openat2,creat", "-o", s(&trace)];
+    let out = dedupscan().under(strace).args(args).run();
     let lines = std::fs::read_to_string(&trace).unwrap().lines().map(str::to_owned).collect();
     if let Some(keep) = std::env::var_os("DEDUPSCAN_RACE_KEEP_TRACE") {
         std::fs::copy(&trace, Path::new(&keep).join(format!("{name}.trace"))).unwrap();
     }
-    (out.status.code().unwrap_or(-1), out.stdout, String::from_utf8_lossy(&out.stderr).into_owned(), lines)
+    (out.code, out.stdout, out.stderr, lines)
 }
 
 /// Traced opens that name or resolved to anything under `outside` (at most
@@ -304,7 +247,7 @@ fn race(fs: Fs, target: Target, moment: Moment) {
         s.user.display()
     );
     let r: serde_json::Value =
-        serde_json::from_slice(&stdout).unwrap_or_else(|e| panic!("no JSON report ({e}), exit {code}: {stderr}"));
+        serde_json::from_str(&stdout).unwrap_or_else(|e| panic!("no JSON report ({e}), exit {code}: {stderr}"));
     validate_report(&r);
     // Every broken promise is listed, not only the first.
     let mut broken: Vec<String> = Vec::new();
@@ -414,11 +357,11 @@ fn refused_destination(fs: Fs) {
     use dedupscan::types::FileId;
     use dedupscan::walk::Candidate;
     let Some(vol) = Volume::new(fs, 512) else { return };
-    let tmp = Tmpfs::new();
+    let tmp = Tmpfs::new("size=16m,mode=0700");
     let dir = vol.path("d");
     std::fs::create_dir(&dir).unwrap();
     let data = Rng::new(9).bytes(1 << 20);
-    let paths = [dir.join("a"), tmp.dir.path().join("foreign"), dir.join("b")];
+    let paths = [dir.join("a"), tmp.path().join("foreign"), dir.join("b")];
     let mut files = std::collections::HashMap::new();
     for (i, p) in paths.iter().enumerate() {
         std::fs::write(p, &data).unwrap();
@@ -431,7 +374,7 @@ fn refused_destination(fs: Fs) {
     let range = |dest| Range { src: FileId(1), src_off: 0, len: 1 << 20, dest: FileId(dest), dest_off: 0 };
     // The foreign destination first, in the same request as `b`.
     let plan = Plan { ranges: vec![range(2), range(3)] };
-    let tree = Tree::open(&[dir.clone(), tmp.dir.path().to_owned()]).unwrap();
+    let tree = Tree::open(&[dir.clone(), tmp.path().to_owned()]).unwrap();
     let stop = std::sync::atomic::AtomicBool::new(false);
     let out =
         execute_with_workers(&plan, &files, &tree, 4096, Mode::Share, None, &dedupscan::progress::Silent, &stop, 1);

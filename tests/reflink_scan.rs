@@ -10,27 +10,16 @@
 mod common;
 
 use common::*;
-use std::path::Path;
 use std::process::Command;
 
 const MIB: u64 = 1 << 20;
-
-fn s(p: &Path) -> &str {
-    p.to_str().unwrap()
-}
 
 /// Run the binary (`DEDUPSCAN_TEST_BIN`, to try another build, or this
 /// one) with `args --json --db <vol db>`; the report is checked against its
 /// schema only after the caller's assertions ([`checked`]), so an old build
 /// fails on what it reads, not on a missing key.
 fn run(vol: &Volume, args: &[&str]) -> serde_json::Value {
-    let bin = std::env::var_os("DEDUPSCAN_TEST_BIN")
-        .map(std::path::PathBuf::from)
-        .unwrap_or_else(|| assert_cmd::cargo::cargo_bin("dedupscan"));
-    let out = Command::new(bin).args(args).args(["--json", "--progress=never", "--db"]).arg(vol.db()).output().unwrap();
-    let code = out.status.code().unwrap_or(-1);
-    assert_eq!(code, 0, "dedupscan {args:?}: {}", String::from_utf8_lossy(&out.stderr));
-    serde_json::from_slice(&out.stdout).unwrap()
+    dedupscan().args(args).json().arg("--progress=never").db(vol.db()).expect(0).run().json
 }
 
 fn checked(r: &serde_json::Value) {

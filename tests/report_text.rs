@@ -6,7 +6,6 @@
 
 mod common;
 
-use std::ffi::OsStr;
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -14,61 +13,23 @@ use std::process::Command;
 use common::*;
 use dedupscan::corpus::Rng;
 
-fn s(p: &Path) -> &str {
-    p.to_str().unwrap()
-}
-
-/// Run the binary with `args` and extra environment; returns (code, stdout, stderr).
-fn run_env(args: &[&OsStr], env: &[(&str, &str)]) -> (i32, String, String) {
-    let mut cmd = assert_cmd::Command::cargo_bin("dedupscan").unwrap();
-    cmd.args(args).env_remove("JOURNAL_STREAM");
-    for (k, v) in env {
-        cmd.env(k, v);
-    }
-    let out = cmd.output().unwrap();
-    (
-        out.status.code().unwrap_or(-1),
-        String::from_utf8_lossy(&out.stdout).into_owned(),
-        String::from_utf8_lossy(&out.stderr).into_owned(),
-    )
-}
-
-fn os(v: &[&str]) -> Vec<std::ffi::OsString> {
-    v.iter().map(Into::into).collect()
-}
-
+/// `report --json` on the volume's database plus `extra`, validated.
 fn report_json(vol: &Volume, extra: &[&str]) -> serde_json::Value {
-    let db = vol.db();
-    let mut args = os(&["report", "--json", "--db"]);
-    args.push(db.clone().into());
-    args.extend(os(extra));
-    let refs: Vec<&OsStr> = args.iter().map(|a| a.as_os_str()).collect();
-    let (code, json, err) = dedupscan(&refs);
-    assert_eq!(code, 0, "{err}");
+    let json = dedupscan().arg("report").json().db(vol.db()).args(extra).expect(0).run().json;
     validate_db_report(&json);
     json
 }
 
+/// `report` as text on the volume's database plus `extra`: (stdout, stderr).
 fn report_text(vol: &Volume, extra: &[&str]) -> (String, String) {
-    let db = vol.db();
-    let mut args = os(&["report", "--db"]);
-    args.push(db.clone().into());
-    args.extend(os(extra));
-    let refs: Vec<&OsStr> = args.iter().map(|a| a.as_os_str()).collect();
-    let (code, out, err) = run_env(&refs, &[]);
-    assert_eq!(code, 0, "{err}");
-    (out, err)
+    let out = dedupscan().arg("report").db(vol.db()).args(extra).expect(0).run();
+    (out.stdout, out.stderr)
 }
 
 /// considered = hashed + unchanged + moved + unreadable, every run.
 fn assert_identity(r: &serde_json::Value) {
     let sum = num(r, "files_hashed") + num(r, "files_unchanged") + num(r, "files_renamed") + num(r, "files_failed");
     assert_eq!(num(r, "files_scanned"), sum, "considered != hashed + unchanged + moved + failed: {r:#}");
-}
-
-fn setfattr(p: &Path) {
-    let st = Command::new("setfattr").args(["-n", "user.nodedup", "-v", "1"]).arg(p).status().unwrap();
-    assert!(st.success());
 }
 
 /// A tree with large duplicates, small duplicates (inline on btrfs), hard
@@ -98,9 +59,9 @@ fn counting_tree(root: &Path) {
     for i in 0..3 {
         std::fs::write(prot.join(format!("p{i}")), &big).unwrap();
     }
-    setfattr(&prot);
+    set_nodedup(&prot);
     std::fs::write(root.join("c/marked.bin"), &big).unwrap();
-    setfattr(&root.join("c/marked.bin"));
+    set_nodedup(&root.join("c/marked.bin"));
 }
 
 #[test]
@@ -252,14 +213,8 @@ fn interrupted_runs_are_marked_in_the_history() {
         std::fs::write(d.join(format!("f{i}")), rng.bytes(20_000)).unwrap();
     }
     let db = vol.db();
-    let (_, json, err) = dedupscan(&[
-        d.as_os_str(),
-        "--max-runtime".as_ref(),
-        "1ns".as_ref(),
-        "--json".as_ref(),
-        "--db".as_ref(),
-        db.as_os_str(),
-    ]);
+    let out = dedupscan().arg(&d).args(["--max-runtime", "1ns"]).json().db(&db).run();
+    let (json, err) = (out.json, out.stderr);
     assert_eq!(json["interrupted"], true, "{err}");
     assert_identity(&json);
     let r = report_json(&vol, &[]);
@@ -295,9 +250,7 @@ fn list_shows_what_would_be_and_what_was_shared() {
     );
     // The text lists the same, one row per range.
     let db = vol.db();
-    let (code, out, err) =
-        run_env(&[d.as_os_str(), "--dry-run".as_ref(), "--list".as_ref(), "--db".as_ref(), db.as_os_str()], &[]);
-    assert_eq!(code, 0, "{err}");
+    let out = dedupscan().arg(&d).args(["--dry-run", "--list"]).db(&db).expect(0).run().stdout;
     assert!(out.contains(&format!("{} ranges:", ranges.len())), "{out}");
     assert!(out.contains(&shifted_s) && out.contains("8192"), "{out}");
     before.assert_same(&Snapshot::take(&d));
@@ -328,9 +281,8 @@ fn progress_lines_without_a_terminal_have_units_totals_and_eta() {
         std::fs::write(d.join(format!("f{i}")), rng.bytes(1 << 20)).unwrap();
     }
     let db = vol.db();
-    let env = [("DEDUPSCAN_PROGRESS_INTERVAL", "0")];
-    let (code, _, err) = run_env(&["scan".as_ref(), d.as_os_str(), "--db".as_ref(), db.as_os_str()], &env);
-    assert_eq!(code, 0, "{err}");
+    let every_step = || dedupscan().env("DEDUPSCAN_PROGRESS_INTERVAL", "0");
+    let err = every_step().arg("scan").arg(&d).db(&db).expect(0).run().stderr;
     let scan: Vec<&str> = err.lines().filter(|l| l.starts_with("1/3 scan: ")).collect();
     assert!(scan.iter().any(|l| l.contains("30.0 MiB in 30 files to go through")), "no total once crawled:\n{err}");
     let with_total: Vec<&&str> = scan.iter().filter(|l| l.contains(" of 30.0 MiB (")).collect();
@@ -345,8 +297,7 @@ fn progress_lines_without_a_terminal_have_units_totals_and_eta() {
     assert!(!err.contains('\r') && !err.contains('\x1b'), "{err:?}");
 
     // The report shows progress too while it measures files and ranges.
-    let (code, _, err) = run_env(&["report".as_ref(), "--db".as_ref(), db.as_os_str()], &env);
-    assert_eq!(code, 0, "{err}");
+    let err = every_step().arg("report").db(&db).expect(0).run().stderr;
     assert!(err.lines().any(|l| l.starts_with("report: measuring files: ") && l.contains(" of 30 ")), "{err}");
 }
 
@@ -356,12 +307,11 @@ fn warnings_have_one_shape_and_go_to_the_journal_with_their_priority() {
     let d = vol.path("d");
     std::fs::create_dir_all(d.join("sub")).unwrap();
     std::fs::write(d.join("sub/f"), b"data").unwrap();
-    setfattr(&d);
+    set_nodedup(&d);
     let db = vol.db();
     let sub = d.join("sub");
-    let args = ["scan".as_ref(), sub.as_os_str(), "--db".as_ref(), db.as_os_str()];
-    let (code, _, err) = run_env(&args, &[]);
-    assert!(code == 0 || code == 1, "{err}");
+    let scan = dedupscan().arg("scan").arg(&sub).db(&db);
+    let err = scan.clone().expect(0).expect(1).run().stderr;
     let warn = format!("dedupscan: warning: {}: skipped, a directory above it is marked nodedup", s(&sub));
     assert!(err.lines().any(|l| l == warn), "want {warn:?} in:\n{err}");
 
@@ -373,9 +323,10 @@ fn warnings_have_one_shape_and_go_to_the_journal_with_their_priority() {
     let journal = format!("{}:{}", st.dev(), st.ino());
     let run = |journal: &str| -> String {
         let f = std::fs::File::create(&log).unwrap();
-        let status = Command::new(assert_cmd::cargo::cargo_bin("dedupscan"))
-            .args(args)
+        let status = scan
+            .clone()
             .env("JOURNAL_STREAM", journal)
+            .command()
             .stderr(f)
             .stdout(std::process::Stdio::null())
             .status()
@@ -397,33 +348,11 @@ fn warnings_have_one_shape_and_go_to_the_journal_with_their_priority() {
     // A fatal error is `<3>` in the journal.
     let missing = d.join("missing");
     let f = std::fs::File::create(&log).unwrap();
-    let status = Command::new(assert_cmd::cargo::cargo_bin("dedupscan"))
-        .args(["report".as_ref(), "--db".as_ref(), missing.as_os_str()])
-        .env("JOURNAL_STREAM", &journal)
-        .stderr(f)
-        .status()
-        .unwrap();
+    let status =
+        dedupscan().arg("report").db(&missing).env("JOURNAL_STREAM", &journal).command().stderr(f).status().unwrap();
     assert_eq!(status.code(), Some(3));
     let err = std::fs::read_to_string(&log).unwrap();
     assert!(err.starts_with("<3>dedupscan: error: no database at "), "{err}");
-}
-
-/// A read-only tmpfs mounted for one test, unmounted on drop.
-struct RoMount(tempfile::TempDir);
-
-impl RoMount {
-    fn new() -> RoMount {
-        let dir = tempfile::Builder::new().prefix("dedupscan-ro-").tempdir_in("/var/tmp").unwrap();
-        let st = Command::new("mount").args(["-t", "tmpfs", "-o", "ro,size=1m", "tmpfs"]).arg(dir.path()).status();
-        assert!(st.unwrap().success(), "cannot mount a read-only tmpfs");
-        RoMount(dir)
-    }
-}
-
-impl Drop for RoMount {
-    fn drop(&mut self) {
-        let _ = Command::new("umount").arg(self.0.path()).status();
-    }
 }
 
 #[test]
@@ -436,10 +365,9 @@ fn each_errno_is_said_once_and_database_errors_say_where_and_what_to_do() {
         std::fs::write(d.join(f), &payload).unwrap();
     }
     // A database on a read-only filesystem.
-    let ro = RoMount::new();
-    let ro_db: PathBuf = ro.0.path().join("sub/db.sqlite");
-    let (code, _, err) = run_env(&["scan".as_ref(), d.as_os_str(), "--db".as_ref(), ro_db.as_os_str()], &[]);
-    assert_eq!(code, 3, "{err}");
+    let ro = Tmpfs::new("ro,size=1m");
+    let ro_db: PathBuf = ro.path().join("sub/db.sqlite");
+    let err = dedupscan().arg("scan").arg(&d).db(&ro_db).expect(3).run().stderr;
     assert_eq!(err.matches("Read-only file system").count(), 1, "errno said more than once: {err}");
     assert!(err.starts_with("dedupscan: error: ") && err.contains(s(&ro_db)), "{err}");
     drop(ro);
@@ -457,8 +385,7 @@ fn each_errno_is_said_once_and_database_errors_say_where_and_what_to_do() {
     for side in ["-wal", "-shm"] {
         let _ = std::fs::remove_file(format!("{}{side}", s(&db)));
     }
-    let (code, _, err) = run_env(&["report".as_ref(), "--db".as_ref(), db.as_os_str()], &[]);
-    assert_eq!(code, 3, "{err}");
+    let err = dedupscan().arg("report").db(&db).expect(3).run().stderr;
     assert!(err.contains(s(&db)), "no path in: {err}");
     assert!(err.contains("move it aside"), "no advice in: {err}");
     assert_eq!(err.matches("malformed").count(), 1, "said more than once: {err}");
@@ -469,9 +396,7 @@ fn each_errno_is_said_once_and_database_errors_say_where_and_what_to_do() {
 fn bars_on_a_terminal_show_totals_file_counts_and_a_moving_plan_phase() {
     let Some(vol) = Volume::new(Fs::Xfs, 320) else { return };
     if Command::new("script").arg("--version").output().is_err() {
-        assert!(std::env::var("DEDUPSCAN_REQUIRE_FS_TESTS").as_deref() != Ok("1"), "script(1) (bsdutils) is missing");
-        eprintln!("*** SKIPPED: no script(1) to run on a terminal ***");
-        return;
+        return skip("no script(1) (bsdutils) to run the binary on a terminal");
     }
     let d = vol.path("d");
     std::fs::create_dir(&d).unwrap();
@@ -483,7 +408,7 @@ fn bars_on_a_terminal_show_totals_file_counts_and_a_moving_plan_phase() {
         std::fs::write(d.join(format!("f{i:02}")), data).unwrap();
     }
     vol.remount();
-    let bin = assert_cmd::cargo::cargo_bin("dedupscan");
+    let bin = bin();
     let dir = tempfile::tempdir().unwrap();
     let log = dir.path().join("tty");
     let on_tty = |term: &str, db: &std::path::Path, extra: &str| {
@@ -535,8 +460,9 @@ fn a_killed_run_shows_as_unfinished() {
     }
     vol.remount(); // cold cache: reading takes time
     let db = vol.db();
-    let mut child = Command::new(assert_cmd::cargo::cargo_bin("dedupscan"))
+    let mut child = dedupscan()
         .args(["scan", s(&d), "--threads", "1", "-v", "--progress", "never", "--db", s(&db)])
+        .command()
         .stdout(std::process::Stdio::null())
         .stderr(std::process::Stdio::piped())
         .spawn()

@@ -18,7 +18,7 @@ use std::fs::File;
 use std::io::Read;
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
+use std::process::Stdio;
 
 const TIB: u64 = 1 << 40;
 const GIB: u64 = 1 << 30;
@@ -42,12 +42,6 @@ fn sparse_file(path: &Path, size: u64, parts: &[(u64, &[u8])]) {
     f.sync_all().unwrap();
 }
 
-fn binary() -> PathBuf {
-    std::env::var_os("DEDUPSCAN_TEST_BIN")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| assert_cmd::cargo::cargo_bin("dedupscan"))
-}
-
 /// Outcome of one bounded run.
 struct Bounded {
     code: i32,
@@ -63,13 +57,13 @@ struct Bounded {
 #[allow(clippy::zombie_processes)] // reaped by wait4, which also gives the rusage
 fn bounded(vol: &Volume, args: &[&str]) -> Bounded {
     let err_path = vol.db().with_extension("stderr");
-    let mut child = Command::new("prlimit")
-        .arg(AS_LIMIT)
-        .arg("--")
-        .arg(binary())
+    let mut child = dedupscan()
+        .under(["prlimit", AS_LIMIT, "--"])
         .args(args)
-        .args(["--json", "--progress=never", "--db"])
-        .arg(vol.db())
+        .json()
+        .arg("--progress=never")
+        .db(vol.db())
+        .command()
         .stdout(Stdio::piped())
         .stderr(File::create(&err_path).unwrap())
         .spawn()

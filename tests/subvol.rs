@@ -12,11 +12,6 @@ use std::process::Command;
 use common::*;
 use dedupscan::corpus::Rng;
 
-fn btrfs(args: &[&str], path: &std::path::Path) {
-    let out = Command::new("btrfs").args(args).arg(path).output().expect("btrfs-progs installed (scripts/deps.sh)");
-    assert!(out.status.success(), "btrfs {args:?} {}: {}", path.display(), String::from_utf8_lossy(&out.stderr));
-}
-
 #[test]
 fn remount_in_another_order_rehashes_nothing() {
     let Some(vol) = Volume::new(Fs::Btrfs, 256) else { return };

@@ -1,6 +1,9 @@
 //! Test harness: real loop-mounted btrfs and XFS volumes, the real binary,
 //! and the checks every dedupe test makes.
 //!
+//! - [`dedupscan`] runs the binary (the one way every test does: a [`Cmd`]
+//!   builder, see `cmd.rs`); [`run_json`] and [`db_report`] are the two
+//!   runs most tests make.
 //! - [`Volume`] creates a sparse image, makes a filesystem, loop-mounts it in
 //!   a temporary directory and unmounts and deletes it on drop (also when the
 //!   test panics).
@@ -9,20 +12,26 @@
 //! - [`free_bytes`], [`shared_bytes`] and [`same_physical`] read statfs and
 //!   FIEMAP to prove the claims a run makes.
 //!
-//! Where the machine cannot mount (not root, no loop devices), tests skip
-//! loudly, unless `DEDUPSCAN_REQUIRE_FS_TESTS=1` makes that a failure.
+//! Where the machine cannot run a test (not root, no loop devices, a tool
+//! missing), the test calls [`skip`]: it says so past libtest's capture and
+//! in the summary `scripts/test.sh` prints, unless
+//! `DEDUPSCAN_REQUIRE_FS_TESTS=1` makes that a failure.
 
 #![allow(dead_code)]
 
 use std::collections::BTreeMap;
 use std::fs::File;
-use std::io::Read;
+use std::io::{Read, Write as _};
 use std::os::fd::AsFd;
 use std::os::unix::fs::{MetadataExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
 use sha2::{Digest, Sha256};
+
+mod cmd;
+#[allow(unused_imports)] // each test binary uses its own part
+pub use cmd::{bin, dedupscan, Cmd, Out};
 
 /// Filesystems the tests run on.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -45,8 +54,41 @@ pub struct Volume {
     mounted: bool,
 }
 
-fn require() -> bool {
+/// Whether a missing prerequisite fails the test instead of skipping it.
+pub fn require() -> bool {
     std::env::var("DEDUPSCAN_REQUIRE_FS_TESTS").is_ok_and(|v| v == "1")
+}
+
+/// Skip the calling test because `why` (a prerequisite this machine
+/// lacks), or fail it when `DEDUPSCAN_REQUIRE_FS_TESTS=1`. The caller
+/// returns right after.
+///
+/// A skip must be seen: the line goes straight to stderr (`eprintln!` is
+/// captured by libtest and shown only for a failing test, and a skipped
+/// test passes), and is appended to the file `DEDUPSCAN_SKIP_LOG` names,
+/// whose lines `scripts/test.sh` prints at the end of the suite.
+pub fn skip(why: &str) {
+    // One line, whatever a tool's message held.
+    let why = why.split_whitespace().collect::<Vec<_>>().join(" ");
+    let thread = std::thread::current();
+    let test = thread.name().unwrap_or("a test");
+    if require() {
+        panic!("{test}: {why}, and DEDUPSCAN_REQUIRE_FS_TESTS=1 forbids skipping");
+    }
+    let _ = writeln!(
+        std::io::stderr(),
+        "\n*** SKIPPED {test}: {why}; set DEDUPSCAN_REQUIRE_FS_TESTS=1 to fail instead ***\n"
+    );
+    if let Some(log) = std::env::var_os("DEDUPSCAN_SKIP_LOG") {
+        // One short line per write, with O_APPEND: parallel tests do not
+        // interleave within a line.
+        let line = format!("{test}: {why}\n");
+        let _ = std::fs::OpenOptions::new()
+            .append(true)
+            .create(true)
+            .open(log)
+            .and_then(|mut f| f.write_all(line.as_bytes()));
+    }
 }
 
 fn run_quiet(cmd: &mut Command) -> Result<(), String> {
@@ -59,15 +101,14 @@ fn run_quiet(cmd: &mut Command) -> Result<(), String> {
 }
 
 impl Volume {
-    /// A fresh volume of `size_mb` MiB, or `None` (after a loud message)
-    /// where this machine cannot mount one. Panics instead when
+    /// A fresh volume of `size_mb` MiB, or `None` (after [`skip`]) where
+    /// this machine cannot mount one. Panics instead when
     /// `DEDUPSCAN_REQUIRE_FS_TESTS=1`.
     pub fn new(fs: Fs, size_mb: u64) -> Option<Volume> {
         match Self::try_new(fs, size_mb) {
             Ok(v) => Some(v),
-            Err(e) if require() => panic!("DEDUPSCAN_REQUIRE_FS_TESTS=1 but cannot create a {fs:?} volume: {e}"),
             Err(e) => {
-                eprintln!("\n*** SKIPPED: cannot create a {fs:?} loop volume ({e}); run as root with loop devices, or set DEDUPSCAN_REQUIRE_FS_TESTS=1 to fail instead ***\n");
+                skip(&format!("cannot create a {fs:?} loop volume ({e}); run as root with loop devices"));
                 None
             }
         }
@@ -116,9 +157,22 @@ impl Volume {
         self.dir.path().join("db.sqlite")
     }
 
+    /// `mount -o remount,<options>`: change mount options in place.
+    pub fn remount_with(&self, options: &str) {
+        sh(Command::new("mount").args(["-o", &format!("remount,{options}")]).arg(&self.mnt));
+    }
+
     /// Unmount and mount again: drops cached state, like a reboot.
     pub fn remount(&self) {
-        run_quiet(Command::new("umount").arg(&self.mnt)).unwrap();
+        // A just-written volume can be busy for a moment (seen once on a
+        // loaded machine, right after writing 500 files, no run started
+        // yet): try again for a few seconds before calling it a failure.
+        let mut tries = 0;
+        while let Err(e) = run_quiet(Command::new("umount").arg(&self.mnt)) {
+            tries += 1;
+            assert!(tries < 50 && e.contains("busy"), "{e}");
+            std::thread::sleep(std::time::Duration::from_millis(100));
+        }
         run_quiet(Command::new("mount").args(["-o", "loop"]).arg(self.dir.path().join("volume.img")).arg(&self.mnt))
             .unwrap();
     }
@@ -268,33 +322,16 @@ fn validate(v: &serde_json::Value, schema: &str) {
     assert!(errors.is_empty(), "report does not match its schema: {errors:#?}\n{v:#}");
 }
 
-/// Run the real binary with `args`; returns (exit code, parsed JSON report
-/// from stdout when `--json` was given, stderr).
-pub fn dedupscan(args: &[&std::ffi::OsStr]) -> (i32, serde_json::Value, String) {
-    let out = assert_cmd::Command::cargo_bin("dedupscan").unwrap().args(args).output().unwrap();
-    let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
-    let json = if args.iter().any(|a| *a == "--json") && !out.stdout.is_empty() {
-        serde_json::from_slice(&out.stdout).unwrap_or_else(|e| {
-            panic!("stdout is not JSON ({e}): {}\nstderr: {stderr}", String::from_utf8_lossy(&out.stdout))
-        })
-    } else {
-        serde_json::Value::Null
-    };
-    (out.status.code().unwrap_or(-1), json, stderr)
-}
-
-/// Run with `--json --db <vol db>` plus `args`, assert success and a valid
-/// report, and return the report.
+/// Run with `args --json --db <vol db>`, assert it finished (exit 0, or 1
+/// for per-file errors) with a valid report on plain stderr, and return
+/// the report.
 pub fn run_json(vol: &Volume, args: &[&str]) -> serde_json::Value {
-    let db = vol.db();
-    let mut all: Vec<&std::ffi::OsStr> = args.iter().map(std::ffi::OsStr::new).collect();
-    all.extend([std::ffi::OsStr::new("--json"), std::ffi::OsStr::new("--db"), db.as_os_str()]);
-    let (code, json, stderr) = dedupscan(&all);
-    assert!(code == 0 || code == 1, "dedupscan {args:?} exited {code}: {stderr}");
+    let out = dedupscan().args(args).json().db(vol.db()).expect(0).expect(1).run();
     // stderr is a pipe here, as under systemd: plain lines, no bar drawing.
-    assert!(!stderr.contains('\x1b') && !stderr.contains('\r'), "control characters on a non-terminal: {stderr:?}");
-    validate_report(&json);
-    json
+    let err = &out.stderr;
+    assert!(!err.contains('\x1b') && !err.contains('\r'), "control characters on a non-terminal: {err:?}");
+    validate_report(&out.json);
+    out.json
 }
 
 /// `report[key]` as u64.
@@ -305,9 +342,61 @@ pub fn num(report: &serde_json::Value, key: &str) -> u64 {
 /// `dedupscan report --json` on the volume's database, validated against
 /// its schema.
 pub fn db_report(vol: &Volume) -> serde_json::Value {
-    let db = vol.db();
-    let (code, json, err) = dedupscan(&["report".as_ref(), "--json".as_ref(), "--db".as_ref(), db.as_os_str()]);
-    assert_eq!(code, 0, "{err}");
-    validate_db_report(&json);
-    json
+    let out = dedupscan().arg("report").json().db(vol.db()).expect(0).run();
+    validate_db_report(&out.json);
+    out.json
+}
+
+/// A path as `&str` (test paths are UTF-8), for argument lists.
+pub fn s(p: &Path) -> &str {
+    p.to_str().unwrap()
+}
+
+/// Run `cmd` (a helper tool: mount, chattr, ...), panicking with its
+/// output unless it succeeds.
+pub fn sh(cmd: &mut Command) {
+    if let Err(e) = run_quiet(cmd) {
+        panic!("{e}");
+    }
+}
+
+/// `btrfs <args> <path>` (btrfs-progs: subvolumes, snapshots, sync).
+pub fn btrfs(args: &[&str], path: &Path) {
+    sh(Command::new("btrfs").args(args).arg(path));
+}
+
+/// Mark `p` `user.nodedup` (the policy's extended attribute).
+pub fn set_nodedup(p: &Path) {
+    sh(Command::new("setfattr").args(["-n", "user.nodedup", "-v", "1"]).arg(p));
+}
+
+/// `PRAGMA integrity_check` of a database is "ok".
+pub fn integrity_ok(db: &Path) {
+    let c = rusqlite::Connection::open(db).unwrap();
+    let ok: String = c.query_row("PRAGMA integrity_check", [], |r| r.get(0)).unwrap();
+    assert_eq!(ok, "ok", "database {} damaged", db.display());
+}
+
+/// A tmpfs mounted in a fresh directory under /var/tmp with `options`
+/// (e.g. `size=16m`), unmounted (lazily: a failing test may hold a file)
+/// and removed on drop. Make one only after a [`Volume`]: that decides
+/// whether this machine can mount at all.
+pub struct Tmpfs(pub tempfile::TempDir);
+
+impl Tmpfs {
+    pub fn new(options: &str) -> Tmpfs {
+        let dir = tempfile::Builder::new().prefix("dedupscan-tmpfs-").tempdir_in("/var/tmp").unwrap();
+        sh(Command::new("mount").args(["-t", "tmpfs", "-o", options, "tmpfs"]).arg(dir.path()));
+        Tmpfs(dir)
+    }
+
+    pub fn path(&self) -> &Path {
+        self.0.path()
+    }
+}
+
+impl Drop for Tmpfs {
+    fn drop(&mut self) {
+        let _ = Command::new("umount").arg("-l").arg(self.0.path()).status();
+    }
 }
