@@ -47,7 +47,6 @@ use std::sync::{Mutex, MutexGuard, PoisonError};
 use nix::errno::Errno;
 use nix::fcntl::{posix_fadvise, PosixFadviseAdvice};
 
-use crate::bookend::{self, DestExtent};
 use crate::plan::{Plan, Range};
 use crate::progress::Progress;
 use crate::report::{display_path, DedupeStatuses};
@@ -56,6 +55,9 @@ use crate::sys::fiemap::{flags as fiemap_flags, physical_map};
 use crate::sys::{self, dedupe::MAX_DESTS, dedupe::MAX_REQUEST_LEN, DedupeStatus, DestResult};
 use crate::types::FileId;
 use crate::walk::Candidate;
+use bookend::DestExtent;
+
+pub mod bookend;
 
 /// Whether to share for real.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -162,7 +164,7 @@ impl Dest {
     }
 }
 
-/// Rewriting remainders of partly covered extents (btrfs; see [`crate::bookend`]).
+/// Rewriting remainders of partly covered extents (btrfs; see [`bookend`]).
 #[derive(Debug, Clone)]
 pub struct Bookends {
     /// A directory on the same filesystem for the unnamed temporary files.
@@ -779,7 +781,7 @@ impl<'a> Executor<'a> {
 
     /// Rewrite the uncovered remainders of the partly covered extents of
     /// destination `id`, whose planned ranges cover `covered` (see
-    /// [`crate::bookend`]).
+    /// [`bookend`]).
     fn free_bookends(&mut self, id: FileId, covered: &[(u64, u64)], b: &Bookends) {
         let Some(size) = self.files.get(&id).map(|c| c.size) else { return };
         // Covered from start to end (a whole-file copy, most
