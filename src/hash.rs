@@ -46,7 +46,7 @@ use sha2::{Digest, Sha256};
 
 use crate::blockmap::{BlockMap, MapError};
 use crate::plan::{short_fp, Fp};
-use crate::sys::fiemap::{self, flags, Extent};
+use crate::sys::fiemap::{self, Extent};
 
 /// Fingerprint of a block that is a hole or all zeros: never matched.
 pub const ZERO_FP: u64 = 0;
@@ -191,20 +191,6 @@ fn map_err(e: MapError) -> io::Error {
     };
     io::Error::new(kind, e)
 }
-
-/// Extent flags under which FIEMAP's physical address does not say where
-/// each logical block's bytes are (or says it only for now): such extents
-/// are always read. `NOT_ALIGNED`, `DATA_TAIL`, `DATA_ENCRYPTED` and
-/// `MERGED` are not in `sys::fiemap::flags`.
-const UNPROVABLE: u32 = flags::UNKNOWN
-    | flags::DELALLOC
-    | flags::ENCODED
-    | flags::DATA_INLINE
-    | flags::UNWRITTEN
-    | 0x80 // DATA_ENCRYPTED
-    | 0x100 // NOT_ALIGNED
-    | 0x400 // DATA_TAIL
-    | 0x1000; // MERGED
 
 /// One file being hashed.
 struct Hasher<'a> {
@@ -368,14 +354,14 @@ fn tail_phys(extents: &[Extent], bs: u64, size: u64) -> Option<u64> {
         return None;
     }
     let x = extents.iter().find(|x| x.logical <= whole_end && x.logical.saturating_add(x.length) >= size)?;
-    let provable = x.is_shared() && x.flags & UNPROVABLE == 0 && x.physical % bs == x.logical % bs;
+    let provable = x.is_shared() && x.is_block_exact() && x.physical % bs == x.logical % bs;
     provable.then(|| x.physical + (whole_end - x.logical))
 }
 
 /// Split `[start, end)` into segments `(start, end, physical address of
 /// start)` along `extents`: `Some` only for a run of whole blocks inside one
 /// shared extent whose mapping is linear block for block (see
-/// [`UNPROVABLE`]); `None` for everything else, which is read.
+/// [`Extent::is_block_exact`]); `None` for everything else, which is read.
 fn segments(extents: &[Extent], start: u64, end: u64, bs: u64, size: u64) -> Vec<(u64, u64, Option<u64>)> {
     let mut out: Vec<(u64, u64, Option<u64>)> = Vec::new();
     let mut push = |s: u64, e: u64, p: Option<u64>| {
@@ -399,7 +385,7 @@ fn segments(extents: &[Extent], start: u64, end: u64, bs: u64, size: u64) -> Vec
         if xs >= end {
             break;
         }
-        let provable = x.is_shared() && x.flags & UNPROVABLE == 0 && x.physical % bs == x.logical % bs;
+        let provable = x.is_shared() && x.is_block_exact() && x.physical % bs == x.logical % bs;
         // Whole blocks of this extent within the window.
         let (bs_start, bs_end) = (xs.div_ceil(bs) * bs, (xe / bs * bs).min(whole_end));
         if provable && bs_start < bs_end {
@@ -614,6 +600,7 @@ fn read_full_at(file: &File, buf: &mut [u8], off: u64) -> io::Result<usize> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::sys::fiemap::flags;
     use std::io::{Seek, SeekFrom, Write};
 
     fn file_with(parts: &[(u64, &[u8])], size: u64) -> File {

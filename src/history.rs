@@ -21,7 +21,7 @@ use anyhow::Result;
 use serde::Serialize;
 
 use crate::db::Db;
-use crate::dedupe::{range_states, RangeState};
+use crate::dedupe::extents::{range_states, RangeState};
 use crate::plan::{Plan, PlanOptions};
 use crate::progress::{Progress, Silent};
 use crate::report::{display_path, human, human_signed, iso_time, list_text, ListedRange, Table};
@@ -212,12 +212,11 @@ const CHUNK: usize = 1024;
 /// lives in metadata and counts by its length. Also returns the sum of
 /// `st_blocks` (what `du` would add up).
 fn disk_usage(files: &HashMap<FileId, Candidate>, progress: &dyn Progress) -> (u64, u64) {
-    use crate::sys::fiemap::flags;
     use rayon::prelude::*;
     use std::os::fd::AsFd;
     progress.phase("report: measuring files", Some(files.len() as u64), false);
     // Opened below the top of their mount, never through a symlink (see
-    // dedupe::range_states).
+    // dedupe::extents::range_states).
     let tree = crate::sys::beneath::Tree::over_mounts(files.values().map(|c| c.path.as_path()));
     // One open, fstat and FIEMAP per file, on every CPU (metadata only).
     #[derive(Default)]
@@ -239,9 +238,9 @@ fn disk_usage(files: &HashMap<FileId, Candidate>, progress: &dyn Progress) -> (u
             acc.allocated += m.blocks() * 512;
             let Ok(extents) = crate::sys::fiemap(f.as_fd(), 0, m.size().max(1)) else { return acc };
             for e in extents {
-                if e.flags & flags::DATA_INLINE != 0 {
+                if e.is_inline() {
                     acc.inline += e.length;
-                } else if e.flags & (flags::UNKNOWN | flags::DELALLOC) == 0 && e.length > 0 {
+                } else if e.has_address() && e.length > 0 {
                     acc.spans.push((e.physical, e.physical + e.length));
                 }
             }

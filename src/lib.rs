@@ -6,7 +6,6 @@
 //! [`report`], driven by [`run`]. All ioctls and `unsafe` live in [`sys`].
 
 pub mod blockmap;
-pub mod bookend;
 pub mod cli;
 pub mod config;
 pub mod corpus;

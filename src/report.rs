@@ -12,6 +12,7 @@ use std::path::Path;
 
 use serde::Serialize;
 
+use crate::dedupe::DedupeStatuses;
 use crate::policy::SkipReason;
 
 /// Version of the report's JSON layout; bumped on incompatible changes.
@@ -27,17 +28,6 @@ pub struct Timings {
     pub plan_ms: u64,
     pub dedupe_ms: u64,
     pub total_ms: u64,
-}
-
-/// How the kernel (or, in a dry run, our own compare) answered.
-#[derive(Debug, Default, Clone, Serialize)]
-pub struct DedupeStatuses {
-    /// Destinations whose bytes were equal.
-    pub same: u64,
-    /// Destinations whose bytes differed: nothing shared.
-    pub differs: u64,
-    /// Destinations refused with an errno, by errno name.
-    pub errors: BTreeMap<String, u64>,
 }
 
 /// Work left for a later run, for one reason.

@@ -42,7 +42,10 @@ struct FileDedupeRangeInfo {
 const FILE_DEDUPE_RANGE_SAME: i32 = 0;
 const FILE_DEDUPE_RANGE_DIFFERS: i32 = 1;
 
-nix::ioctl_readwrite!(ioctl_fideduperange, 0x94, 54, FileDedupeRange);
+nix::ioctl_readwrite!(
+    /// `FIDEDUPERANGE` (`_IOWR(0x94, 54, struct file_dedupe_range)`).
+    ioctl_fideduperange, 0x94, 54, FileDedupeRange
+);
 
 /// What the kernel said about one destination.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -59,7 +62,9 @@ pub enum DedupeStatus {
 /// Result for one destination of a [`dedupe_range`] call.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct DestResult {
+    /// What the kernel answered for this destination.
     pub status: DedupeStatus,
+    /// Bytes now shared (may be less than asked: continue from there).
     pub bytes_deduped: u64,
 }
 

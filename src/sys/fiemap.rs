@@ -31,28 +31,70 @@ struct FiemapExtent {
     fe_reserved: [u32; 3],
 }
 
-nix::ioctl_readwrite!(ioctl_fiemap, b'f', 11, FiemapHeader);
+nix::ioctl_readwrite!(
+    /// `FS_IOC_FIEMAP` (`_IOWR('f', 11, struct fiemap)`).
+    ioctl_fiemap, b'f', 11, FiemapHeader
+);
 
 /// Flush dirty data before mapping, so delayed allocations have addresses.
 const FIEMAP_FLAG_SYNC: u32 = 0x1;
 
-/// Extent flags, as the kernel reports them.
+/// Extent flags (`FIEMAP_EXTENT_*` of `<linux/fiemap.h>`), as the kernel
+/// reports them in [`Extent::flags`], and the masks built from them. Every
+/// flag bit of the project is named here: code outside `sys/` asks the
+/// methods of [`Extent`] instead of testing bits (the names are public so
+/// tests can build extents).
 pub mod flags {
+    /// `FIEMAP_EXTENT_LAST`: the file's last extent.
     pub const LAST: u32 = 0x1;
+    /// `FIEMAP_EXTENT_UNKNOWN`: where the data is is not known.
     pub const UNKNOWN: u32 = 0x2;
+    /// `FIEMAP_EXTENT_DELALLOC`: not allocated yet (delayed allocation).
     pub const DELALLOC: u32 = 0x4;
+    /// `FIEMAP_EXTENT_ENCODED`: compressed (btrfs): `fe_physical` is the
+    /// start of the whole encoded extent, not of each logical block.
     pub const ENCODED: u32 = 0x8;
+    /// `FIEMAP_EXTENT_DATA_ENCRYPTED`: the data on disk is encrypted.
+    pub const DATA_ENCRYPTED: u32 = 0x80;
+    /// `FIEMAP_EXTENT_NOT_ALIGNED`: not block-aligned on disk.
+    pub const NOT_ALIGNED: u32 = 0x100;
+    /// `FIEMAP_EXTENT_DATA_INLINE`: the data lives in metadata (btrfs small
+    /// files): no extent of its own.
     pub const DATA_INLINE: u32 = 0x200;
+    /// `FIEMAP_EXTENT_DATA_TAIL`: several files' tails packed in one block.
+    pub const DATA_TAIL: u32 = 0x400;
+    /// `FIEMAP_EXTENT_UNWRITTEN`: allocated but not written (reads as zeros).
     pub const UNWRITTEN: u32 = 0x800;
+    /// `FIEMAP_EXTENT_MERGED`: several extents reported as one.
+    pub const MERGED: u32 = 0x1000;
+    /// `FIEMAP_EXTENT_SHARED`: another file (or offset) references it too.
     pub const SHARED: u32 = 0x2000;
+
+    /// No stable disk address: unknown, not allocated yet, or inline in
+    /// metadata.
+    pub(super) const UNPLACED: u32 = UNKNOWN | DELALLOC | DATA_INLINE;
+
+    /// The "unstable" mask: extents whose blocks have no stable address of
+    /// their own ([`UNPLACED`], or compressed), which a block-level rewrite
+    /// must leave alone.
+    pub(super) const UNSTABLE: u32 = UNPLACED | ENCODED;
+
+    /// Flags under which `fe_physical` does not say where each logical
+    /// block's bytes are (or says it only for now): [`UNSTABLE`], unwritten,
+    /// encrypted, unaligned, tail-packed or merged extents.
+    pub(super) const UNPROVABLE: u32 = UNSTABLE | UNWRITTEN | DATA_ENCRYPTED | NOT_ALIGNED | DATA_TAIL | MERGED;
 }
 
 /// One mapped extent of a file.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Extent {
+    /// Offset in the file.
     pub logical: u64,
+    /// Disk address (meaningful only where [`Extent::has_address`]).
     pub physical: u64,
+    /// Length in bytes.
     pub length: u64,
+    /// [`flags`] bits; test them with the methods below.
     pub flags: u32,
 }
 
@@ -60,6 +102,38 @@ impl Extent {
     /// Whether the kernel says another file (or offset) references this extent too.
     pub fn is_shared(&self) -> bool {
         self.flags & flags::SHARED != 0
+    }
+
+    /// Whether the data is inline in metadata (btrfs): it has no extent of
+    /// its own and can never be shared.
+    pub fn is_inline(&self) -> bool {
+        self.flags & flags::DATA_INLINE != 0
+    }
+
+    /// Whether the extent is compressed (btrfs): `physical` names the whole
+    /// encoded extent, not the block at `logical`.
+    pub fn is_encoded(&self) -> bool {
+        self.flags & flags::ENCODED != 0
+    }
+
+    /// Whether `physical` is a disk address at all (not unknown, delayed
+    /// or inline).
+    pub fn has_address(&self) -> bool {
+        self.flags & flags::UNPLACED == 0
+    }
+
+    /// Whether the extent is compressed, inline, delayed or unknown: its
+    /// blocks have no stable address of their own, so a rewrite of part of
+    /// it (bookends) leaves it alone.
+    pub fn is_unstable(&self) -> bool {
+        self.flags & flags::UNSTABLE != 0
+    }
+
+    /// Whether `physical + (offset - logical)` is where each logical block's
+    /// bytes are, for good (see [`flags::UNPROVABLE`]): only then may two
+    /// blocks be called equal because their addresses are.
+    pub fn is_block_exact(&self) -> bool {
+        self.flags & flags::UNPROVABLE == 0
     }
 }
 
@@ -135,14 +209,13 @@ pub fn physical_map(extents: &[Extent], start: u64, len: u64, step: u64) -> Vec<
     let mut out = Vec::with_capacity((len / step) as usize + 1);
     let mut off = start;
     let mut i = 0;
-    let unstable = flags::UNKNOWN | flags::DELALLOC | flags::DATA_INLINE;
     while off < start + len {
         while i < extents.len() && extents[i].logical + extents[i].length <= off {
             i += 1;
         }
         let phys = extents.get(i).and_then(|e| {
-            (e.logical <= off && e.flags & unstable == 0).then(|| {
-                if e.flags & flags::ENCODED != 0 {
+            (e.logical <= off && e.has_address()).then(|| {
+                if e.is_encoded() {
                     ENCODED_ADDRESS | e.physical
                 } else {
                     e.physical + (off - e.logical)
@@ -195,6 +268,22 @@ mod tests {
         // Inline and delalloc stay unknown.
         let inline = [Extent { logical: 0, physical: 0, length: 8, flags: flags::DATA_INLINE | enc }];
         assert_eq!(physical_map(&inline, 0, 8, 4), vec![None, None]);
+    }
+
+    #[test]
+    fn masks_name_what_callers_ask() {
+        let e = |flags| Extent { logical: 0, physical: 4096, length: 4096, flags };
+        assert!(e(0).has_address() && !e(0).is_unstable() && e(0).is_block_exact());
+        for f in [flags::UNKNOWN, flags::DELALLOC, flags::DATA_INLINE] {
+            assert!(!e(f).has_address() && e(f).is_unstable() && !e(f).is_block_exact(), "{f:#x}");
+        }
+        // Compressed: an address (of the whole extent), but not per block.
+        let enc = e(flags::ENCODED);
+        assert!(enc.has_address() && enc.is_encoded() && enc.is_unstable() && !enc.is_block_exact());
+        // Unwritten: a stable address, but its blocks read as zeros.
+        let unw = e(flags::UNWRITTEN | flags::SHARED);
+        assert!(unw.has_address() && !unw.is_unstable() && !unw.is_block_exact() && unw.is_shared());
+        assert!(e(flags::DATA_INLINE).is_inline() && !e(flags::LAST).is_shared());
     }
 
     #[test]

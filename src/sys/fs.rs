@@ -18,7 +18,9 @@ const XFS_SUPER_MAGIC: i64 = 0x5846_5342;
 #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
 #[serde(rename_all = "lowercase")]
 pub enum FsKind {
+    /// btrfs: shares extents; frees an extent only when no file references any part of it.
     Btrfs,
+    /// XFS: shares extents when made with `reflink=1`; counts references per block.
     Xfs,
     /// Anything else: scanning and reporting work, sharing is refused.
     Other,
@@ -48,6 +50,7 @@ impl FsKind {
 /// What `statfs` and `FS_IOC_GETFSUUID` say about the filesystem of a path.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct FsInfo {
+    /// Which filesystem, from the `f_type` magic.
     pub kind: FsKind,
     /// Raw `f_type` magic, for messages about unsupported filesystems.
     pub magic: i64,
@@ -58,6 +61,7 @@ pub struct FsInfo {
     pub block_size: u64,
     /// Free bytes (`f_bfree * f_frsize`): what a run's "freed" is measured on.
     pub free_bytes: u64,
+    /// Size of the filesystem (`f_blocks * f_frsize`).
     pub total_bytes: u64,
 }
 
@@ -68,7 +72,10 @@ struct FsUuid2 {
     len: u8,
     uuid: [u8; 16],
 }
-nix::ioctl_read!(ioctl_getfsuuid, 0x15, 0, FsUuid2);
+nix::ioctl_read!(
+    /// `FS_IOC_GETFSUUID`.
+    ioctl_getfsuuid, 0x15, 0, FsUuid2
+);
 
 /// `struct btrfs_ioctl_fs_info_args` (1 KiB); only the fsid is read.
 #[repr(C)]
@@ -79,7 +86,10 @@ struct BtrfsFsInfoArgs {
     fsid: [u8; 16],
     rest: [u8; 1024 - 32],
 }
-nix::ioctl_read!(ioctl_btrfs_fs_info, 0x94, 31, BtrfsFsInfoArgs);
+nix::ioctl_read!(
+    /// `BTRFS_IOC_FS_INFO`.
+    ioctl_btrfs_fs_info, 0x94, 31, BtrfsFsInfoArgs
+);
 
 /// The filesystem's own UUID: btrfs answers `BTRFS_IOC_FS_INFO` (its
 /// statfs fsid differs per subvolume), others `FS_IOC_GETFSUUID`.
@@ -143,7 +153,10 @@ struct InoLookupArgs {
     objectid: u64,
     name: [u8; 4080],
 }
-nix::ioctl_readwrite!(ioctl_btrfs_ino_lookup, 0x94, 18, InoLookupArgs);
+nix::ioctl_readwrite!(
+    /// `BTRFS_IOC_INO_LOOKUP`.
+    ioctl_btrfs_ino_lookup, 0x94, 18, InoLookupArgs
+);
 
 /// `BTRFS_FIRST_FREE_OBJECTID`: the inode number of a subvolume's root
 /// directory.
@@ -183,6 +196,7 @@ pub struct SubvolIds {
 }
 
 impl SubvolIds {
+    /// An empty cache.
     pub fn new() -> SubvolIds {
         SubvolIds::default()
     }
@@ -238,7 +252,10 @@ struct LogicalInoArgs {
     flags: u64,
     inodes: u64,
 }
-nix::ioctl_readwrite!(ioctl_btrfs_logical_ino_v2, 0x94, 59, LogicalInoArgs);
+nix::ioctl_readwrite!(
+    /// `BTRFS_IOC_LOGICAL_INO_V2`.
+    ioctl_btrfs_logical_ino_v2, 0x94, 59, LogicalInoArgs
+);
 
 /// Return every reference to the extent, whatever offset in it `logical` is.
 const BTRFS_LOGICAL_INO_ARGS_IGNORE_OFFSET: u64 = 1;
@@ -348,7 +365,10 @@ struct XfsFsopGeomV1 {
     dirblocksize: u32,
 }
 const _: () = assert!(std::mem::size_of::<XfsFsopGeomV1>() == 112);
-nix::ioctl_read!(ioctl_xfs_fsgeometry_v1, b'X', 100, XfsFsopGeomV1);
+nix::ioctl_read!(
+    /// `XFS_IOC_FSGEOMETRY_V1`.
+    ioctl_xfs_fsgeometry_v1, b'X', 100, XfsFsopGeomV1
+);
 /// `XFS_FSOP_GEOM_FLAGS_REFLINK`: the filesystem can share extents.
 const XFS_GEOM_FLAGS_REFLINK: u32 = 1 << 20;
 

@@ -48,7 +48,9 @@ pub fn open_path_readonly(path: &Path) -> std::io::Result<File> {
 /// Inode flags that make sharing impossible or unwise.
 #[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
 pub struct InodeFlags {
+    /// `chattr +i` (immutable): left alone, the file may not change.
     pub immutable: bool,
+    /// `chattr +a` (append only): left alone, only appends are allowed.
     pub append_only: bool,
     /// btrfs `chattr +C` (nodatacow): cannot share extents.
     pub nocow: bool,
@@ -69,7 +71,10 @@ const FS_XFLAG_DAX: u32 = 0x0000_8000;
 
 // FS_IOC_GETFLAGS is declared with `long` but the kernel reads and writes an
 // int; the request code is the one for 64-bit `long`.
-nix::ioctl_read_bad!(ioctl_getflags, 0x8008_6601, libc::c_int);
+nix::ioctl_read_bad!(
+    /// `FS_IOC_GETFLAGS`.
+    ioctl_getflags, 0x8008_6601, libc::c_int
+);
 
 /// `struct fsxattr` from `<linux/fs.h>`.
 #[repr(C)]
@@ -82,7 +87,10 @@ struct FsXattr {
     fsx_cowextsize: u32,
     fsx_pad: [u8; 8],
 }
-nix::ioctl_read!(ioctl_fsgetxattr, b'X', 31, FsXattr);
+nix::ioctl_read!(
+    /// `FS_IOC_FSGETXATTR`.
+    ioctl_fsgetxattr, b'X', 31, FsXattr
+);
 
 /// Read the flags of an open file on a filesystem of kind `fs`, with one
 /// ioctl where one says all that applies (this runs for every file hashed):
@@ -116,7 +124,10 @@ pub fn inode_flags(fd: BorrowedFd<'_>, fs: FsKind) -> Result<InodeFlags, Errno> 
     })
 }
 
-nix::ioctl_read!(ioctl_btrfs_subvol_getflags, 0x94, 25, u64);
+nix::ioctl_read!(
+    /// `BTRFS_IOC_SUBVOL_GETFLAGS`.
+    ioctl_btrfs_subvol_getflags, 0x94, 25, u64
+);
 const BTRFS_SUBVOL_RDONLY: u64 = 1 << 1;
 
 /// Whether `dir` is the root of a read-only btrfs subvolume (a read-only

@@ -5,16 +5,34 @@
 //! still points at it. This module decides, from a destination file's
 //! extents and the ranges the plan will share into it, which *remainders*
 //! (uncovered parts of partly covered extents) to rewrite into fresh
-//! extents so the old extent can go. Pure logic; the executor does the I/O
-//! (copy to an `O_TMPFILE`, then `FIDEDUPERANGE` back, so the kernel
-//! verifies every byte and the file never holds anything but its own data).
+//! extents so the old extent can go ([`remainders`], pure), and does it: a
+//! share worker copies them to an `O_TMPFILE`, then `FIDEDUPERANGE`s them
+//! back, so the kernel verifies every byte and the file never holds
+//! anything but its own data. With no room for the copy (ENOSPC, EDQUOT)
+//! the destination is left whole for a later run
+//! ([`super::Pending::NoSpaceRewrite`]).
 //!
 //! XFS counts references per block and needs none of this.
+
+use std::fs::File;
+use std::os::fd::AsFd;
+use std::os::unix::fs::FileExt;
+
+use nix::errno::Errno;
+
+use super::executor::Executor;
+use super::workers::locked;
+use super::{no_space, Bookends, Mode, Pending};
+use crate::report::display_path;
+use crate::sys::{self, dedupe::MAX_REQUEST_LEN, DedupeStatus, DestResult};
+use crate::types::FileId;
 
 /// One extent of a destination file, as FIEMAP shows it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct DestExtent {
+    /// Offset in the file.
     pub logical: u64,
+    /// Length in bytes.
     pub length: u64,
     /// Referenced by another file (or snapshot) already: it cannot be freed
     /// by anything done to this file.
@@ -105,6 +123,98 @@ pub fn union(mut ranges: Vec<(u64, u64)>) -> Vec<(u64, u64)> {
         }
     }
     out
+}
+
+impl Executor<'_> {
+    /// Rewrite the uncovered remainders of the partly covered extents of
+    /// destination `id`, whose planned ranges cover `covered` (chosen by
+    /// [`remainders`]).
+    pub(super) fn free_bookends(&mut self, id: FileId, covered: &[(u64, u64)], b: &Bookends) {
+        let Some(size) = self.files.get(&id).map(|c| c.size) else { return };
+        // Covered from start to end (a whole-file copy, most
+        // destinations): every extent is shared whole, no remainder is
+        // left, so neither open nor FIEMAP it here (on btrfs FIEMAP
+        // walks the back references of every extent). The share phase
+        // still checks the file before using it.
+        if matches!(covered[..], [(0, len)] if len >= size) {
+            return;
+        }
+        let Some(file) = self.open(id) else { return };
+        let Ok(extents) = sys::fiemap(file.as_fd(), 0, size) else { return };
+        let extents: Vec<DestExtent> = extents
+            .iter()
+            .map(|e| DestExtent {
+                logical: e.logical,
+                length: e.length,
+                shared: e.is_shared(),
+                unstable: e.is_unstable(),
+            })
+            .collect();
+        let Decision { rewrite: pieces, pinned } = decide(&extents, covered, size, b.max_ratio);
+        self.out.pinned_bytes += pinned;
+        if pieces.is_empty() {
+            return;
+        }
+        match self.mode {
+            Mode::DryRun => self.out.rewritten_bytes += pieces.iter().map(|p| p.1).sum::<u64>(),
+            Mode::Share => {
+                if let Err(e) = self.rewrite(&file, size, &pieces, &b.tmp_dir) {
+                    let path = display_path(&self.files[&id].path);
+                    if e.raw_os_error().is_some_and(|n| no_space(Errno::from_raw(n))) {
+                        locked(&self.ctx.deferred).insert(id);
+                        let bytes = covered.iter().map(|c| c.1).sum();
+                        self.out.pending.insert(id, (Pending::NoSpaceRewrite, bytes));
+                        self.progress.warn(&format!(
+                            "{path}: no space to rewrite partly shared extents ({e}); not shared now, retried by the next run"
+                        ));
+                        *self.out.errors.entry("no_space".to_owned()).or_default() += 1;
+                    } else {
+                        self.progress.warn(&format!("{path}: cannot rewrite partly shared extents: {e}"));
+                        *self.out.errors.entry("rewrite".to_owned()).or_default() += 1;
+                    }
+                }
+            }
+        }
+    }
+
+    /// Copy `pieces` of `dest` into an unnamed temporary file on the same
+    /// filesystem (at the same offsets, same size, so an unaligned tail ends
+    /// at both EOFs), then share them back into `dest`: the kernel compares
+    /// the bytes, and `dest` then references fresh extents there.
+    fn rewrite(&mut self, dest: &File, size: u64, pieces: &[(u64, u64)], dir: &std::path::Path) -> std::io::Result<()> {
+        let tmp = sys::inode::open_tmpfile(dir)?;
+        tmp.set_len(size)?;
+        for &(off, len) in pieces {
+            let mut pos = 0;
+            while pos < len {
+                let n = ((len - pos) as usize).min(self.buf_a.len());
+                dest.read_exact_at(&mut self.buf_a[..n], off + pos)?;
+                tmp.write_all_at(&self.buf_a[..n], off + pos)?;
+                pos += n as u64;
+            }
+        }
+        for &(off, len) in pieces {
+            let mut pos = 0;
+            while pos < len {
+                let n = (len - pos).min(MAX_REQUEST_LEN);
+                let r = sys::dedupe_range(tmp.as_fd(), off + pos, n, &[(dest.as_fd(), off + pos)])
+                    .map_err(std::io::Error::from)?;
+                match r[0] {
+                    DestResult { status: DedupeStatus::Same, bytes_deduped } if bytes_deduped > 0 => {
+                        self.out.rewritten_bytes += bytes_deduped;
+                        pos += bytes_deduped;
+                    }
+                    // Out of space: the caller leaves the file for later.
+                    DestResult { status: DedupeStatus::Error(e), .. } if no_space(e) => {
+                        return Err(std::io::Error::from(e));
+                    }
+                    // Changed meanwhile, or refused: the file keeps its old extent.
+                    _ => break,
+                }
+            }
+        }
+        Ok(())
+    }
 }
 
 #[cfg(test)]

@@ -1,0 +1,549 @@
+//! What one share worker does with a unit of work (the ranges of one
+//! source): open each file, check it, map it, and share, counting every
+//! status and leaving what cannot be done now for a later run.
+//!
+//! Every file is opened below the run's starting paths ([`Tree`]: no
+//! symlink in any component, no `..`, no mount crossed), so a directory
+//! swapped since the scan cannot send an open elsewhere. Before a file is
+//! used its identity (device, inode, size, mtime, ctime) is checked on that
+//! descriptor against the scan; a file that changed since is left for the
+//! next run.
+//!
+//! The kernel compares the bytes page by page and reads a missing page
+//! synchronously, so before each request both sides are prefetched
+//! (`POSIX_FADV_WILLNEED`): on data no longer cached the disk then reads
+//! large requests ahead of the compare instead of one page at a time.
+//!
+//! A destination the kernel refuses (`EOPNOTSUPP`, `EXDEV`, `EINVAL`) is
+//! counted against that destination; sharing stops for the whole run only
+//! when the filesystem itself cannot share, which a probe decides once, at
+//! the first such refusal: two equal blocks of an unnamed temporary file on
+//! the scanned filesystem, shared with each other. Blocks whose source and
+//! destination already map to the same physical extent (FIEMAP, see
+//! [`super::extents`]) are not submitted again, so a second run on an
+//! unchanged volume submits nothing. A destination the kernel answers
+//! ENOSPC/EDQUOT to is recorded pending ([`Pending::NoSpaceShare`]).
+
+use std::collections::HashMap;
+use std::fs::File;
+use std::os::fd::{AsFd, BorrowedFd};
+use std::os::unix::fs::FileExt;
+use std::sync::atomic::Ordering;
+
+use nix::errno::Errno;
+use nix::fcntl::{posix_fadvise, PosixFadviseAdvice};
+
+use super::extents::{unshared_parts, Mapped};
+use super::workers::{locked, same_source, WorkerContext};
+use super::{no_space, Mode, Outcome, Pending};
+use crate::plan::Range;
+use crate::progress::Progress;
+use crate::report::display_path;
+use crate::sys::beneath::Tree;
+use crate::sys::fiemap::physical_map;
+use crate::sys::{self, dedupe::MAX_DESTS, dedupe::MAX_REQUEST_LEN, DedupeStatus};
+use crate::types::FileId;
+use crate::walk::Candidate;
+
+/// One destination of a source range, maybe split into the sub-ranges that
+/// are not shared yet (offsets relative to the range start).
+struct Dest {
+    id: FileId,
+    file: File,
+    off: u64,
+    parts: Vec<(u64, u64)>,
+    /// FIEMAP extents in the range (fragmentation).
+    extents: usize,
+}
+
+/// One destination of one request: borrows the open file of a [`Dest`].
+pub(super) struct Target<'f> {
+    pub(super) id: FileId,
+    pub(super) file: &'f File,
+    pub(super) off: u64,
+}
+
+impl Dest {
+    /// This destination at `rel` bytes into the range, for one request.
+    fn target(&self, rel: u64) -> Target<'_> {
+        Target { id: self.id, file: &self.file, off: self.off + rel }
+    }
+}
+
+/// Largest file whose data btrfs may keep inline in its metadata (an
+/// inline extent never exceeds the sector size; `max_inline` defaults to
+/// 2048 bytes).
+const INLINE_MAX: u64 = 4096;
+
+/// One worker: its own buffers and counts, merged at the end.
+pub(super) struct Executor<'a> {
+    /// What all workers read, and the verdicts they reach once.
+    pub(super) ctx: &'a WorkerContext<'a>,
+    /// `ctx.files`, and the other fields of `ctx` below, at hand.
+    pub(super) files: &'a HashMap<FileId, Candidate>,
+    pub(super) block_size: u64,
+    pub(super) mode: Mode,
+    pub(super) progress: &'a dyn Progress,
+    /// What this worker did, merged with the others' at the end.
+    pub(super) out: Outcome,
+    /// `st_dev` → volume key, for the identity check of opened files.
+    pub(super) keys: sys::SubvolIds,
+    /// Whether the extent at a FIEMAP address is referenced by a file
+    /// outside the plan, as found by this worker (see `pinned.rs`).
+    pub(super) pinned: HashMap<u64, bool>,
+    /// The filesystem cannot list an extent's owners (not btrfs, no
+    /// CAP_SYS_ADMIN): stop asking.
+    pub(super) no_owners: bool,
+    /// 1 MiB buffers: the dry run's compare, the bookend copy.
+    pub(super) buf_a: Vec<u8>,
+    pub(super) buf_b: Vec<u8>,
+}
+
+/// Why sharing stops when the filesystem cannot share extents at all.
+const REFUSED: &str = "the filesystem does not support sharing extents (FIDEDUPERANGE: operation not supported); on XFS this needs a filesystem made with reflink=1";
+
+/// Statuses that may mean "this filesystem cannot share" rather than "this
+/// file": then [`probe_can_share`] decides.
+fn unsupported(s: DedupeStatus) -> bool {
+    matches!(s, DedupeStatus::Error(Errno::EOPNOTSUPP | Errno::ENOTTY | Errno::EXDEV | Errno::EINVAL))
+}
+
+/// Whether the filesystem of the run's first starting path can share
+/// extents at all: write two equal 4 KiB blocks into an unnamed temporary
+/// file there (`O_TMPFILE`: never visible, gone on close) and share the
+/// second with the first. Refused with `EOPNOTSUPP`/`ENOTTY`/`EINVAL`: it
+/// cannot (XFS without reflink). Any other failure to probe (no room for a
+/// temporary file, read-only mount) says nothing about sharing: assumed
+/// able, so a single refusal never stops the whole run.
+fn probe_can_share(tree: &Tree) -> bool {
+    let Ok(tmp) = tree.tmpfile() else { return true };
+    let block = [0x5a_u8; 4096];
+    if tmp.write_all_at(&block, 0).and_then(|_| tmp.write_all_at(&block, 4096)).is_err() {
+        return true;
+    }
+    match sys::dedupe_range(tmp.as_fd(), 0, 4096, &[(tmp.as_fd(), 4096)]) {
+        Ok(r) => !unsupported(r[0].status),
+        Err(Errno::EOPNOTSUPP | Errno::ENOTTY | Errno::EINVAL) => false,
+        Err(_) => true,
+    }
+}
+
+impl<'a> Executor<'a> {
+    /// A worker with empty counts, reading `ctx`.
+    pub(super) fn new(ctx: &'a WorkerContext<'a>) -> Executor<'a> {
+        Executor {
+            ctx,
+            files: ctx.files,
+            block_size: ctx.block_size,
+            mode: ctx.mode,
+            progress: ctx.progress,
+            out: Outcome::default(),
+            keys: sys::SubvolIds::new(),
+            pinned: HashMap::new(),
+            no_owners: false,
+            buf_a: vec![0; 1 << 20],
+            buf_b: vec![0; 1 << 20],
+        }
+    }
+
+    /// Stopped by a signal, or the filesystem refuses to share (seen by any
+    /// worker).
+    pub(super) fn halted(&self) -> bool {
+        self.ctx.stop.load(Ordering::Relaxed) || self.refused()
+    }
+
+    /// The filesystem refuses to share (seen by any worker).
+    fn refused(&self) -> bool {
+        self.ctx.refused.load(Ordering::Relaxed)
+    }
+
+    /// Sharing is impossible on this filesystem: say so once, stop everyone.
+    fn refuse(&mut self) {
+        self.out.refused = Some(REFUSED.to_owned());
+        self.ctx.refused.store(true, Ordering::Relaxed);
+    }
+
+    /// A request was refused in a way that may mean "this filesystem cannot
+    /// share" or only "this destination cannot be shared into" (another
+    /// filesystem, a file that changed kind). Probe the filesystem once: if
+    /// it cannot share, stop everyone (true); otherwise the refusal is the
+    /// destination's (false).
+    fn refuse_if_fs_cannot_share(&mut self) -> bool {
+        let can = *self.ctx.can_share.get_or_init(|| probe_can_share(self.ctx.tree));
+        if !can {
+            self.refuse();
+        }
+        !can
+    }
+
+    /// Run the ranges of one unit (one source, whole groups, in plan order).
+    pub(super) fn run_unit(&mut self, ranges: &[Range]) {
+        let mut src_file: Option<(FileId, File)> = None;
+        let mut i = 0;
+        while i < ranges.len() {
+            if self.halted() {
+                break;
+            }
+            let first = ranges[i];
+            let mut j = i + 1;
+            while j < ranges.len() && same_source(&ranges[j], &first) {
+                j += 1;
+            }
+            let group = &ranges[i..j];
+            i = j;
+            if src_file.as_ref().map(|(id, _)| *id) != Some(first.src) {
+                src_file = self.open(first.src).map(|f| (first.src, f));
+            }
+            if let Some((_, src)) = &src_file {
+                self.source_group(src, &first, group);
+            }
+            // Counted once done, so the bar's ETA covers the group's work.
+            self.progress.inc(group.iter().map(|r| r.len).sum());
+        }
+    }
+
+    /// Open a file read-only and check that it is still what was scanned.
+    /// A file found changed or unopenable is counted and warned about by
+    /// the first worker that finds it, and never used again by any.
+    pub(super) fn open(&mut self, id: FileId) -> Option<File> {
+        if locked(&self.ctx.bad).contains(&id) {
+            return None;
+        }
+        let c = self.files.get(&id)?;
+        let res = self.ctx.tree.open_file(&c.path).and_then(|f| Ok((f.metadata()?, f)));
+        match res {
+            Ok((m, f)) => {
+                use std::os::unix::fs::MetadataExt;
+                let key = self.keys.id_for(m.dev(), &f);
+                let now = Candidate { dev: key, ..Candidate::from_metadata(c.path.clone(), &m) };
+                if now != *c || !m.is_file() {
+                    if locked(&self.ctx.bad).insert(id) {
+                        self.progress.warn(&format!(
+                            "{}: changed since it was scanned; left alone, it is rehashed next run",
+                            display_path(&c.path)
+                        ));
+                        self.out.changed_files += 1;
+                    }
+                    return None;
+                }
+                Some(f)
+            }
+            Err(e) => {
+                if locked(&self.ctx.bad).insert(id) {
+                    // Gone, or a directory on its path replaced by a symlink
+                    // or a mount since the scan: the scanned file is no
+                    // longer there.
+                    let kind = match e.raw_os_error() {
+                        Some(libc::ENOENT | libc::ENOTDIR | libc::ELOOP | libc::EXDEV) => "vanished",
+                        _ => "open",
+                    };
+                    self.progress.warn(&format!("{}: cannot open: {e}", display_path(&c.path)));
+                    *self.out.errors.entry(kind.to_owned()).or_default() += 1;
+                }
+                None
+            }
+        }
+    }
+
+    /// Share one source range into its destinations. They are opened,
+    /// mapped and submitted [`MAX_DESTS`] at a time (one request's worth), so
+    /// that a file with thousands of copies keeps at most that many files
+    /// open per worker, well under the usual limit of 1024.
+    ///
+    /// The source is mapped only when a destination's range holds an extent
+    /// the kernel reports shared: a destination with no shared extent there
+    /// cannot already share the source's blocks, so on a first run (nothing
+    /// shared yet) this halves the FIEMAP calls, which on btrfs walk the
+    /// back references of every extent (a quarter of the share phase's CPU
+    /// on FULL/btrfs before this).
+    fn source_group(&mut self, src: &File, r: &Range, group: &[Range]) {
+        let mut src_map: Option<Vec<Option<u64>>> = None;
+        // A source that may be inline is mapped first, as before: sharing
+        // from an inline extent into a destination that is not makes btrfs
+        // copy the bytes into the destination every run instead of sharing.
+        let may_be_inline =
+            r.src_off == 0 && self.files.get(&r.src).is_some_and(|c| c.size <= INLINE_MAX.max(self.block_size));
+        if may_be_inline && self.map_once(&mut src_map, src, r).is_none() {
+            return;
+        }
+        for batch in group.chunks(MAX_DESTS) {
+            if self.halted() {
+                return;
+            }
+            let mut whole: Vec<Dest> = Vec::new();
+            let mut partial: Vec<Dest> = Vec::new();
+            for d in batch {
+                if locked(&self.ctx.deferred).contains(&d.dest) {
+                    continue;
+                }
+                let Some(file) = self.open(d.dest) else { continue };
+                let Some(dst) = self.map(file.as_fd(), d.dest, d.dest_off, d.len) else { continue };
+                let parts = if dst.shared {
+                    let Some(src_blocks) = self.map_once(&mut src_map, src, r) else { return };
+                    unshared_parts(src_blocks, &dst.blocks, self.block_size, r.len)
+                } else {
+                    vec![(0, r.len)]
+                };
+                let unshared: u64 = parts.iter().map(|p| p.1).sum();
+                self.out.already_shared_bytes += r.len - unshared;
+                let parts = if dst.shared { self.drop_pinned(file.as_fd(), d, &dst.extents, parts) } else { parts };
+                if parts.is_empty() {
+                    continue;
+                }
+                let dest = Dest { id: d.dest, file, off: d.dest_off, parts, extents: dst.extents.len() };
+                if dest.parts == [(0, r.len)] {
+                    whole.push(dest);
+                } else {
+                    partial.push(dest);
+                }
+            }
+            if let Some(k) = self.less_fragmented_copy(src, r, group, &whole, &partial) {
+                // The copy becomes the source and the source one more
+                // destination (see `less_fragmented_copy`).
+                let best = &whole[k];
+                let mut targets = vec![Target { id: r.src, file: src, off: r.src_off }];
+                targets.extend(whole.iter().enumerate().filter(|&(i, _)| i != k).map(|(_, d)| d.target(0)));
+                self.out.swapped_sources += 1;
+                self.submit(&best.file, best.off, r.len, &targets);
+            } else if !whole.is_empty() {
+                let targets: Vec<Target<'_>> = whole.iter().map(|d| d.target(0)).collect();
+                self.submit(src, r.src_off, r.len, &targets);
+            }
+            for d in &partial {
+                for &(o, l) in &d.parts {
+                    self.submit(src, r.src_off + o, l, &[d.target(o)]);
+                }
+            }
+        }
+    }
+
+    /// The copy to share from instead of the planned source, if the source
+    /// is far more fragmented than one of its copies: sharing a contiguous
+    /// copy from a 20,000-extent file leaves the copy with 20,000 extents;
+    /// the other way round, every copy ends contiguous. The planner picks
+    /// sources by rank alone, so this is decided here, and only where it is
+    /// safe whatever the other workers do: a whole-file group (one source
+    /// range, every destination whole and still unshared) whose source and
+    /// chosen copy appear in no other range of the plan. "Far more": at
+    /// least 4 times the extents and 32 more; files under 1 MiB are never
+    /// considered (one FIEMAP more per source, on btrfs a back-reference
+    /// walk per extent).
+    fn less_fragmented_copy(
+        &mut self,
+        src: &File,
+        r: &Range,
+        group: &[Range],
+        whole: &[Dest],
+        partial: &[Dest],
+    ) -> Option<usize> {
+        const MIN_LEN: u64 = 1 << 20;
+        let size = self.files.get(&r.src)?.size;
+        if r.len < MIN_LEN || r.src_off != 0 || r.len != size || !partial.is_empty() || whole.len() != group.len() {
+            return None;
+        }
+        if !self.ctx.used_once.contains(&r.src) || whole.iter().any(|d| d.off != 0) {
+            return None;
+        }
+        let (k, best) = whole
+            .iter()
+            .enumerate()
+            .filter(|(_, d)| self.ctx.used_once.contains(&d.id))
+            .min_by_key(|(_, d)| d.extents)?;
+        let src_extents = sys::fiemap(src.as_fd(), 0, r.len).ok()?.len();
+        (src_extents >= 4 * best.extents && src_extents >= best.extents + 32).then_some(k)
+    }
+
+    /// The source side of range `r`, mapped on first use only (`None`: it
+    /// is inline, nothing to share from it).
+    fn map_once<'m>(
+        &mut self,
+        cache: &'m mut Option<Vec<Option<u64>>>,
+        src: &File,
+        r: &Range,
+    ) -> Option<&'m [Option<u64>]> {
+        if cache.is_none() {
+            *cache = Some(self.map(src.as_fd(), r.src, r.src_off, r.len)?.blocks);
+        }
+        cache.as_deref()
+    }
+
+    /// Physical address per block of a range (`None` where unknown), or
+    /// `None` for a file whose data is inline in metadata: sharing it frees
+    /// nothing, and btrfs would report success every run.
+    fn map(&mut self, fd: BorrowedFd<'_>, id: FileId, off: u64, len: u64) -> Option<Mapped> {
+        Some(match sys::fiemap(fd, off, len) {
+            Ok(ext) if ext.iter().any(|e| e.is_inline()) => {
+                if locked(&self.ctx.inline).insert(id) {
+                    self.out.inline_files += 1;
+                }
+                return None;
+            }
+            Ok(ext) => Mapped {
+                blocks: physical_map(&ext, off, len, self.block_size),
+                shared: ext.iter().any(|e| e.is_shared()),
+                extents: ext,
+            },
+            Err(e) => {
+                if e != Errno::EOPNOTSUPP {
+                    let path = self.files.get(&id).map(|c| display_path(&c.path)).unwrap_or_default();
+                    self.progress.info(&format!("{path}: fiemap: {e}"));
+                }
+                Mapped {
+                    blocks: vec![None; len.div_ceil(self.block_size) as usize],
+                    shared: false,
+                    extents: Vec::new(),
+                }
+            }
+        })
+    }
+
+    /// Share (or verify) `src[off..off+len]` into every destination, in
+    /// requests of at most 16 MiB.
+    fn submit(&mut self, src: &File, off: u64, len: u64, dests: &[Target<'_>]) {
+        let mut alive: Vec<bool> = vec![true; dests.len()];
+        let mut done = 0;
+        while done < len && alive.iter().any(|&a| a) && !self.refused() {
+            let chunk = (len - done).min(MAX_REQUEST_LEN);
+            match self.mode {
+                Mode::DryRun => self.verify(src, off, done, chunk, dests, &mut alive),
+                Mode::Share => {
+                    let idx: Vec<usize> = (0..dests.len()).filter(|&k| alive[k]).collect();
+                    if done == 0 {
+                        prefetch(src, off, chunk);
+                        idx.iter().for_each(|&k| prefetch(dests[k].file, dests[k].off, chunk));
+                    }
+                    // The next chunk is read while the kernel compares this one.
+                    let next = (len - done - chunk).min(MAX_REQUEST_LEN);
+                    if next > 0 {
+                        prefetch(src, off + done + chunk, next);
+                        idx.iter().for_each(|&k| prefetch(dests[k].file, dests[k].off + done + chunk, next));
+                    }
+                    let fds: Vec<(BorrowedFd<'_>, u64)> =
+                        idx.iter().map(|&k| (dests[k].file.as_fd(), dests[k].off + done)).collect();
+                    self.out.duplicate_bytes += chunk * idx.len() as u64;
+                    match sys::dedupe_range(src.as_fd(), off + done, chunk, &fds) {
+                        Ok(results)
+                            if results.iter().any(|r| unsupported(r.status)) && self.refuse_if_fs_cannot_share() =>
+                        {
+                            self.out.duplicate_bytes -= chunk * idx.len() as u64;
+                        }
+                        Ok(results) => {
+                            for (res, &k) in results.iter().zip(&idx) {
+                                if matches!(res.status, DedupeStatus::Error(e) if no_space(e)) {
+                                    self.pend(dests[k].id, Pending::NoSpaceShare, len - done);
+                                }
+                                if !self.record(dests[k].id, res.status, res.bytes_deduped) {
+                                    alive[k] = false;
+                                } else if res.bytes_deduped < chunk {
+                                    // The kernel may share less than asked:
+                                    // carry on from where it stopped.
+                                    if !self.finish_short(src, off + done, chunk, &dests[k], done, res.bytes_deduped) {
+                                        alive[k] = false;
+                                    }
+                                }
+                            }
+                        }
+                        Err(Errno::EOPNOTSUPP | Errno::ENOTTY | Errno::EXDEV | Errno::EINVAL)
+                            if self.refuse_if_fs_cannot_share() =>
+                        {
+                            self.out.duplicate_bytes -= chunk * idx.len() as u64;
+                        }
+                        Err(e) => {
+                            self.out.duplicate_bytes -= chunk * idx.len() as u64;
+                            for &k in &idx {
+                                if no_space(e) {
+                                    self.pend(dests[k].id, Pending::NoSpaceShare, len - done);
+                                }
+                                self.dest_error(
+                                    dests[k].id,
+                                    e.desc(),
+                                    e.to_string().split(':').next().unwrap_or("errno"),
+                                );
+                                alive[k] = false;
+                            }
+                        }
+                    }
+                }
+            }
+            done += chunk;
+        }
+    }
+
+    /// Re-issue the rest of a request the kernel shared only partly.
+    fn finish_short(&mut self, src: &File, src_off: u64, chunk: u64, d: &Target<'_>, done: u64, first: u64) -> bool {
+        let mut got = first;
+        while got < chunk {
+            let fd = [(d.file.as_fd(), d.off + done + got)];
+            match sys::dedupe_range(src.as_fd(), src_off + got, chunk - got, &fd) {
+                Ok(r) if r[0].status == DedupeStatus::Same && r[0].bytes_deduped > 0 => {
+                    self.out.deduped_bytes += r[0].bytes_deduped;
+                    got += r[0].bytes_deduped;
+                }
+                Ok(r) => {
+                    if matches!(r[0].status, DedupeStatus::Error(e) if no_space(e)) {
+                        self.pend(d.id, Pending::NoSpaceShare, chunk - got);
+                    }
+                    self.record(d.id, r[0].status, 0);
+                    return false;
+                }
+                Err(e) => {
+                    if no_space(e) {
+                        self.pend(d.id, Pending::NoSpaceShare, chunk - got);
+                    }
+                    self.dest_error(d.id, e.desc(), "short");
+                    return false;
+                }
+            }
+        }
+        true
+    }
+
+    /// Leave `bytes` planned into destination `id` for a later run.
+    pub(super) fn pend(&mut self, id: FileId, why: Pending, bytes: u64) {
+        let e = self.out.pending.entry(id).or_insert((why, 0));
+        e.0 = e.0.min(why);
+        e.1 += bytes;
+    }
+
+    /// Count one destination's status; false when it must not be used again.
+    fn record(&mut self, id: FileId, status: DedupeStatus, bytes: u64) -> bool {
+        match status {
+            DedupeStatus::Same => {
+                self.out.status.same += 1;
+                self.out.deduped_bytes += bytes;
+                true
+            }
+            DedupeStatus::Differs => {
+                self.out.status.differs += 1;
+                let path = self.files.get(&id).map(|c| display_path(&c.path)).unwrap_or_default();
+                self.progress.info(&format!("{path}: contents differ from the source; not shared"));
+                false
+            }
+            DedupeStatus::Error(e) => {
+                let name = format!("{e:?}");
+                *self.out.status.errors.entry(name).or_default() += 1;
+                let path = self.files.get(&id).map(|c| display_path(&c.path)).unwrap_or_default();
+                self.progress.warn(&format!("{path}: kernel refused to share: {}", e.desc()));
+                false
+            }
+        }
+    }
+
+    /// Count an error of kind `kind` against a destination and warn with
+    /// `msg`; the caller stops using it.
+    pub(super) fn dest_error(&mut self, id: FileId, msg: &str, kind: &str) {
+        let path = self.files.get(&id).map(|c| display_path(&c.path)).unwrap_or_default();
+        self.progress.warn(&format!("{path}: {msg}"));
+        *self.out.status.errors.entry(kind.to_owned()).or_default() += 1;
+    }
+}
+
+/// Ask the kernel to read `f[off..off+len]` into the page cache now, in
+/// large asynchronous requests. `FIDEDUPERANGE` compares page by page and
+/// reads a missing page synchronously, without read-ahead: on data that is
+/// not cached (`--drop-cache`, or a volume larger than memory) it would wait
+/// for the disk once per 4 KiB. On cached data this costs a page-cache
+/// lookup per page. Only advice: errors are ignored.
+fn prefetch(f: &File, off: u64, len: u64) {
+    let _ = posix_fadvise(f, off as i64, len as i64, PosixFadviseAdvice::POSIX_FADV_WILLNEED);
+}

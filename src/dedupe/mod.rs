@@ -1,0 +1,275 @@
+//! The share phase: execute a plan — share its ranges with
+//! `FIDEDUPERANGE`, or, in a dry run, compare them byte for byte in user
+//! space so the preview is exact.
+//!
+//! In: a [`Plan`] and the scanned facts of every file it names. Out: an
+//! [`Outcome`] with verified, submitted and confirmed bytes and every
+//! per-destination status.
+//!
+//! The bookend pass (btrfs, [`bookend`]) runs first, on the same worker
+//! threads as the ranges (one destination at a time each; on the calling
+//! thread when there is one worker), and ends before any range is shared.
+//! The plan's ranges then run on the workers, a unit (the ranges of one
+//! source) at a time.
+//!
+//! One job per file:
+//! - `workers.rs`: the worker pool, the units of work, and the
+//!   `WorkerContext` every worker reads (inputs, per-file verdicts reached
+//!   once);
+//! - `executor.rs`: what one worker does with a unit: open each file below
+//!   the starting paths and check it, map it (FIEMAP), call
+//!   `FIDEDUPERANGE`, and keep the pending (ENOSPC, pinned) accounts;
+//! - `pinned.rs`: which shared extents a file outside the plan keeps;
+//! - `verify.rs`: the dry run's byte compare;
+//! - [`extents`]: the FIEMAP view of a range (which blocks already share
+//!   the source's extents), also used by the `report` command;
+//! - [`bookend`]: rewriting partly covered extents (btrfs).
+
+use std::collections::{BTreeMap, HashMap, HashSet};
+use std::path::PathBuf;
+use std::sync::atomic::AtomicBool;
+use std::sync::{Mutex, OnceLock};
+
+use nix::errno::Errno;
+use serde::Serialize;
+
+use crate::plan::Plan;
+use crate::progress::Progress;
+use crate::sys::beneath::Tree;
+use crate::types::FileId;
+use crate::walk::Candidate;
+
+pub mod bookend;
+mod executor;
+pub mod extents;
+mod pinned;
+mod verify;
+mod workers;
+
+pub use workers::{default_workers, MAX_WORKERS};
+use workers::{dest_coverage, on_workers, units, used_once, WorkerContext};
+
+/// Whether to share for real.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Mode {
+    /// Compare in user space, share nothing.
+    DryRun,
+    /// Submit to the kernel.
+    Share,
+}
+
+/// What executing a plan did.
+#[derive(Debug, Default, Clone)]
+pub struct Outcome {
+    /// Bytes verified equal (dry run) or submitted to the kernel.
+    pub duplicate_bytes: u64,
+    /// Bytes the kernel confirmed shared.
+    pub deduped_bytes: u64,
+    /// Bytes skipped because they already share the source's extents.
+    pub already_shared_bytes: u64,
+    /// How every request was answered, per destination.
+    pub status: DedupeStatuses,
+    /// Files that changed since the scan and were left alone.
+    pub changed_files: u64,
+    /// Files whose data is inline in metadata (btrfs): nothing to share.
+    pub inline_files: u64,
+    /// Whole-file groups shared from a copy far less fragmented than the
+    /// planned source.
+    pub swapped_sources: u64,
+    /// Bytes of partly covered extents copied into fresh extents so the old
+    /// ones can be freed (btrfs); in a dry run, what would be.
+    pub rewritten_bytes: u64,
+    /// Bytes planned into partly covered extents that stay on disk for
+    /// their uncovered rest (btrfs): shared, but freeing nothing.
+    pub pinned_bytes: u64,
+    /// Files that could not be opened or mapped.
+    pub errors: BTreeMap<String, u64>,
+    /// Set when sharing was stopped because the filesystem refuses it.
+    pub refused: Option<String>,
+    /// Destinations left for a later run — the filesystem was out of space
+    /// (ENOSPC, EDQUOT), or their extents are pinned by a file outside the
+    /// plan — with why and the bytes planned into them: the run records
+    /// them in the database and the next run, incremental or not, plans
+    /// them again.
+    pub pending: BTreeMap<FileId, (Pending, u64)>,
+}
+
+/// Why a destination was left for a later run.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub enum Pending {
+    /// No room to rewrite the remainders of its partly covered extents
+    /// (btrfs bookends). Its ranges are then not shared either: with the
+    /// remainder still in the old extent, sharing the rest frees nothing,
+    /// and afterwards nothing would show that the extent is pinned.
+    NoSpaceRewrite,
+    /// The kernel answered ENOSPC or EDQUOT to sharing into it.
+    NoSpaceShare,
+    /// Its extents there are also referenced by files outside the plan
+    /// (a read-only snapshot, an excluded file): sharing could free
+    /// nothing and would only add metadata. Planned again by every run, so
+    /// it is shared once the snapshot is gone.
+    Pinned,
+}
+
+impl Pending {
+    /// Name in the database and in reports.
+    pub fn name(self) -> &'static str {
+        match self {
+            Pending::NoSpaceRewrite => "no_space_rewrite",
+            Pending::NoSpaceShare => "no_space_share",
+            Pending::Pinned => "referenced_outside_run",
+        }
+    }
+}
+
+/// Out of space or quota: worth retrying once there is room.
+fn no_space(e: Errno) -> bool {
+    matches!(e, Errno::ENOSPC | Errno::EDQUOT)
+}
+
+/// How the kernel (or, in a dry run, our own compare) answered.
+#[derive(Debug, Default, Clone, Serialize)]
+pub struct DedupeStatuses {
+    /// Destinations whose bytes were equal.
+    pub same: u64,
+    /// Destinations whose bytes differed: nothing shared.
+    pub differs: u64,
+    /// Destinations refused with an errno, by errno name.
+    pub errors: BTreeMap<String, u64>,
+}
+
+/// Rewriting remainders of partly covered extents (btrfs; see [`bookend`]).
+#[derive(Debug, Clone)]
+pub struct Bookends {
+    /// A directory on the same filesystem for the unnamed temporary files.
+    pub tmp_dir: PathBuf,
+    /// Rewrite a remainder only when it is at most this many times the
+    /// covered part of its extent.
+    pub max_ratio: f64,
+}
+
+/// Execute `plan`. `stop` is polled between source ranges. With
+/// `bookends`, partly covered destination extents are freed first.
+#[allow(clippy::too_many_arguments)]
+pub fn execute(
+    plan: &Plan,
+    files: &HashMap<FileId, Candidate>,
+    tree: &Tree,
+    block_size: u64,
+    mode: Mode,
+    bookends: Option<&Bookends>,
+    progress: &dyn Progress,
+    stop: &AtomicBool,
+) -> Outcome {
+    execute_with_workers(plan, files, tree, block_size, mode, bookends, progress, stop, default_workers())
+}
+
+/// [`execute`] on `workers` threads (1: all on the calling thread). The
+/// outcome does not depend on `workers`: every file is checked, counted and
+/// warned about once, whichever worker meets it first.
+#[allow(clippy::too_many_arguments)]
+pub fn execute_with_workers(
+    plan: &Plan,
+    files: &HashMap<FileId, Candidate>,
+    tree: &Tree,
+    block_size: u64,
+    mode: Mode,
+    bookends: Option<&Bookends>,
+    progress: &dyn Progress,
+    stop: &AtomicBool,
+    workers: usize,
+) -> Outcome {
+    let ctx = WorkerContext {
+        files,
+        tree,
+        can_share: OnceLock::new(),
+        block_size,
+        mode,
+        progress,
+        stop,
+        bad: Mutex::new(HashSet::new()),
+        inline: Mutex::new(HashSet::new()),
+        refused: AtomicBool::new(false),
+        deferred: Mutex::new(HashSet::new()),
+        in_plan: files.values().map(|c| (c.dev, c.ino)).collect(),
+        used_once: used_once(plan),
+    };
+    let mut out = Outcome::default();
+    if let Some(b) = bookends {
+        // Before any range is shared: a rewritten remainder may be the
+        // source of other ranges, which must then share its new extent.
+        // Destinations are independent of each other, so this pass runs on
+        // the workers too.
+        out.merge(on_workers(&ctx, workers, &dest_coverage(plan), |ex, (id, covered)| {
+            ex.free_bookends(*id, covered, b)
+        }));
+    }
+    out.merge(on_workers(&ctx, workers, &units(&plan.ranges), |ex, &(start, end)| {
+        ex.run_unit(&plan.ranges[start..end])
+    }));
+    out
+}
+
+impl Outcome {
+    /// Add what another worker did.
+    fn merge(&mut self, o: Outcome) {
+        self.duplicate_bytes += o.duplicate_bytes;
+        self.deduped_bytes += o.deduped_bytes;
+        self.already_shared_bytes += o.already_shared_bytes;
+        self.status.same += o.status.same;
+        self.status.differs += o.status.differs;
+        for (k, n) in o.status.errors {
+            *self.status.errors.entry(k).or_default() += n;
+        }
+        self.changed_files += o.changed_files;
+        self.inline_files += o.inline_files;
+        self.swapped_sources += o.swapped_sources;
+        self.rewritten_bytes += o.rewritten_bytes;
+        self.pinned_bytes += o.pinned_bytes;
+        for (k, n) in o.errors {
+            *self.errors.entry(k).or_default() += n;
+        }
+        if self.refused.is_none() {
+            self.refused = o.refused;
+        }
+        for (id, (why, bytes)) in o.pending {
+            let e = self.pending.entry(id).or_insert((why, 0));
+            e.0 = e.0.min(why);
+            e.1 += bytes;
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn merged_outcomes_add_up() {
+        let mut a = Outcome { duplicate_bytes: 1, deduped_bytes: 2, changed_files: 1, ..Default::default() };
+        a.status.errors.insert("EIO".into(), 1);
+        a.errors.insert("open".into(), 2);
+        let mut b = Outcome {
+            duplicate_bytes: 10,
+            deduped_bytes: 20,
+            already_shared_bytes: 5,
+            inline_files: 3,
+            rewritten_bytes: 7,
+            refused: Some("no".into()),
+            ..Default::default()
+        };
+        b.status.same = 4;
+        b.status.differs = 1;
+        b.status.errors.insert("EIO".into(), 2);
+        b.errors.insert("vanished".into(), 1);
+        a.merge(b);
+        assert_eq!(
+            (a.duplicate_bytes, a.deduped_bytes, a.already_shared_bytes, a.changed_files, a.inline_files),
+            (11, 22, 5, 1, 3)
+        );
+        assert_eq!((a.rewritten_bytes, a.status.same, a.status.differs), (7, 4, 1));
+        assert_eq!(a.status.errors["EIO"], 3);
+        assert_eq!((a.errors["open"], a.errors["vanished"]), (2, 1));
+        assert_eq!(a.refused.as_deref(), Some("no"));
+    }
+}

@@ -1,0 +1,83 @@
+//! Extents the run cannot free: a destination extent FIEMAP flags `SHARED`
+//! that a file outside the plan (a read-only snapshot, an excluded file)
+//! also references stays allocated whatever this run does, so sharing into
+//! it would free nothing and only add metadata. btrfs is asked who
+//! references such an extent (`BTRFS_IOC_LOGICAL_INO_V2`, through
+//! [`sys::fs::extent_owners`]); the parts it keeps are left pending
+//! ([`Pending::Pinned`]).
+
+use std::os::fd::BorrowedFd;
+
+use nix::errno::Errno;
+
+use super::executor::Executor;
+use super::Pending;
+use crate::plan::Range;
+use crate::sys;
+
+impl Executor<'_> {
+    /// The parts (relative to `d.dest_off`) of a destination range that lie
+    /// in extents nothing outside the plan references. A shared extent of
+    /// the destination that a file outside the plan (a read-only snapshot,
+    /// an excluded file) also references stays allocated whatever this run
+    /// does: sharing into it would free nothing and grow metadata. Such
+    /// parts are dropped and the destination counted pending
+    /// ([`Pending::Pinned`]), so a later run shares it once the snapshot
+    /// is gone. Asked only of extents FIEMAP flags `SHARED` whose blocks
+    /// do not already share the source's, once per extent per worker.
+    pub(super) fn drop_pinned(
+        &mut self,
+        fd: BorrowedFd<'_>,
+        d: &Range,
+        extents: &[sys::Extent],
+        parts: Vec<(u64, u64)>,
+    ) -> Vec<(u64, u64)> {
+        if self.no_owners || parts.is_empty() {
+            return parts;
+        }
+        let mut kept = Vec::with_capacity(parts.len());
+        let mut dropped = 0;
+        for (o, l) in parts {
+            let (start, end) = (d.dest_off + o, d.dest_off + o + l);
+            let mut pos = start;
+            for e in extents.iter().filter(|e| e.is_shared() && e.logical < end && e.logical + e.length > start) {
+                let (es, ee) = (e.logical.max(start), (e.logical + e.length).min(end));
+                if !self.is_pinned(fd, e.physical) {
+                    continue;
+                }
+                if es > pos {
+                    kept.push((pos - d.dest_off, es - pos));
+                }
+                dropped += ee - es;
+                pos = ee;
+            }
+            if pos < end {
+                kept.push((pos - d.dest_off, end - pos));
+            }
+        }
+        if dropped > 0 {
+            self.pend(d.dest, Pending::Pinned, dropped);
+        }
+        kept
+    }
+
+    /// Whether the extent at FIEMAP address `phys` is referenced by a file
+    /// outside the plan (or by more files than can be listed).
+    fn is_pinned(&mut self, fd: BorrowedFd<'_>, phys: u64) -> bool {
+        if let Some(&p) = self.pinned.get(&phys) {
+            return p;
+        }
+        let p = match sys::fs::extent_owners(fd, phys) {
+            Ok(o) => !o.complete || o.refs.iter().any(|r| !self.ctx.in_plan.contains(r)),
+            Err(Errno::ENOTTY | Errno::EOPNOTSUPP | Errno::EPERM | Errno::EINVAL) => {
+                // Not btrfs, or not allowed: share as before.
+                self.no_owners = true;
+                false
+            }
+            // Gone meanwhile, or another error: let the kernel decide.
+            Err(_) => false,
+        };
+        self.pinned.insert(phys, p);
+        p
+    }
+}
