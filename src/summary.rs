@@ -66,7 +66,7 @@ pub struct RemainingDir {
 
 /// The database summary.
 #[derive(Debug, Serialize)]
-pub struct DbSummary {
+pub struct Summary {
     pub database: String,
     pub filesystem_uuid: Option<String>,
     pub block_size: Option<u64>,
@@ -108,20 +108,20 @@ pub struct DbSummary {
 }
 
 /// [`summarize_with`], silently and without the list of ranges.
-pub fn summarize(path: &Path) -> Result<DbSummary> {
+pub fn summarize(path: &Path) -> Result<Summary> {
     summarize_with(path, &Silent, false)
 }
 
 /// Summarize the database at `path`, showing progress (measuring every file
 /// and range takes a while on a large volume); `list`: include every range.
-pub fn summarize_with(path: &Path, progress: &dyn Progress, list: bool) -> Result<DbSummary> {
+pub fn summarize_with(path: &Path, progress: &dyn Progress, list: bool) -> Result<Summary> {
     if !path.exists() {
         anyhow::bail!("no database at {}: run `dedupscan PATH` or `dedupscan scan PATH` first", display_path(path));
     }
     summarize_inner(path, progress, list).map_err(|e| crate::progress::explain_db_error(path, e))
 }
 
-fn summarize_inner(path: &Path, progress: &dyn Progress, list: bool) -> Result<DbSummary> {
+fn summarize_inner(path: &Path, progress: &dyn Progress, list: bool) -> Result<Summary> {
     let db = Db::open_for_report(path)?;
     let conn = &db.conn;
     let meta =
@@ -166,7 +166,7 @@ fn summarize_inner(path: &Path, progress: &dyn Progress, list: bool) -> Result<D
         }
     }
     let pending_bytes = pending.values().map(|w| w.bytes).sum();
-    Ok(DbSummary {
+    Ok(Summary {
         database: display_path(path),
         filesystem_uuid: meta("filesystem"),
         block_size: Some(block_size),
@@ -437,7 +437,7 @@ fn live_status(db: &Db, block_size: u64, progress: &dyn Progress, list: bool) ->
 /// How many groups and directories the report lists.
 const TOP: usize = 10;
 
-impl DbSummary {
+impl Summary {
     /// The summary as one self-contained HTML page (see [`crate::html`]).
     pub fn to_html(&self) -> String {
         crate::html::render(self)
