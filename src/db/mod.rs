@@ -199,7 +199,7 @@ impl Db {
     /// Drop every block fingerprint (after the block size changed, all
     /// files must be hashed again).
     pub fn forget_all_hashes(&self) -> rusqlite::Result<()> {
-        self.conn.execute_batch("DELETE FROM anchors; DELETE FROM files; DELETE FROM dirs;")
+        self.conn.execute_batch("DELETE FROM files; DELETE FROM dirs;")
     }
 
     /// Record the start of a run; returns its id.
@@ -534,7 +534,7 @@ mod tests {
         WriteOp::Hashed { id, dev: 1, ino, path: path.into(), mtime: 0, ctime: 0, hash }
     }
 
-    /// A block map of `n` blocks, one in five a sampled anchor.
+    /// A block map of `n` blocks.
     fn map(seed: u64, n: u64) -> Vec<u64> {
         (1..=n)
             .map(|i| if i % 5 == 0 { (seed * 1000 + i) << 36 } else { ((seed * 1000 + i) << 36) | 1 << 32 })
@@ -547,29 +547,6 @@ mod tests {
 
     fn stored_as(db: &Db, id: FileId) -> String {
         db.conn.query_row("SELECT typeof(blocks) FROM files WHERE id = ?1", [id], |r| r.get(0)).unwrap()
-    }
-
-    /// The anchors table holds exactly the sampled anchors of every file's
-    /// (resolved) block map.
-    fn assert_anchors_consistent(db: &Db) {
-        let mut want: Vec<(i64, FileId, i64)> = Vec::new();
-        let mut st = db.conn.prepare("SELECT id, blocks FROM files").unwrap();
-        let mut rows = st.query([]).unwrap();
-        while let Some(r) = rows.next().unwrap() {
-            let id: FileId = r.get(0).unwrap();
-            let blocks = decode_blocks(&stored_map(&db.conn, r.get_ref(1).unwrap()).unwrap());
-            want.extend(plan::sampled_anchors(&blocks).map(|b| (blocks[b as usize] as i64, id, b as i64)));
-        }
-        want.sort();
-        let got: Vec<(i64, FileId, i64)> = db
-            .conn
-            .prepare("SELECT fp, file_id, blk FROM anchors ORDER BY fp, file_id, blk")
-            .unwrap()
-            .query_map([], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)))
-            .unwrap()
-            .collect::<Result<_, _>>()
-            .unwrap();
-        assert_eq!(got, want);
     }
 
     fn whole_groups(db: &Db) -> Vec<Vec<FileId>> {
@@ -597,7 +574,6 @@ mod tests {
         assert_eq!(stored_as(&db, a), "blob");
         assert_eq!((stored_as(&db, b), stored_as(&db, c)), ("integer".into(), "integer".into()));
         assert_eq!((stored_as(&db, id_of(&db, 4)), stored_as(&db, id_of(&db, 5))), ("blob".into(), "blob".into()));
-        assert_anchors_consistent(&db);
         assert_eq!(whole_groups(&db), vec![vec![a, b, c], vec![id_of(&db, 4), id_of(&db, 5)]]);
 
         // The holder goes: the next copy holds the map, the other points at it.
@@ -605,14 +581,12 @@ mod tests {
         assert_eq!(stored_as(&db, b), "blob");
         let c_ref: i64 = db.conn.query_row("SELECT blocks FROM files WHERE id = ?1", [c], |r| r.get(0)).unwrap();
         assert_eq!(c_ref, b.0);
-        assert_anchors_consistent(&db);
         assert_eq!(whole_groups(&db)[0], vec![b, c]);
 
         // The new holder is rewritten with other content: the last copy
-        // takes the map; b's anchors are its new ones.
+        // takes the map.
         let (db, _) = write(db, 3, vec![hashed(Some(b), 2, "/v/b", &map(3, 20))]);
         assert_eq!(stored_as(&db, c), "blob");
-        assert_anchors_consistent(&db);
         assert_eq!(whole_groups(&db), vec![vec![id_of(&db, 4), id_of(&db, 5)]]);
         let plan = db.plan_files([c]).unwrap();
         assert_eq!(plan[0].blocks, plan::BlockMap::from_dense(&decode_blocks(&encode_blocks(&m))));

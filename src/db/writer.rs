@@ -15,7 +15,6 @@ use rusqlite::types::{ToSqlOutput, ValueRef};
 use rusqlite::{params, Connection};
 
 use super::{file_map, path_bytes, Db, TWIN_MIN_MAP};
-use crate::blockmap::BlockMap;
 use crate::hash::FileHash;
 use crate::types::FileId;
 use crate::walk::TimeTag;
@@ -97,20 +96,6 @@ pub fn run(db: Db, run_id: i64, rx: Receiver<WriteOp>) -> rusqlite::Result<(Db, 
     }
 }
 
-/// Delete a file's anchors: they are the sampled blocks of its block map,
-/// found again by key.
-fn delete_anchors(conn: &Connection, id: FileId) -> rusqlite::Result<()> {
-    if let Some(blob) = file_map(conn, id)? {
-        // Sparse: a huge file's holes are skipped, never expanded.
-        let map = BlockMap::from_bytes(blob);
-        let mut del = conn.prepare_cached("DELETE FROM anchors WHERE fp = ?1 AND file_id = ?2 AND blk = ?3")?;
-        for (b, fp) in map.sampled_anchors() {
-            del.execute(params![fp, id, b as i64])?;
-        }
-    }
-    Ok(())
-}
-
 impl Writer {
     fn new(conn: &Connection, run_id: i64) -> rusqlite::Result<Writer> {
         let mut st = conn.prepare("SELECT id, dev, path FROM dirs")?;
@@ -190,7 +175,6 @@ impl Writer {
             WriteOp::Hashed { id, dev, ino, path, mtime, ctime, hash } => {
                 if let Some(id) = id {
                     self.hand_over(conn, id)?;
-                    delete_anchors(conn, id)?;
                     self.prune_dirs = true;
                 }
                 let (dir, name) = self.locate(conn, dev, &path)?;
@@ -229,11 +213,6 @@ impl Writer {
                     self.holders.insert(key, id);
                     self.holder_keys.insert(id, key);
                 }
-                let mut ins =
-                    conn.prepare_cached("INSERT OR IGNORE INTO anchors (fp, file_id, blk) VALUES (?1, ?2, ?3)")?;
-                for (b, fp) in hash.map.sampled_anchors() {
-                    ins.execute(params![fp, id, b as i64])?;
-                }
             }
             WriteOp::Renamed { id, dev, path, ctime } => {
                 let (dir, name) = self.locate(conn, dev, &path)?;
@@ -243,7 +222,6 @@ impl Writer {
             }
             WriteOp::Removed { id } => {
                 self.hand_over(conn, id)?;
-                delete_anchors(conn, id)?;
                 conn.prepare_cached("DELETE FROM files WHERE id = ?1")?.execute([id])?;
                 self.prune_dirs = true;
             }
