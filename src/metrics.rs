@@ -50,21 +50,14 @@ pub struct PastRun {
 /// Finished runs of the database at `db`, oldest first; empty when there is
 /// no readable database (a first run that failed early).
 pub fn load_history(db: &Path) -> Vec<PastRun> {
-    let Ok(conn) = crate::db::Db::open_readonly(db) else { return vec![] };
-    let Ok(mut st) = conn.prepare(
-        "SELECT finished_at, command, report FROM runs WHERE finished_at IS NOT NULL AND report IS NOT NULL ORDER BY id",
-    ) else {
-        return vec![];
-    };
-    let rows = st.query_map([], |r| {
-        let report: String = r.get(2)?;
-        Ok(PastRun {
-            finished_at: r.get(0)?,
-            command: r.get(1)?,
-            report: serde_json::from_str(&report).unwrap_or(Value::Null),
+    crate::db::summary::finished_runs_at(db)
+        .into_iter()
+        .map(|r| PastRun {
+            finished_at: r.finished_at.unwrap_or_default(),
+            command: r.command,
+            report: r.report.and_then(|s| serde_json::from_str(&s).ok()).unwrap_or(Value::Null),
         })
-    });
-    rows.map(|it| it.filter_map(Result::ok).collect()).unwrap_or_default()
+        .collect()
 }
 
 /// How this invocation ended, and which volume it was about.

@@ -20,6 +20,7 @@ use std::path::{Path, PathBuf};
 use anyhow::Result;
 use serde::Serialize;
 
+use crate::db::summary::RunRow;
 use crate::db::Db;
 use crate::dedupe::{range_states, RangeState};
 use crate::plan::{Plan, PlanOptions};
@@ -123,48 +124,17 @@ pub fn summarize_with(path: &Path, progress: &dyn Progress, list: bool) -> Resul
 
 fn summarize_inner(path: &Path, progress: &dyn Progress, list: bool) -> Result<Summary> {
     let db = Db::open_for_report(path)?;
-    let conn = &db.conn;
-    let meta =
-        |k: &str| -> Option<String> { conn.query_row("SELECT value FROM meta WHERE key = ?1", [k], |r| r.get(0)).ok() };
+    let meta = |k: &str| -> Option<String> { db.meta(k).ok().flatten() };
     let block_size: u64 = meta("block_size").and_then(|s| s.parse().ok()).unwrap_or(4096);
     let live = live_status(&db, block_size, progress, list)?;
-    let (files, logical): (i64, i64) =
-        conn.query_row("SELECT count(*), coalesce(sum(size), 0) FROM files", [], |r| Ok((r.get(0)?, r.get(1)?)))?;
-    let mut st = conn.prepare("SELECT id, started_at, finished_at, command, dry_run, report FROM runs ORDER BY id")?;
-    let runs = st
-        .query_map([], |r| {
-            let report: Option<serde_json::Value> =
-                r.get::<_, Option<String>>(5)?.and_then(|s| serde_json::from_str(&s).ok());
-            let (started_at, finished_at): (i64, Option<i64>) = (r.get(1)?, r.get(2)?);
-            let interrupted = report.as_ref().and_then(|v| v.get("interrupted")?.as_bool()).unwrap_or(false);
-            let status = match (finished_at, interrupted) {
-                (None, _) => "unfinished",
-                (Some(_), true) => "interrupted",
-                (Some(_), false) => "finished",
-            };
-            Ok(RunEntry {
-                id: r.get(0)?,
-                started_at,
-                finished_at,
-                started: iso_time(started_at),
-                finished: finished_at.map(iso_time),
-                status: status.to_owned(),
-                command: r.get(3)?,
-                dry_run: r.get(4)?,
-                report,
-            })
-        })?
-        .collect::<rusqlite::Result<Vec<_>>>()?;
+    let (files, logical) = db.file_totals()?;
+    let runs: Vec<RunEntry> = db.runs()?.into_iter().map(run_entry).collect();
     let freed = runs.iter().filter_map(|r| r.report.as_ref()?.get("freed_bytes")?.as_i64()).sum();
-    // A database from before schema v5 has no pending table: nothing pending.
-    let mut pending: std::collections::BTreeMap<String, crate::report::PendingWork> = Default::default();
-    if let Ok(mut st) = conn.prepare("SELECT reason, count(*), sum(bytes) FROM pending GROUP BY reason") {
-        let rows = st.query_map([], |r| Ok((r.get::<_, String>(0)?, r.get::<_, i64>(1)?, r.get::<_, i64>(2)?)))?;
-        for row in rows {
-            let (why, files, bytes) = row?;
-            pending.insert(why, crate::report::PendingWork { files: files as u64, bytes: bytes as u64 });
-        }
-    }
+    let pending: std::collections::BTreeMap<String, crate::report::PendingWork> = db
+        .pending_by_reason()?
+        .into_iter()
+        .map(|p| (p.reason, crate::report::PendingWork { files: p.files, bytes: p.bytes }))
+        .collect();
     let pending_bytes = pending.values().map(|w| w.bytes).sum();
     Ok(Summary {
         database: display_path(path),
@@ -178,8 +148,8 @@ fn summarize_inner(path: &Path, progress: &dyn Progress, list: bool) -> Result<S
         unknown_bytes: live.unknown,
         largest_remaining_groups: live.groups,
         top_directories: live.dirs,
-        files: files as u64,
-        logical_bytes: logical as u64,
+        files,
+        logical_bytes: logical,
         whole_file_duplicate_files: live.whole_dup_files,
         whole_file_duplicate_bytes: live.whole_dup_bytes,
         pending,
@@ -188,6 +158,29 @@ fn summarize_inner(path: &Path, progress: &dyn Progress, list: bool) -> Result<S
         runs,
         ranges: live.ranges,
     })
+}
+
+/// A stored run as the report shows it: its report parsed, its status
+/// named.
+fn run_entry(r: RunRow) -> RunEntry {
+    let report: Option<serde_json::Value> = r.report.and_then(|s| serde_json::from_str(&s).ok());
+    let interrupted = report.as_ref().and_then(|v| v.get("interrupted")?.as_bool()).unwrap_or(false);
+    let status = match (r.finished_at, interrupted) {
+        (None, _) => "unfinished",
+        (Some(_), true) => "interrupted",
+        (Some(_), false) => "finished",
+    };
+    RunEntry {
+        id: r.id,
+        started_at: r.started_at,
+        finished_at: r.finished_at,
+        started: iso_time(r.started_at),
+        finished: r.finished_at.map(iso_time),
+        status: status.to_owned(),
+        command: r.command,
+        dry_run: r.dry_run,
+        report,
+    }
 }
 
 struct Live {
@@ -317,7 +310,7 @@ fn live_status(db: &Db, block_size: u64, progress: &dyn Progress, list: bool) ->
     let allowed: HashSet<FileId> = files.keys().copied().collect();
     let opts = PlanOptions { block_size, ..Default::default() };
     progress.phase("report: planning", None, false);
-    let planned = db.plan(&allowed, None, opts)?;
+    let planned = crate::plan::from_db(db, &allowed, None, opts)?;
     progress.finish_phase("");
     let plan = planned.plan;
     let (on_disk, allocated) = disk_usage(&files, progress);

@@ -18,25 +18,15 @@
 
 use rustc_hash::FxHashMap;
 
-use crate::hash::ZERO_FP;
-
-/// What the planner and the block maps keep of a block's fingerprint: the
-/// high 32 bits of the 64-bit fingerprint, never 0 except for zero blocks.
-/// Along a diagonal, a false equal has odds of 2^-32 per comparison, and the
-/// kernel's compare catches it; anchor groups use the full 64 bits.
-pub type Fp = u32;
-
-/// The block-map fingerprint of a 64-bit fingerprint.
-pub fn short_fp(fp64: u64) -> Fp {
-    match fp64 {
-        ZERO_FP => 0,
-        f => ((f >> 32) as u32).max(1),
-    }
-}
+use crate::blockmap::{BlockMap, Fp};
 use crate::types::FileId;
 
-mod map;
-pub use map::BlockMap;
+mod from_db;
+pub mod group;
+pub mod map;
+
+pub use from_db::{from_db, Planned};
+use map::MapView;
 
 /// One file as the planner sees it.
 #[derive(Debug, Clone)]
@@ -48,14 +38,15 @@ pub struct PlanFile {
     /// copies of one volume image keep their inode numbers.
     pub ino: u64,
     pub size: u64,
-    /// Fingerprint per block ([`short_fp`]), holes and zero blocks left out.
+    /// Fingerprint per block ([`crate::blockmap::short_fp`]), holes and
+    /// zero blocks run-length encoded.
     pub blocks: BlockMap,
 }
 
 impl PlanFile {
     /// A file from one fingerprint per block (tests, benchmarks).
     pub fn dense(id: FileId, ino: u64, size: u64, blocks: &[Fp]) -> PlanFile {
-        PlanFile { id, ino, size, blocks: BlockMap::from_dense(blocks) }
+        PlanFile { id, ino, size, blocks: BlockMap::from_short(blocks) }
     }
 }
 
@@ -134,7 +125,7 @@ pub fn min_anchor(blocks: &[Fp]) -> Option<u64> {
 
 /// [`min_anchor`] of a sparse map: `(block, fingerprint)`.
 pub fn min_anchor_sparse(map: &BlockMap) -> Option<(u64, Fp)> {
-    let (b, fp) = map.data().min_by_key(|&(_, fp)| fp)?;
+    let (b, fp) = map.data_blocks().min_by_key(|&(_, fp)| fp)?;
     (fp & ANCHOR_MASK != 0).then_some((b, fp))
 }
 
@@ -153,7 +144,7 @@ pub fn content_digest(size: u64, map: &BlockMap) -> u64 {
     #[allow(deprecated)] // SipHasher: fixed keys are the point here
     let mut h = std::hash::SipHasher::new();
     size.hash(&mut h);
-    for (b, fp) in map.data() {
+    for (b, fp) in map.data_blocks() {
         (b, fp).hash(&mut h);
     }
     h.finish()
@@ -173,6 +164,8 @@ struct Planner<'a> {
     /// The files in canonical order: by size, content digest, inode, so
     /// that the order the database returns them in never matters.
     files: Vec<&'a PlanFile>,
+    /// Their block maps, indexed for random access (same order).
+    maps: Vec<MapView<'a>>,
     /// Global number of each file's first data block; a block's number is
     /// `base[f] + its data index` (sparse files cost only their data).
     base: Vec<u32>,
@@ -194,22 +187,23 @@ impl<'a> Planner<'a> {
             input.iter().map(|f| ((f.size, content_digest(f.size, &f.blocks), f.ino, f.id), f)).collect();
         keyed.sort_unstable_by_key(|k| k.0);
         let files: Vec<&PlanFile> = keyed.into_iter().map(|(_, f)| f).collect();
+        let maps: Vec<MapView<'a>> = files.iter().map(|f| MapView::new(&f.blocks)).collect();
         let mut base = Vec::with_capacity(files.len());
         let mut total: u64 = 0;
-        for f in &files {
+        for m in &maps {
             base.push(total as u32);
-            total += f.blocks.data_len() as u64;
+            total += m.data_len() as u64;
         }
         assert!(total < u32::MAX as u64, "planner: {total} blocks of data in one plan (limit 2^32)");
-        Planner { files, base, parent: (0..total as u32).collect(), walked: FxHashMap::default(), opts }
+        Planner { files, maps, base, parent: (0..total as u32).collect(), walked: FxHashMap::default(), opts }
     }
 
     fn fp(&self, (f, b): Loc) -> Fp {
-        self.files[f as usize].blocks.get(b)
+        self.maps[f as usize].get(b)
     }
 
     fn num(&self, (f, b): Loc) -> Option<u32> {
-        Some(self.base[f as usize] + self.files[f as usize].blocks.data_index(b)?)
+        Some(self.base[f as usize] + self.maps[f as usize].data_index(b)?)
     }
 
     fn find(&mut self, mut x: u32) -> u32 {
@@ -243,10 +237,11 @@ impl<'a> Planner<'a> {
                 continue; // map hashes collided or rows disagree: never trust blindly
             }
             let (bc, bd) = (self.base[canon as usize], self.base[d as usize]);
-            for k in 0..c.blocks.data_len() {
+            let (data, len) = (self.maps[canon as usize].data_len(), self.maps[canon as usize].len());
+            for k in 0..data {
                 self.union(bc + k, bd + k);
             }
-            self.walked.entry((canon, d, 0)).or_default().push((0, c.blocks.len()));
+            self.walked.entry((canon, d, 0)).or_default().push((0, len));
         }
     }
 
@@ -298,8 +293,8 @@ impl<'a> Planner<'a> {
         if self.walked.get(&key).is_some_and(|iv| iv.iter().any(|&(lo, hi)| lo <= s.1 && s.1 < hi)) {
             return;
         }
-        let ns = self.files[s.0 as usize].blocks.len() as i64;
-        let nd = self.files[d.0 as usize].blocks.len() as i64;
+        let ns = self.maps[s.0 as usize].len() as i64;
+        let nd = self.maps[d.0 as usize].len() as i64;
         let (mut lo, mut hi) = (s.1, s.1 + 1);
         for dir in [1i64, -1] {
             let mut k: i64 = if dir == 1 { 0 } else { -1 };
@@ -346,7 +341,7 @@ impl<'a> Planner<'a> {
         // The last file starting at or before `g` (files without data share
         // their base with the next one, so this is the one holding `g`).
         let f = self.base.partition_point(|&b| b <= g) - 1;
-        (f as u32, self.files[f].blocks.block_of(g - self.base[f]))
+        (f as u32, self.maps[f].block_of(g - self.base[f]))
     }
 
     fn finish(mut self) -> Plan {
@@ -363,11 +358,10 @@ impl<'a> Planner<'a> {
         let n = self.files.len();
         let mut has_unique = vec![false; n];
         for (f, u) in has_unique.iter_mut().enumerate() {
-            let (b, len) = (self.base[f] as usize, self.files[f].blocks.data_len() as usize);
+            let (b, len) = (self.base[f] as usize, self.maps[f].data_len() as usize);
             *u = (b..b + len).any(|g| count[self.parent[g] as usize] == 1);
         }
-        let pref =
-            |f: usize| -> Preference { (!has_unique[f], std::cmp::Reverse(self.files[f].blocks.data_len()), f as u32) };
+        let pref = |f: usize| -> Preference { (!has_unique[f], std::cmp::Reverse(self.maps[f].data_len()), f as u32) };
         // The source of each class: the best file's first block in it.
         // Blocks are numbered in file order, then block order, so the first
         // member seen of the best file is its lowest block.
@@ -375,7 +369,7 @@ impl<'a> Planner<'a> {
         best.fill(u32::MAX);
         let mut best_file = vec![0u32; total as usize]; // class root → its file
         for f in 0..n {
-            let (b, len) = (self.base[f], self.files[f].blocks.data_len());
+            let (b, len) = (self.base[f], self.maps[f].data_len());
             let p = pref(f);
             for g in b..b + len {
                 let r = self.parent[g as usize] as usize;
@@ -402,8 +396,7 @@ impl<'a> Planner<'a> {
             ranges.push(Range { src: sfile.id, src_off: sb * bs, len, dest: dfile.id, dest_off: db * bs });
         };
         for df in 0..n as u32 {
-            let file = self.files[df as usize];
-            for (k, (db, _)) in file.blocks.data().enumerate() {
+            for (k, (db, _)) in self.maps[df as usize].data().enumerate() {
                 let g = self.base[df as usize] + k as u32;
                 let src = best[self.parent[g as usize] as usize];
                 if src == g {
@@ -496,6 +489,7 @@ pub fn plan(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::blockmap::short_fp;
     use std::collections::HashMap;
 
     const BS: u64 = 4096;
@@ -505,7 +499,7 @@ mod tests {
     }
 
     fn dense(f: &PlanFile) -> Vec<Fp> {
-        (0..f.blocks.len()).map(|b| f.blocks.get(b)).collect()
+        f.blocks.to_dense(u64::MAX).unwrap()
     }
 
     /// Anchor groups the way the database builds them: every anchor
@@ -527,7 +521,7 @@ mod tests {
     fn all_blocks_groups(files: &[PlanFile]) -> Vec<Vec<(FileId, u64)>> {
         let mut by_fp: HashMap<Fp, Vec<(FileId, u64)>> = HashMap::new();
         for f in files {
-            for (i, fp) in f.blocks.data() {
+            for (i, fp) in f.blocks.data_blocks() {
                 by_fp.entry(fp).or_default().push((f.id, i));
             }
         }
@@ -696,7 +690,7 @@ mod tests {
         let mins: std::collections::HashSet<Fp> =
             files.iter().filter_map(|f| min_anchor_sparse(&f.blocks)).map(|m| m.1).collect();
         for f in files {
-            for (b, fp) in f.blocks.data() {
+            for (b, fp) in f.blocks.data_blocks() {
                 if is_sampled(fp) || mins.contains(&fp) {
                     by_fp.entry(fp).or_default().push((f.id, b));
                 }
@@ -852,7 +846,7 @@ mod tests {
             let mut kept: HashMap<Fp, usize> = HashMap::new();
             let mut copies: HashMap<Fp, usize> = HashMap::new();
             for f in &files {
-                for (b, fp) in f.blocks.data() {
+                for (b, fp) in f.blocks.data_blocks() {
                     *copies.entry(fp).or_default() += 1;
                     if !src.contains_key(&(f.id, b)) {
                         *kept.entry(fp).or_default() += 1;
@@ -882,7 +876,7 @@ mod tests {
             id: FileId(id),
             ino: id as u64,
             size: end * BS,
-            blocks: BlockMap::from_blob(&enc(&data)),
+            blocks: BlockMap::from_blob(&enc(&data)).unwrap(),
         };
         let small = file(3, &data[4..]);
         let files = vec![big(1), big(2), small];
