@@ -41,7 +41,9 @@ use crate::report::Report;
 /// One finished run of the database's history.
 #[derive(Debug, Clone, Default)]
 pub struct PastRun {
+    /// Unix seconds.
     pub finished_at: i64,
+    /// `run` or `scan`.
     pub command: String,
     /// That run's report as stored (a [`Report`] in JSON).
     pub report: Value,
@@ -63,8 +65,11 @@ pub fn load_history(db: &Path) -> Vec<PastRun> {
 /// How this invocation ended, and which volume it was about.
 #[derive(Debug, Clone, Default)]
 pub struct Outcome<'a> {
+    /// The process's exit code.
     pub exit_code: i32,
+    /// UUID of the volume.
     pub fs_uuid: String,
+    /// `btrfs` or `xfs`.
     pub filesystem: String,
     /// Starting paths, escaped (see [`crate::report::display_path`]).
     pub paths: Vec<String>,

@@ -32,18 +32,23 @@ use crate::walk::Candidate;
 /// One past run.
 #[derive(Debug, Serialize)]
 pub struct RunEntry {
+    /// The run's id (runs are numbered in the order they started).
     pub id: i64,
     /// Unix seconds.
     pub started_at: i64,
+    /// Unix seconds; `None` if it never recorded an end.
     pub finished_at: Option<i64>,
     /// `started_at` as ISO 8601, UTC.
     pub started: String,
+    /// `finished_at` as ISO 8601, UTC.
     pub finished: Option<String>,
     /// `finished`; `interrupted` (stopped by a signal or the time budget,
     /// its work kept); `unfinished` (never recorded an end: killed,
     /// crashed, or still running).
     pub status: String,
+    /// `run` or `scan`.
     pub command: String,
+    /// Whether it was a dry run.
     pub dry_run: bool,
     /// That run's report (null when it did not finish).
     pub report: Option<serde_json::Value>,
@@ -52,8 +57,11 @@ pub struct RunEntry {
 /// A source file whose copies still hold unshared duplicate bytes.
 #[derive(Debug, Serialize)]
 pub struct RemainingGroup {
+    /// The source file's path, escaped.
     pub source: String,
+    /// Bytes of its ranges not shared yet.
     pub unshared_bytes: u64,
+    /// Destination files of those ranges.
     pub destinations: u64,
 }
 
@@ -61,20 +69,29 @@ pub struct RemainingGroup {
 /// everything below it included (like `du`).
 #[derive(Debug, Serialize)]
 pub struct RemainingDir {
+    /// The directory's path, escaped.
     pub directory: String,
+    /// Unshared duplicate bytes in it and below it.
     pub unshared_bytes: u64,
 }
 
 /// The database summary.
 #[derive(Debug, Serialize)]
 pub struct Summary {
+    /// The database's path, escaped.
     pub database: String,
+    /// The filesystem it describes.
     pub filesystem_uuid: Option<String>,
+    /// Block size of its fingerprints.
     pub block_size: Option<u64>,
+    /// Known files.
     pub files: u64,
+    /// Sum of their sizes.
     pub logical_bytes: u64,
-    /// Files that share size and content with at least one other file.
+    /// Files that are whole copies (size and content) of another known
+    /// file, the first of each group not counted.
     pub whole_file_duplicate_files: u64,
+    /// Bytes of those files beyond the first copy of each group.
     pub whole_file_duplicate_bytes: u64,
     /// Sum of the files' allocated blocks (st_blocks), as they are now;
     /// shared blocks count in every file that uses them.
@@ -99,9 +116,11 @@ pub struct Summary {
     /// Duplicate bytes left for a later run, by reason: out of space, or
     /// pinned by a file outside the run (see [`crate::dedupe::Pending`]).
     pub pending: std::collections::BTreeMap<String, crate::report::PendingWork>,
+    /// Sum of `pending` bytes.
     pub pending_bytes: u64,
     /// Sum over runs of bytes freed, as measured by statfs.
     pub freed_bytes_total: i64,
+    /// Every recorded run, oldest first.
     pub runs: Vec<RunEntry>,
     /// With `--list`: every planned range and its state now.
     #[serde(skip_serializing_if = "Option::is_none")]

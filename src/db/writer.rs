@@ -29,13 +29,40 @@ pub const CHANNEL_CAP: usize = 256;
 /// One change to the database.
 #[derive(Debug)]
 pub enum WriteOp {
-    /// A freshly hashed file; `id` is its existing row, if any.
-    Hashed { id: Option<FileId>, dev: u64, ino: u64, path: PathBuf, mtime: TimeTag, ctime: TimeTag, hash: FileHash },
+    /// A freshly hashed file.
+    Hashed {
+        /// Its existing row, if any (the row is replaced, the id kept).
+        id: Option<FileId>,
+        /// Volume key of its filesystem (see `sys::volume_key`).
+        dev: u64,
+        /// Inode number.
+        ino: u64,
+        /// Where it was found.
+        path: PathBuf,
+        /// Tag of its mtime as hashed.
+        mtime: TimeTag,
+        /// Tag of its ctime as hashed.
+        ctime: TimeTag,
+        /// Its size and block map.
+        hash: FileHash,
+    },
     /// A known, unchanged file seen under a new name (whose ctime the
     /// rename moved).
-    Renamed { id: FileId, dev: u64, path: PathBuf, ctime: TimeTag },
+    Renamed {
+        /// Its row.
+        id: FileId,
+        /// Volume key of the new path.
+        dev: u64,
+        /// The new path.
+        path: PathBuf,
+        /// Its new ctime tag.
+        ctime: TimeTag,
+    },
     /// A known file that is gone (or no longer eligible).
-    Removed { id: FileId },
+    Removed {
+        /// Its row.
+        id: FileId,
+    },
 }
 
 /// What the writer did, for the rest of the run.
