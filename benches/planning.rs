@@ -21,9 +21,10 @@ use std::hint::black_box;
 use std::time::Duration;
 
 use criterion::{criterion_group, criterion_main, Criterion, Throughput};
+use dedupscan::blockmap::{short_fp, Fp};
 use dedupscan::corpus::Rng;
 use dedupscan::hash::ZERO_FP;
-use dedupscan::plan::{anchors, plan, short_fp, Fp, PlanFile, PlanOptions};
+use dedupscan::plan::{anchors, plan, PlanFile, PlanOptions};
 use dedupscan::types::FileId;
 
 const BS: u64 = 4096;
@@ -50,12 +51,12 @@ fn plan_file(id: i64, blocks: Vec<Fp>) -> PlanFile {
 }
 
 fn dense(f: &PlanFile) -> Vec<Fp> {
-    (0..f.blocks.len()).map(|b| f.blocks.get(b)).collect()
+    f.blocks.to_dense(u64::MAX).expect("a small map")
 }
 
 /// Group files the way the database does: whole-file groups by content,
 /// then every block of the files that are not already a whole-file copy
-/// grouped by fingerprint (`Db::plan`'s exact block groups).
+/// grouped by fingerprint (the exact block groups of `plan::group`).
 fn input(files: Vec<PlanFile>) -> Input {
     let mut by_content: BTreeMap<(u64, Vec<Fp>), Vec<FileId>> = BTreeMap::new();
     for f in &files {
@@ -65,7 +66,7 @@ fn input(files: Vec<PlanFile>) -> Input {
     let covered: std::collections::HashSet<FileId> = whole.iter().flat_map(|g| g[1..].iter().copied()).collect();
     let mut occ: Vec<(Fp, FileId, u64)> = Vec::new();
     for f in files.iter().filter(|f| !covered.contains(&f.id)) {
-        occ.extend(f.blocks.data().map(|(b, fp)| (fp, f.id, b)));
+        occ.extend(f.blocks.data_blocks().map(|(b, fp)| (fp, f.id, b)));
     }
     occ.sort_unstable();
     let anchor_groups = occ

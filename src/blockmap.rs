@@ -1,8 +1,13 @@
 //! Block maps: a file's fingerprints, one per block, without its holes.
 //!
+//! The fingerprint vocabulary ([`Fp`], [`short_fp`], [`ZERO_FP`]) and the one
+//! block-map type ([`BlockMap`]) shared by the hasher, the database and the
+//! planner. A base module: it imports no pipeline stage.
+//!
 //! In: fingerprints pushed in block order by the hasher, or a stored BLOB.
-//! Out: the same bytes the `files.blocks` column stores, and sparse views of
-//! them for the writer (anchors), the planner and the reports.
+//! Out: the same bytes the `files.blocks` column stores, and sparse
+//! iterators over them for the planner and the reports (the planner's
+//! random-access view, `plan::map`, is built over these).
 //!
 //! The in-memory form *is* the stored form: per block the 4-byte block-map
 //! fingerprint ([`short_fp`]), little endian; a 0 (zero block or hole) is
@@ -22,9 +27,22 @@
 use std::collections::TryReserveError;
 use std::fmt;
 
-use crate::plan::{Fp, ANCHOR_SHIFT};
+/// Fingerprint of a block that is a hole or all zeros: never matched.
+pub const ZERO_FP: u64 = 0;
 
-const ANCHOR_MASK: Fp = (1 << ANCHOR_SHIFT) - 1;
+/// What the planner and the block maps keep of a block's fingerprint: the
+/// high 32 bits of the 64-bit fingerprint, never 0 except for zero blocks.
+/// Along a diagonal, a false equal has odds of 2^-32 per comparison, and the
+/// kernel's compare catches it before anything is shared.
+pub type Fp = u32;
+
+/// The block-map fingerprint of a 64-bit fingerprint.
+pub fn short_fp(fp64: u64) -> Fp {
+    match fp64 {
+        ZERO_FP => 0,
+        f => ((f >> 32) as u32).max(1),
+    }
+}
 
 /// Largest encoded map we build, in bytes: 4 bytes per data block, so
 /// about 915 GiB of data per file with 4 KiB blocks. SQLite refuses values
@@ -37,10 +55,18 @@ pub const MAX_MAP_BYTES: usize = 960_000_000;
 pub enum MapError {
     /// The allocator refused the memory (address-space limit, cgroup).
     #[error("not enough memory for the block map of {blocks} blocks")]
-    OutOfMemory { blocks: u64 },
+    OutOfMemory {
+        /// Blocks of the map that did not fit.
+        blocks: u64,
+    },
     /// The map would exceed [`MAX_MAP_BYTES`] (or the caller's bound).
     #[error("block map of {blocks} blocks is larger than this build handles ({limit} bytes)")]
-    TooLarge { blocks: u64, limit: usize },
+    TooLarge {
+        /// Blocks of the map refused.
+        blocks: u64,
+        /// The bound it exceeded, in bytes.
+        limit: usize,
+    },
 }
 
 impl MapError {
@@ -121,6 +147,7 @@ impl BlockMap {
         self.blocks
     }
 
+    /// True for a map of no blocks.
     pub fn is_empty(&self) -> bool {
         self.blocks == 0
     }
@@ -130,13 +157,14 @@ impl BlockMap {
         &self.enc
     }
 
+    /// The stored encoding, without a copy.
     pub fn into_bytes(self) -> Vec<u8> {
         self.enc
     }
 
-    /// Append one block's 64-bit fingerprint ([`crate::hash::ZERO_FP`] for a zero block).
+    /// Append one block's 64-bit fingerprint ([`ZERO_FP`] for a zero block).
     pub fn push(&mut self, fp64: u64) -> Result<(), MapError> {
-        self.push_short(crate::plan::short_fp(fp64))
+        self.push_short(short_fp(fp64))
     }
 
     /// Append one block's block-map fingerprint (0 for a zero block).
@@ -197,6 +225,16 @@ impl BlockMap {
         m
     }
 
+    /// A map of block-map fingerprints, one per block, 0 for a zero block
+    /// or hole (tests, benches).
+    pub fn from_short(fps: &[Fp]) -> BlockMap {
+        let mut m = BlockMap::new();
+        for &f in fps {
+            m.push_short(f).expect("small map");
+        }
+        m
+    }
+
     /// A map from its stored encoding. A trailing 0 without its run length
     /// counts as one zero block (as the dense decoder always read it); a
     /// stored encoding is canonical as long as this module wrote it.
@@ -239,7 +277,7 @@ impl BlockMap {
 
     /// Every non-zero block as `(block index, fingerprint)`, in order.
     pub fn data_blocks(&self) -> impl Iterator<Item = (u64, Fp)> + '_ {
-        self.runs().flat_map(|r| r.fps().enumerate().map(move |(i, fp)| (r.start + i as u64, fp)))
+        data_blocks_of(&self.enc)
     }
 
     /// Number of non-zero blocks.
@@ -260,20 +298,6 @@ impl BlockMap {
             }
         }
         0
-    }
-
-    /// The *sampled* anchors, `(block, fingerprint)`: every data block whose
-    /// fingerprint falls in 1/2^[`ANCHOR_SHIFT`] of the hash space (the
-    /// database indexes them; see [`crate::plan::sampled_anchors`]).
-    pub fn sampled_anchors(&self) -> impl Iterator<Item = (u64, Fp)> + '_ {
-        self.data_blocks().filter(|&(_, fp)| fp & ANCHOR_MASK == 0)
-    }
-
-    /// The block with the smallest fingerprint (the first of equals), unless
-    /// it is sampled already (see [`crate::plan::min_anchor`]).
-    pub fn min_anchor(&self) -> Option<(u64, Fp)> {
-        let (b, fp) = self.data_blocks().min_by_key(|&(_, fp)| fp)?;
-        (fp & ANCHOR_MASK != 0).then_some((b, fp))
     }
 
     /// A hash of the map (of its encoding): equal maps, equal hashes. Only
@@ -347,12 +371,17 @@ pub fn runs_of(blob: &[u8]) -> Runs<'_> {
     Runs { enc: &blob[..blob.len() / 4 * 4], pos: 0, block: 0 }
 }
 
+/// Every non-zero block of a stored BLOB as `(block index, fingerprint)`,
+/// in order, without copying it (as [`BlockMap::data_blocks`]).
+pub fn data_blocks_of(blob: &[u8]) -> impl Iterator<Item = (u64, Fp)> + '_ {
+    runs_of(blob).flat_map(|r| r.fps().enumerate().map(move |(i, fp)| (r.start + i as u64, fp)))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::plan::{min_anchor, sampled_anchors, short_fp};
 
-    /// The reference: expand, then use the dense functions of the planner.
+    /// The reference: one block-map fingerprint per block.
     fn dense(fps: &[u64]) -> Vec<Fp> {
         fps.iter().map(|&f| short_fp(f)).collect()
     }
@@ -401,16 +430,15 @@ mod tests {
     }
 
     #[test]
-    fn anchors_match_the_dense_definitions() {
+    fn sparse_iterators_match_the_dense_map() {
         let fps = sample();
         let m = BlockMap::from_fps(&fps);
         let d = dense(&fps);
-        let sparse: Vec<u64> = m.sampled_anchors().map(|(b, _)| b).collect();
-        assert_eq!(sparse, sampled_anchors(&d).collect::<Vec<_>>());
-        assert_eq!(m.min_anchor().map(|(b, _)| b), min_anchor(&d));
-        for (b, fp) in m.sampled_anchors().chain(m.min_anchor()) {
-            assert_eq!(d[b as usize], fp);
-        }
+        let want: Vec<(u64, Fp)> = d.iter().enumerate().filter(|p| *p.1 != 0).map(|(b, &f)| (b as u64, f)).collect();
+        assert_eq!(m.data_blocks().collect::<Vec<_>>(), want);
+        assert_eq!(data_blocks_of(m.as_bytes()).collect::<Vec<_>>(), want);
+        assert_eq!(m.data_len(), want.len() as u64);
+        assert_eq!(BlockMap::from_short(&d), m);
         let runs: Vec<(u64, u64)> = m.runs().map(|r| (r.start, r.len())).collect();
         assert_eq!(runs, vec![(0, 1), (4, 1), (6, 3)]);
     }

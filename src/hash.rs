@@ -44,12 +44,9 @@ use rustc_hash::FxHashMap;
 
 use sha2::{Digest, Sha256};
 
-use crate::blockmap::{BlockMap, MapError};
-use crate::plan::{short_fp, Fp};
+pub use crate::blockmap::ZERO_FP;
+use crate::blockmap::{short_fp, BlockMap, Fp, MapError};
 use crate::sys::fiemap::{self, Extent};
-
-/// Fingerprint of a block that is a hole or all zeros: never matched.
-pub const ZERO_FP: u64 = 0;
 
 /// Bytes read per `pread`: large enough that the disk streams.
 pub const CHUNK: usize = 1 << 20;

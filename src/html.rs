@@ -2,7 +2,7 @@
 //! self-contained page — savings over time, space now, where duplicates
 //! remain, what was skipped and what failed.
 //!
-//! In: the same [`DbSummary`] `report --json` prints, taken as its JSON
+//! In: the same [`Summary`] `report --json` prints, taken as its JSON
 //! value, so the page shows exactly the figures of `--json` and keeps
 //! working when fields are added to the summary (an optional one such as
 //! `pinned_bytes` is shown when present). Out: one HTML file with inline
@@ -26,11 +26,11 @@ use std::time::{Duration, UNIX_EPOCH};
 use serde_json::Value;
 use sha2::{Digest, Sha256};
 
-use crate::history::DbSummary;
 use crate::report::human;
+use crate::summary::Summary;
 
 /// The page for `summary`.
-pub fn render(summary: &DbSummary) -> String {
+pub fn render(summary: &Summary) -> String {
     render_value(&serde_json::to_value(summary).unwrap_or(Value::Null))
 }
 

@@ -8,7 +8,7 @@ use dedupscan::config::{Action, Config, Unsupported};
 use dedupscan::db::DbError;
 use dedupscan::exit::ExitCode;
 use dedupscan::progress::{Bars, LogLines, Progress};
-use dedupscan::{history, run};
+use dedupscan::{run, summary};
 
 fn main() {
     let cli = Cli::parse_args(); // usage errors exit with 2
@@ -48,7 +48,7 @@ fn dispatch(cfg: &Config) -> ExitCode {
     // The run's report, when it finished: for the metrics file.
     let mut finished = None;
     let result = match cfg.action {
-        Action::Report => history::summarize_with(&cfg.db_path, progress.as_ref(), cfg.list).and_then(|s| {
+        Action::Report => summary::summarize_with(&cfg.db_path, progress.as_ref(), cfg.list).and_then(|s| {
             if let Some(html) = &cfg.html {
                 std::fs::write(html, s.to_html())
                     .map_err(|e| anyhow::anyhow!("cannot write {}: {e}", dedupscan::report::display_path(html)))?;

@@ -41,7 +41,9 @@ use crate::report::Report;
 /// One finished run of the database's history.
 #[derive(Debug, Clone, Default)]
 pub struct PastRun {
+    /// Unix seconds.
     pub finished_at: i64,
+    /// `run` or `scan`.
     pub command: String,
     /// That run's report as stored (a [`Report`] in JSON).
     pub report: Value,
@@ -50,28 +52,24 @@ pub struct PastRun {
 /// Finished runs of the database at `db`, oldest first; empty when there is
 /// no readable database (a first run that failed early).
 pub fn load_history(db: &Path) -> Vec<PastRun> {
-    let Ok(conn) = crate::db::Db::open_readonly(db) else { return vec![] };
-    let Ok(mut st) = conn.prepare(
-        "SELECT finished_at, command, report FROM runs WHERE finished_at IS NOT NULL AND report IS NOT NULL ORDER BY id",
-    ) else {
-        return vec![];
-    };
-    let rows = st.query_map([], |r| {
-        let report: String = r.get(2)?;
-        Ok(PastRun {
-            finished_at: r.get(0)?,
-            command: r.get(1)?,
-            report: serde_json::from_str(&report).unwrap_or(Value::Null),
+    crate::db::summary::finished_runs_at(db)
+        .into_iter()
+        .map(|r| PastRun {
+            finished_at: r.finished_at.unwrap_or_default(),
+            command: r.command,
+            report: r.report.and_then(|s| serde_json::from_str(&s).ok()).unwrap_or(Value::Null),
         })
-    });
-    rows.map(|it| it.filter_map(Result::ok).collect()).unwrap_or_default()
+        .collect()
 }
 
 /// How this invocation ended, and which volume it was about.
 #[derive(Debug, Clone, Default)]
 pub struct Outcome<'a> {
+    /// The process's exit code.
     pub exit_code: i32,
+    /// UUID of the volume.
     pub fs_uuid: String,
+    /// `btrfs` or `xfs`.
     pub filesystem: String,
     /// Starting paths, escaped (see [`crate::report::display_path`]).
     pub paths: Vec<String>,

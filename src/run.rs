@@ -581,7 +581,7 @@ fn share(
         let root = root.clone();
         std::thread::spawn(move || free_bytes(&root))
     });
-    let planned = db.plan(&allowed, fresh.as_ref(), opts)?;
+    let planned = crate::plan::from_db(db, &allowed, fresh.as_ref(), opts)?;
     let (plan, whole_groups) = (planned.plan, planned.whole_groups.len());
     // The recorded facts of the files the plan names, for the executor's
     // identity checks.

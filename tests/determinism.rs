@@ -19,7 +19,7 @@ use std::process::Command;
 use common::*;
 use dedupscan::corpus::Rng;
 use dedupscan::db::Db;
-use dedupscan::plan::PlanOptions;
+use dedupscan::plan::{self, PlanOptions};
 
 const BLK: usize = 4096;
 
@@ -103,7 +103,7 @@ fn run_on_copy(pristine: &Path, work: &Path, n: usize, threads: &str, rename: bo
     // The plan the run used, rebuilt from its database.
     let db = Db::open_for_report(&db).unwrap();
     let all: HashSet<_> = db.load_index().unwrap().values().map(|k| k.id).collect();
-    let planned = db.plan(&all, None, PlanOptions::default()).unwrap();
+    let planned = plan::from_db(&db, &all, None, PlanOptions::default()).unwrap();
     let facts = db.file_facts(all.iter().copied()).unwrap();
     let mut plan: Vec<Key> = planned
         .plan

@@ -19,6 +19,7 @@ pub const MIGRATIONS: &[&str] = &[
     include_str!("../../schema/0003_compact_fingerprints.sql"),
     include_str!("../../schema/0004_small_database.sql"),
     include_str!("../../schema/0005_fs_state.sql"),
+    include_str!("../../schema/0006_no_anchors.sql"),
 ];
 
 /// The schema version this build writes.
@@ -139,6 +140,26 @@ mod tests {
         assert_eq!(key(2), unproven_key(dev as u64 + 1), "cannot be proved: marked, rehashed next run");
         let files: i64 = c.query_row("SELECT count(*) FROM files", [], |r| r.get(0)).unwrap();
         assert_eq!(files, 1, "nothing dropped");
+    }
+
+    #[test]
+    fn version_5_anchors_are_dropped_and_nothing_else() {
+        let mut c = Connection::open_in_memory().unwrap();
+        for sql in &MIGRATIONS[..5] {
+            c.execute_batch(sql).unwrap();
+        }
+        c.pragma_update(None, "user_version", 5).unwrap();
+        c.execute(
+            "INSERT INTO files (dir, name, ino, size, mtime, ctime, hashed_run, blocks) VALUES (1, x'61', 7, 1, 0, 0, 1, x'00')",
+            [],
+        )
+        .unwrap();
+        c.execute("INSERT INTO anchors (fp, file_id, blk) VALUES (16, 1, 0)", []).unwrap();
+        migrate(&mut c).unwrap();
+        let tables: i64 =
+            c.query_row("SELECT count(*) FROM sqlite_schema WHERE name = 'anchors'", [], |r| r.get(0)).unwrap();
+        let files: i64 = c.query_row("SELECT count(*) FROM files", [], |r| r.get(0)).unwrap();
+        assert_eq!((tables, files), (0, 1));
     }
 
     #[test]

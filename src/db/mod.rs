@@ -1,12 +1,20 @@
 //! The fingerprint database: one SQLite file per filesystem.
 //!
-//! In: hashed files from the hashing threads (through [`writer`]). Out: the
-//! index of known files (for change detection) and the duplicate groups the
-//! planner works on. The write connection belongs to one writer thread during
-//! the scan; reads happen before and after it on the main thread.
+//! In: hashed files from the hashing threads (through [`writer`]). Out:
+//! rows only — the index of known files (for change detection), the block
+//! maps the planner groups ([`maps`]), the facts the executor checks, and
+//! what the `report` command shows ([`summary`]). No grouping or planning
+//! happens here, and the SQLite connection never leaves this module: every
+//! query is a method of [`Db`]. The write connection belongs to one writer
+//! thread during the scan; reads happen before and after it on the main
+//! thread.
 
+pub mod maps;
 pub mod migrate;
+pub mod summary;
 pub mod writer;
+
+pub use maps::{MapRow, Snapshot};
 
 use std::borrow::Cow;
 use std::collections::{HashMap, HashSet};
@@ -19,26 +27,32 @@ use nix::fcntl::{Flock, FlockArg};
 use rusqlite::types::ValueRef;
 use rusqlite::{params, Connection, OpenFlags, OptionalExtension};
 
-use crate::blockmap::BlockMap;
-use crate::plan::{self, Fp, Plan, PlanFile, PlanOptions};
+use crate::blockmap::{BlockMap, Fp};
 use crate::types::FileId;
 use crate::walk::{Candidate, TimeTag};
 
 /// Why a database could not be used. Each message says what to do.
 #[derive(Debug, thiserror::Error)]
+#[allow(missing_docs)] // the fields are named by the messages
 pub enum DbError {
+    /// Another run holds the lock.
     #[error(
         "database {path} is locked by another dedupscan run (lock file {path}.lock); try again when it has finished"
     )]
     Locked { path: PathBuf },
+    /// The schema is newer than this build.
     #[error("database was written by a newer dedupscan (schema version {found}, this build knows up to {supported}); upgrade dedupscan or point --db at another file")]
     TooNew { found: i64, supported: i64 },
+    /// Not a readable SQLite database, or not one of ours.
     #[error("database {path} is not readable as a dedupscan database ({reason}); it was left untouched. Move it aside (e.g. `mv {path} {path}.broken`) and run again to rebuild it from a full scan")]
     Corrupt { path: PathBuf, reason: String },
+    /// The database belongs to another filesystem.
     #[error("database {path} describes filesystem {found}, but the paths are on filesystem {expected}; use the default database location or another --db")]
     WrongFilesystem { path: PathBuf, found: String, expected: String },
+    /// The file, its directory or its lock file could not be created.
     #[error("cannot create database {path}: {source}")]
     Create { path: PathBuf, source: std::io::Error },
+    /// Any other SQLite error.
     #[error(transparent)]
     Sqlite(#[from] rusqlite::Error),
 }
@@ -46,27 +60,26 @@ pub enum DbError {
 /// What the database knows about one file, for change detection.
 #[derive(Debug, Clone)]
 pub struct Known {
+    /// Its row id.
     pub id: FileId,
+    /// Where it was last seen.
     pub path: PathBuf,
+    /// Size in bytes when hashed.
     pub size: u64,
+    /// Tag of its mtime when hashed.
     pub mtime: TimeTag,
+    /// Tag of its ctime when hashed (or renamed).
     pub ctime: TimeTag,
     /// The run that hashed it.
     pub hashed_run: i64,
 }
 
-/// A plan built from the database.
-#[derive(Debug, Default)]
-pub struct Planned {
-    pub plan: Plan,
-    /// The whole-file duplicate groups it was built from (each sorted by
-    /// id, at least two files).
-    pub whole_groups: Vec<Vec<FileId>>,
-}
-
 /// An open database plus the lock that keeps other runs out.
 pub struct Db {
-    pub conn: Connection,
+    /// Private: callers go through the query methods (here, [`maps`],
+    /// [`summary`]), so every SQL statement lives in `db/`.
+    conn: Connection,
+    /// Where the database lives.
     pub path: PathBuf,
     /// The run lock; `None` for a read-only [`Db::open_for_report`].
     _lock: Option<Flock<File>>,
@@ -122,7 +135,7 @@ impl Db {
     }
 
     /// A read-only connection to an existing database.
-    pub fn open_readonly(path: &Path) -> Result<Connection, DbError> {
+    fn open_readonly(path: &Path) -> Result<Connection, DbError> {
         let corrupt = |e: rusqlite::Error| DbError::Corrupt { path: path.to_owned(), reason: e.to_string() };
         let conn = Connection::open_with_flags(path, OpenFlags::SQLITE_OPEN_READ_ONLY).map_err(corrupt)?;
         let v: i64 = conn.query_row("PRAGMA user_version", [], |r| r.get(0)).map_err(corrupt)?;
@@ -132,10 +145,12 @@ impl Db {
         Ok(conn)
     }
 
+    /// A value of the `meta` table (filesystem, block size, ...).
     pub fn meta(&self, key: &str) -> rusqlite::Result<Option<String>> {
         self.conn.query_row("SELECT value FROM meta WHERE key = ?1", [key], |r| r.get(0)).optional()
     }
 
+    /// Set a value of the `meta` table.
     pub fn set_meta(&self, key: &str, value: &str) -> rusqlite::Result<()> {
         self.conn.execute("INSERT OR REPLACE INTO meta (key, value) VALUES (?1, ?2)", [key, value]).map(drop)
     }
@@ -199,7 +214,7 @@ impl Db {
     /// Drop every block fingerprint (after the block size changed, all
     /// files must be hashed again).
     pub fn forget_all_hashes(&self) -> rusqlite::Result<()> {
-        self.conn.execute_batch("DELETE FROM anchors; DELETE FROM files; DELETE FROM dirs;")
+        self.conn.execute_batch("DELETE FROM files; DELETE FROM dirs;")
     }
 
     /// Record the start of a run; returns its id.
@@ -211,6 +226,7 @@ impl Db {
         Ok(self.conn.last_insert_rowid())
     }
 
+    /// Record the end of run `run` and its report (JSON).
     pub fn finish_run(&self, run: i64, report_json: &str) -> rusqlite::Result<()> {
         self.conn
             .execute(
@@ -220,131 +236,13 @@ impl Db {
             .map(drop)
     }
 
-    /// Build the plan over the `allowed` files: whole-file groups, then
-    /// groups of equal blocks. With `fresh`, only groups holding a fresh
-    /// file are planned (incremental runs).
-    ///
-    /// One pass over every block map groups whole files (by size and a hash
-    /// of the map) in memory, a few dozen bytes per file. Then every block of
-    /// every file outside those copies is grouped by fingerprint — exactly,
-    /// not sampled: a one-block file padded to 4 KiB inside two disk images,
-    /// or a fragment of a file split by an image's allocator, has no anchor
-    /// to be found from, and these were most of what sampling missed. The
-    /// grouping takes 16 bytes per block, so it runs in slices of the
-    /// fingerprint space of at most [`GROUP_BUDGET`] blocks each (one more
-    /// pass over the maps per slice). An incremental plan groups only the
-    /// fingerprints of the fresh files' blocks.
-    ///
-    /// Nothing here depends on the order of rows or on file ids: the
-    /// planner orders everything by content (see [`plan::plan`]).
-    pub fn plan(
-        &self,
-        allowed: &HashSet<FileId>,
-        fresh: Option<&HashSet<FileId>>,
-        opts: PlanOptions,
-    ) -> rusqlite::Result<Planned> {
-        // One read transaction: without it every query takes and drops
-        // SQLite's shared lock (two fcntl calls per looked-up file).
-        let _read = self.conn.unchecked_transaction()?;
-        let pass = self.map_pass(allowed, fresh)?;
-        let mut whole = group_whole_files(pass.whole_keys);
-        // Copies beyond the first of a whole-file group bring nothing the
-        // first does not (same map).
-        let covered: HashSet<FileId> = whole.iter().flat_map(|g| g[1..].iter().copied()).collect();
-        let keys = fresh.map(|_| pass.fresh_fps);
-        let mut block_groups = self.block_groups(allowed, &covered, keys.as_ref(), pass.data_blocks)?;
-        if let Some(fresh) = fresh {
-            whole.retain(|g| g.iter().any(|id| fresh.contains(id)));
-            block_groups.retain(|g| g.iter().any(|(id, _)| fresh.contains(id)));
-        }
-        let mut involved: Vec<FileId> =
-            whole.iter().flatten().copied().chain(block_groups.iter().flatten().map(|(id, _)| *id)).collect();
-        involved.sort_unstable();
-        involved.dedup();
-        let files = self.plan_files(involved)?;
-        let opts = PlanOptions { exact_groups: true, ..opts };
-        Ok(Planned { plan: plan::plan(&files, &whole, &block_groups, opts), whole_groups: whole })
-    }
-
-    /// Read every block map once; see [`Db::plan`].
-    fn map_pass(&self, allowed: &HashSet<FileId>, fresh: Option<&HashSet<FileId>>) -> rusqlite::Result<MapPass> {
-        let mut pass = MapPass::default();
-        let mut st = self.conn.prepare("SELECT id, size, blocks FROM files WHERE size > 0")?;
-        let mut rows = st.query([])?;
-        while let Some(r) = rows.next()? {
-            let id: FileId = r.get(0)?;
-            if !allowed.contains(&id) {
-                continue;
-            }
-            let blob = stored_map(&self.conn, r.get_ref(2)?)?;
-            pass.whole_keys.push((r.get::<_, i64>(1)? as u64, crate::blockmap::hash_encoding(&blob), id));
-            let blocks = plan::BlockMap::from_blob(&blob);
-            pass.data_blocks += blocks.data_len() as u64;
-            if fresh.is_some_and(|f| f.contains(&id)) {
-                pass.fresh_fps.extend(blocks.data_fps().iter().copied());
-            }
-        }
-        Ok(pass)
-    }
-
-    /// Groups of two or more equal blocks among the `allowed` files not
-    /// `covered`, as `(id, block)`; with `keys`, only blocks whose
-    /// fingerprint is one of them. `data_blocks` (an upper bound of the
-    /// blocks to group) sets how many slices of the fingerprint space the
-    /// grouping takes (see [`GROUP_BUDGET`]).
-    fn block_groups(
-        &self,
-        allowed: &HashSet<FileId>,
-        covered: &HashSet<FileId>,
-        keys: Option<&rustc_hash::FxHashSet<Fp>>,
-        data_blocks: u64,
-    ) -> rusqlite::Result<Vec<Vec<(FileId, u64)>>> {
-        let slices = match keys {
-            Some(_) => 1, // bounded by the fresh data and its matches
-            None => data_blocks.div_ceil(GROUP_BUDGET).max(1) as u32,
-        };
-        let mut groups = Vec::new();
-        let mut st = self.conn.prepare("SELECT id, blocks FROM files WHERE size > 0")?;
-        for slice in 0..slices {
-            // (fingerprint, index in `ids`, block): 16 bytes
-            let mut occ: Vec<(Fp, u32, u64)> = Vec::new();
-            let mut ids: Vec<FileId> = Vec::new();
-            let mut rows = st.query([])?;
-            while let Some(r) = rows.next()? {
-                let id: FileId = r.get(0)?;
-                if !allowed.contains(&id) || covered.contains(&id) {
-                    continue;
-                }
-                let blocks = plan::BlockMap::from_blob(&stored_map(&self.conn, r.get_ref(1)?)?);
-                let n = occ.len();
-                let at = ids.len() as u32;
-                occ.extend(
-                    blocks
-                        .data()
-                        .filter(|(_, fp)| fp % slices == slice && keys.is_none_or(|k| k.contains(fp)))
-                        .map(|(b, fp)| (fp, at, b)),
-                );
-                if occ.len() > n {
-                    ids.push(id);
-                }
-            }
-            occ.sort_unstable();
-            groups.extend(
-                occ.chunk_by(|a, b| a.0 == b.0)
-                    .filter(|g| g.len() > 1)
-                    .map(|g| g.iter().map(|o| (ids[o.1 as usize], o.2)).collect::<Vec<_>>()),
-            );
-        }
-        Ok(groups)
-    }
-
     /// The recorded facts of the given files, as the executor checks them
     /// before use.
     pub fn file_facts(&self, ids: impl IntoIterator<Item = FileId>) -> rusqlite::Result<HashMap<FileId, Candidate>> {
         let mut st = self.conn.prepare_cached(&format!(
             "SELECT {PATH_COLS}, d.dev, f.ino, f.size, f.mtime, f.ctime {FROM_FILES} WHERE f.id = ?1"
         ))?;
-        // One read transaction, as in `plan`: ~0.6 s less for the 100k
+        // One read transaction, as in `plan::from_db`: ~0.6 s less for the 100k
         // files of the FULL benchmark's plan.
         let _read = self.conn.unchecked_transaction()?;
         let mut out = HashMap::new();
@@ -367,27 +265,6 @@ impl Db {
         }
         Ok(out)
     }
-
-    /// Block maps of the given files, as the planner takes them (sparse:
-    /// holes are never expanded).
-    pub fn plan_files(&self, ids: impl IntoIterator<Item = FileId>) -> rusqlite::Result<Vec<PlanFile>> {
-        let mut st = self.conn.prepare_cached("SELECT size, blocks, ino FROM files WHERE id = ?1")?;
-        let mut out = Vec::new();
-        for id in ids {
-            let row = st
-                .query_row([id], |r| {
-                    Ok(PlanFile {
-                        id,
-                        ino: r.get::<_, i64>(2)? as u64,
-                        size: r.get::<_, i64>(0)? as u64,
-                        blocks: plan::BlockMap::from_blob(&stored_map(&self.conn, r.get_ref(1)?)?),
-                    })
-                })
-                .optional()?;
-            out.extend(row);
-        }
-        Ok(out)
-    }
 }
 
 /// The columns a file's path is rebuilt from, and the join they need.
@@ -399,31 +276,6 @@ pub fn join_path(dir: &[u8], name: &[u8]) -> PathBuf {
     let mut p = PathBuf::from(std::ffi::OsStr::from_bytes(dir));
     p.push(std::ffi::OsStr::from_bytes(name));
     p
-}
-
-/// What [`Db::plan`] takes from its pass over the block maps.
-#[derive(Default)]
-struct MapPass {
-    /// `(size, hash of the block map, id)` of every allowed file with data.
-    whole_keys: Vec<(u64, u64, FileId)>,
-    /// Data blocks of the allowed files.
-    data_blocks: u64,
-    /// Fingerprints of the fresh files' blocks (incremental plans).
-    fresh_fps: rustc_hash::FxHashSet<Fp>,
-}
-
-/// Most blocks grouped at once by [`Db::plan`] (16 bytes each: 128 MiB);
-/// more are grouped in slices of the fingerprint space, one pass each.
-pub const GROUP_BUDGET: u64 = 8 << 20;
-
-/// Whole-file duplicate groups from sorted-by-key `(size, map hash, id)`:
-/// each group sorted by id, at least two files.
-fn group_whole_files(mut keys: Vec<(u64, u64, FileId)>) -> Vec<Vec<FileId>> {
-    keys.sort_unstable();
-    keys.chunk_by(|a, b| (a.0, a.1) == (b.0, b.1))
-        .filter(|g| g.len() > 1)
-        .map(|g| g.iter().map(|k| k.2).collect())
-        .collect()
 }
 
 /// Smallest encoded block map (16 blocks) that copies store once, as a
@@ -496,7 +348,7 @@ fn unix_now() -> i64 {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::plan::short_fp;
+    use crate::blockmap::short_fp;
 
     #[test]
     fn block_maps_round_trip_with_zero_runs() {
@@ -534,7 +386,7 @@ mod tests {
         WriteOp::Hashed { id, dev: 1, ino, path: path.into(), mtime: 0, ctime: 0, hash }
     }
 
-    /// A block map of `n` blocks, one in five a sampled anchor.
+    /// A block map of `n` blocks.
     fn map(seed: u64, n: u64) -> Vec<u64> {
         (1..=n)
             .map(|i| if i % 5 == 0 { (seed * 1000 + i) << 36 } else { ((seed * 1000 + i) << 36) | 1 << 32 })
@@ -549,32 +401,13 @@ mod tests {
         db.conn.query_row("SELECT typeof(blocks) FROM files WHERE id = ?1", [id], |r| r.get(0)).unwrap()
     }
 
-    /// The anchors table holds exactly the sampled anchors of every file's
-    /// (resolved) block map.
-    fn assert_anchors_consistent(db: &Db) {
-        let mut want: Vec<(i64, FileId, i64)> = Vec::new();
-        let mut st = db.conn.prepare("SELECT id, blocks FROM files").unwrap();
-        let mut rows = st.query([]).unwrap();
-        while let Some(r) = rows.next().unwrap() {
-            let id: FileId = r.get(0).unwrap();
-            let blocks = decode_blocks(&stored_map(&db.conn, r.get_ref(1).unwrap()).unwrap());
-            want.extend(plan::sampled_anchors(&blocks).map(|b| (blocks[b as usize] as i64, id, b as i64)));
-        }
-        want.sort();
-        let got: Vec<(i64, FileId, i64)> = db
-            .conn
-            .prepare("SELECT fp, file_id, blk FROM anchors ORDER BY fp, file_id, blk")
-            .unwrap()
-            .query_map([], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)))
-            .unwrap()
-            .collect::<Result<_, _>>()
-            .unwrap();
-        assert_eq!(got, want);
-    }
-
+    /// Files with equal (resolved) block maps, as sorted groups of two or
+    /// more: what the planner will see as whole-file copies.
     fn whole_groups(db: &Db) -> Vec<Vec<FileId>> {
-        let all: HashSet<FileId> = db.load_index().unwrap().values().map(|k| k.id).collect();
-        let mut groups = db.plan(&all, None, PlanOptions::default()).unwrap().whole_groups;
+        let mut by_map: std::collections::BTreeMap<Vec<u8>, Vec<FileId>> = Default::default();
+        db.for_each_map(|_| true, |id, _, map| by_map.entry(map.to_vec()).or_default().push(id)).unwrap();
+        let mut groups: Vec<Vec<FileId>> = by_map.into_values().filter(|g| g.len() > 1).collect();
+        groups.iter_mut().for_each(|g| g.sort());
         groups.sort();
         groups
     }
@@ -597,7 +430,6 @@ mod tests {
         assert_eq!(stored_as(&db, a), "blob");
         assert_eq!((stored_as(&db, b), stored_as(&db, c)), ("integer".into(), "integer".into()));
         assert_eq!((stored_as(&db, id_of(&db, 4)), stored_as(&db, id_of(&db, 5))), ("blob".into(), "blob".into()));
-        assert_anchors_consistent(&db);
         assert_eq!(whole_groups(&db), vec![vec![a, b, c], vec![id_of(&db, 4), id_of(&db, 5)]]);
 
         // The holder goes: the next copy holds the map, the other points at it.
@@ -605,17 +437,15 @@ mod tests {
         assert_eq!(stored_as(&db, b), "blob");
         let c_ref: i64 = db.conn.query_row("SELECT blocks FROM files WHERE id = ?1", [c], |r| r.get(0)).unwrap();
         assert_eq!(c_ref, b.0);
-        assert_anchors_consistent(&db);
         assert_eq!(whole_groups(&db)[0], vec![b, c]);
 
         // The new holder is rewritten with other content: the last copy
-        // takes the map; b's anchors are its new ones.
+        // takes the map.
         let (db, _) = write(db, 3, vec![hashed(Some(b), 2, "/v/b", &map(3, 20))]);
         assert_eq!(stored_as(&db, c), "blob");
-        assert_anchors_consistent(&db);
         assert_eq!(whole_groups(&db), vec![vec![id_of(&db, 4), id_of(&db, 5)]]);
-        let plan = db.plan_files([c]).unwrap();
-        assert_eq!(plan[0].blocks, plan::BlockMap::from_dense(&decode_blocks(&encode_blocks(&m))));
+        let rows = db.map_rows([c]).unwrap();
+        assert_eq!(rows[0].map, BlockMap::from_fps(&m));
 
         // Directories without files are dropped; paths survive the split.
         let (db, _) = write(db, 4, vec![WriteOp::Removed { id: c }]);
@@ -643,29 +473,5 @@ mod tests {
         assert_eq!((k.path.as_path(), k.ctime, k.hashed_run), (Path::new("/w/x/b"), 9, 1));
         let n: i64 = db.conn.query_row("SELECT count(*) FROM dirs", [], |r| r.get(0)).unwrap();
         assert_eq!(n, 1);
-    }
-
-    #[test]
-    fn block_groups_are_the_same_in_one_slice_or_several() {
-        let dir = tempfile::tempdir().unwrap();
-        let db = Db::open(&dir.path().join("db"), "fs").unwrap();
-        let (a, b) = (map(1, 40), map(2, 40));
-        let mut c = a[10..30].to_vec();
-        c.extend(&b[..7]);
-        c.push(a[3]);
-        let ops = vec![hashed(None, 1, "/v/a", &a), hashed(None, 2, "/v/b", &b), hashed(None, 3, "/v/c", &c)];
-        let (db, _) = write(db, 1, ops);
-        let all: HashSet<FileId> = db.load_index().unwrap().values().map(|k| k.id).collect();
-        let none = HashSet::new();
-        let sorted = |mut g: Vec<Vec<(FileId, u64)>>| {
-            g.iter_mut().for_each(|x| x.sort());
-            g.sort();
-            g
-        };
-        let one = sorted(db.block_groups(&all, &none, None, 1).unwrap());
-        let three = sorted(db.block_groups(&all, &none, None, 3 * GROUP_BUDGET).unwrap());
-        // a[3] twice, a[10..30] and b[..7]: every block of c is in a group.
-        assert_eq!(one.len(), 20 + 7 + 1);
-        assert_eq!(one, three);
     }
 }

@@ -15,7 +15,6 @@ use rusqlite::types::{ToSqlOutput, ValueRef};
 use rusqlite::{params, Connection};
 
 use super::{file_map, path_bytes, Db, TWIN_MIN_MAP};
-use crate::blockmap::BlockMap;
 use crate::hash::FileHash;
 use crate::types::FileId;
 use crate::walk::TimeTag;
@@ -30,13 +29,40 @@ pub const CHANNEL_CAP: usize = 256;
 /// One change to the database.
 #[derive(Debug)]
 pub enum WriteOp {
-    /// A freshly hashed file; `id` is its existing row, if any.
-    Hashed { id: Option<FileId>, dev: u64, ino: u64, path: PathBuf, mtime: TimeTag, ctime: TimeTag, hash: FileHash },
+    /// A freshly hashed file.
+    Hashed {
+        /// Its existing row, if any (the row is replaced, the id kept).
+        id: Option<FileId>,
+        /// Volume key of its filesystem (see `sys::volume_key`).
+        dev: u64,
+        /// Inode number.
+        ino: u64,
+        /// Where it was found.
+        path: PathBuf,
+        /// Tag of its mtime as hashed.
+        mtime: TimeTag,
+        /// Tag of its ctime as hashed.
+        ctime: TimeTag,
+        /// Its size and block map.
+        hash: FileHash,
+    },
     /// A known, unchanged file seen under a new name (whose ctime the
     /// rename moved).
-    Renamed { id: FileId, dev: u64, path: PathBuf, ctime: TimeTag },
+    Renamed {
+        /// Its row.
+        id: FileId,
+        /// Volume key of the new path.
+        dev: u64,
+        /// The new path.
+        path: PathBuf,
+        /// Its new ctime tag.
+        ctime: TimeTag,
+    },
     /// A known file that is gone (or no longer eligible).
-    Removed { id: FileId },
+    Removed {
+        /// Its row.
+        id: FileId,
+    },
 }
 
 /// What the writer did, for the rest of the run.
@@ -95,20 +121,6 @@ pub fn run(db: Db, run_id: i64, rx: Receiver<WriteOp>) -> rusqlite::Result<(Db, 
             }
         }
     }
-}
-
-/// Delete a file's anchors: they are the sampled blocks of its block map,
-/// found again by key.
-fn delete_anchors(conn: &Connection, id: FileId) -> rusqlite::Result<()> {
-    if let Some(blob) = file_map(conn, id)? {
-        // Sparse: a huge file's holes are skipped, never expanded.
-        let map = BlockMap::from_bytes(blob);
-        let mut del = conn.prepare_cached("DELETE FROM anchors WHERE fp = ?1 AND file_id = ?2 AND blk = ?3")?;
-        for (b, fp) in map.sampled_anchors() {
-            del.execute(params![fp, id, b as i64])?;
-        }
-    }
-    Ok(())
 }
 
 impl Writer {
@@ -190,7 +202,6 @@ impl Writer {
             WriteOp::Hashed { id, dev, ino, path, mtime, ctime, hash } => {
                 if let Some(id) = id {
                     self.hand_over(conn, id)?;
-                    delete_anchors(conn, id)?;
                     self.prune_dirs = true;
                 }
                 let (dir, name) = self.locate(conn, dev, &path)?;
@@ -229,11 +240,6 @@ impl Writer {
                     self.holders.insert(key, id);
                     self.holder_keys.insert(id, key);
                 }
-                let mut ins =
-                    conn.prepare_cached("INSERT OR IGNORE INTO anchors (fp, file_id, blk) VALUES (?1, ?2, ?3)")?;
-                for (b, fp) in hash.map.sampled_anchors() {
-                    ins.execute(params![fp, id, b as i64])?;
-                }
             }
             WriteOp::Renamed { id, dev, path, ctime } => {
                 let (dir, name) = self.locate(conn, dev, &path)?;
@@ -243,7 +249,6 @@ impl Writer {
             }
             WriteOp::Removed { id } => {
                 self.hand_over(conn, id)?;
-                delete_anchors(conn, id)?;
                 conn.prepare_cached("DELETE FROM files WHERE id = ?1")?.execute([id])?;
                 self.prune_dirs = true;
             }

@@ -20,6 +20,7 @@ use std::path::{Path, PathBuf};
 use anyhow::Result;
 use serde::Serialize;
 
+use crate::db::summary::RunRow;
 use crate::db::Db;
 use crate::dedupe::extents::{range_states, RangeState};
 use crate::plan::{Plan, PlanOptions};
@@ -31,18 +32,23 @@ use crate::walk::Candidate;
 /// One past run.
 #[derive(Debug, Serialize)]
 pub struct RunEntry {
+    /// The run's id (runs are numbered in the order they started).
     pub id: i64,
     /// Unix seconds.
     pub started_at: i64,
+    /// Unix seconds; `None` if it never recorded an end.
     pub finished_at: Option<i64>,
     /// `started_at` as ISO 8601, UTC.
     pub started: String,
+    /// `finished_at` as ISO 8601, UTC.
     pub finished: Option<String>,
     /// `finished`; `interrupted` (stopped by a signal or the time budget,
     /// its work kept); `unfinished` (never recorded an end: killed,
     /// crashed, or still running).
     pub status: String,
+    /// `run` or `scan`.
     pub command: String,
+    /// Whether it was a dry run.
     pub dry_run: bool,
     /// That run's report (null when it did not finish).
     pub report: Option<serde_json::Value>,
@@ -51,8 +57,11 @@ pub struct RunEntry {
 /// A source file whose copies still hold unshared duplicate bytes.
 #[derive(Debug, Serialize)]
 pub struct RemainingGroup {
+    /// The source file's path, escaped.
     pub source: String,
+    /// Bytes of its ranges not shared yet.
     pub unshared_bytes: u64,
+    /// Destination files of those ranges.
     pub destinations: u64,
 }
 
@@ -60,20 +69,29 @@ pub struct RemainingGroup {
 /// everything below it included (like `du`).
 #[derive(Debug, Serialize)]
 pub struct RemainingDir {
+    /// The directory's path, escaped.
     pub directory: String,
+    /// Unshared duplicate bytes in it and below it.
     pub unshared_bytes: u64,
 }
 
 /// The database summary.
 #[derive(Debug, Serialize)]
-pub struct DbSummary {
+pub struct Summary {
+    /// The database's path, escaped.
     pub database: String,
+    /// The filesystem it describes.
     pub filesystem_uuid: Option<String>,
+    /// Block size of its fingerprints.
     pub block_size: Option<u64>,
+    /// Known files.
     pub files: u64,
+    /// Sum of their sizes.
     pub logical_bytes: u64,
-    /// Files that share size and content with at least one other file.
+    /// Files that are whole copies (size and content) of another known
+    /// file, the first of each group not counted.
     pub whole_file_duplicate_files: u64,
+    /// Bytes of those files beyond the first copy of each group.
     pub whole_file_duplicate_bytes: u64,
     /// Sum of the files' allocated blocks (st_blocks), as they are now;
     /// shared blocks count in every file that uses them.
@@ -98,9 +116,11 @@ pub struct DbSummary {
     /// Duplicate bytes left for a later run, by reason: out of space, or
     /// pinned by a file outside the run (see [`crate::dedupe::Pending`]).
     pub pending: std::collections::BTreeMap<String, crate::report::PendingWork>,
+    /// Sum of `pending` bytes.
     pub pending_bytes: u64,
     /// Sum over runs of bytes freed, as measured by statfs.
     pub freed_bytes_total: i64,
+    /// Every recorded run, oldest first.
     pub runs: Vec<RunEntry>,
     /// With `--list`: every planned range and its state now.
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -108,65 +128,34 @@ pub struct DbSummary {
 }
 
 /// [`summarize_with`], silently and without the list of ranges.
-pub fn summarize(path: &Path) -> Result<DbSummary> {
+pub fn summarize(path: &Path) -> Result<Summary> {
     summarize_with(path, &Silent, false)
 }
 
 /// Summarize the database at `path`, showing progress (measuring every file
 /// and range takes a while on a large volume); `list`: include every range.
-pub fn summarize_with(path: &Path, progress: &dyn Progress, list: bool) -> Result<DbSummary> {
+pub fn summarize_with(path: &Path, progress: &dyn Progress, list: bool) -> Result<Summary> {
     if !path.exists() {
         anyhow::bail!("no database at {}: run `dedupscan PATH` or `dedupscan scan PATH` first", display_path(path));
     }
     summarize_inner(path, progress, list).map_err(|e| crate::progress::explain_db_error(path, e))
 }
 
-fn summarize_inner(path: &Path, progress: &dyn Progress, list: bool) -> Result<DbSummary> {
+fn summarize_inner(path: &Path, progress: &dyn Progress, list: bool) -> Result<Summary> {
     let db = Db::open_for_report(path)?;
-    let conn = &db.conn;
-    let meta =
-        |k: &str| -> Option<String> { conn.query_row("SELECT value FROM meta WHERE key = ?1", [k], |r| r.get(0)).ok() };
+    let meta = |k: &str| -> Option<String> { db.meta(k).ok().flatten() };
     let block_size: u64 = meta("block_size").and_then(|s| s.parse().ok()).unwrap_or(4096);
     let live = live_status(&db, block_size, progress, list)?;
-    let (files, logical): (i64, i64) =
-        conn.query_row("SELECT count(*), coalesce(sum(size), 0) FROM files", [], |r| Ok((r.get(0)?, r.get(1)?)))?;
-    let mut st = conn.prepare("SELECT id, started_at, finished_at, command, dry_run, report FROM runs ORDER BY id")?;
-    let runs = st
-        .query_map([], |r| {
-            let report: Option<serde_json::Value> =
-                r.get::<_, Option<String>>(5)?.and_then(|s| serde_json::from_str(&s).ok());
-            let (started_at, finished_at): (i64, Option<i64>) = (r.get(1)?, r.get(2)?);
-            let interrupted = report.as_ref().and_then(|v| v.get("interrupted")?.as_bool()).unwrap_or(false);
-            let status = match (finished_at, interrupted) {
-                (None, _) => "unfinished",
-                (Some(_), true) => "interrupted",
-                (Some(_), false) => "finished",
-            };
-            Ok(RunEntry {
-                id: r.get(0)?,
-                started_at,
-                finished_at,
-                started: iso_time(started_at),
-                finished: finished_at.map(iso_time),
-                status: status.to_owned(),
-                command: r.get(3)?,
-                dry_run: r.get(4)?,
-                report,
-            })
-        })?
-        .collect::<rusqlite::Result<Vec<_>>>()?;
+    let (files, logical) = db.file_totals()?;
+    let runs: Vec<RunEntry> = db.runs()?.into_iter().map(run_entry).collect();
     let freed = runs.iter().filter_map(|r| r.report.as_ref()?.get("freed_bytes")?.as_i64()).sum();
-    // A database from before schema v5 has no pending table: nothing pending.
-    let mut pending: std::collections::BTreeMap<String, crate::report::PendingWork> = Default::default();
-    if let Ok(mut st) = conn.prepare("SELECT reason, count(*), sum(bytes) FROM pending GROUP BY reason") {
-        let rows = st.query_map([], |r| Ok((r.get::<_, String>(0)?, r.get::<_, i64>(1)?, r.get::<_, i64>(2)?)))?;
-        for row in rows {
-            let (why, files, bytes) = row?;
-            pending.insert(why, crate::report::PendingWork { files: files as u64, bytes: bytes as u64 });
-        }
-    }
+    let pending: std::collections::BTreeMap<String, crate::report::PendingWork> = db
+        .pending_by_reason()?
+        .into_iter()
+        .map(|p| (p.reason, crate::report::PendingWork { files: p.files, bytes: p.bytes }))
+        .collect();
     let pending_bytes = pending.values().map(|w| w.bytes).sum();
-    Ok(DbSummary {
+    Ok(Summary {
         database: display_path(path),
         filesystem_uuid: meta("filesystem"),
         block_size: Some(block_size),
@@ -178,8 +167,8 @@ fn summarize_inner(path: &Path, progress: &dyn Progress, list: bool) -> Result<D
         unknown_bytes: live.unknown,
         largest_remaining_groups: live.groups,
         top_directories: live.dirs,
-        files: files as u64,
-        logical_bytes: logical as u64,
+        files,
+        logical_bytes: logical,
         whole_file_duplicate_files: live.whole_dup_files,
         whole_file_duplicate_bytes: live.whole_dup_bytes,
         pending,
@@ -188,6 +177,29 @@ fn summarize_inner(path: &Path, progress: &dyn Progress, list: bool) -> Result<D
         runs,
         ranges: live.ranges,
     })
+}
+
+/// A stored run as the report shows it: its report parsed, its status
+/// named.
+fn run_entry(r: RunRow) -> RunEntry {
+    let report: Option<serde_json::Value> = r.report.and_then(|s| serde_json::from_str(&s).ok());
+    let interrupted = report.as_ref().and_then(|v| v.get("interrupted")?.as_bool()).unwrap_or(false);
+    let status = match (r.finished_at, interrupted) {
+        (None, _) => "unfinished",
+        (Some(_), true) => "interrupted",
+        (Some(_), false) => "finished",
+    };
+    RunEntry {
+        id: r.id,
+        started_at: r.started_at,
+        finished_at: r.finished_at,
+        started: iso_time(r.started_at),
+        finished: r.finished_at.map(iso_time),
+        status: status.to_owned(),
+        command: r.command,
+        dry_run: r.dry_run,
+        report,
+    }
 }
 
 struct Live {
@@ -316,7 +328,7 @@ fn live_status(db: &Db, block_size: u64, progress: &dyn Progress, list: bool) ->
     let allowed: HashSet<FileId> = files.keys().copied().collect();
     let opts = PlanOptions { block_size, ..Default::default() };
     progress.phase("report: planning", None, false);
-    let planned = db.plan(&allowed, None, opts)?;
+    let planned = crate::plan::from_db(db, &allowed, None, opts)?;
     progress.finish_phase("");
     let plan = planned.plan;
     let (on_disk, allocated) = disk_usage(&files, progress);
@@ -436,7 +448,7 @@ fn live_status(db: &Db, block_size: u64, progress: &dyn Progress, list: bool) ->
 /// How many groups and directories the report lists.
 const TOP: usize = 10;
 
-impl DbSummary {
+impl Summary {
     /// The summary as one self-contained HTML page (see [`crate::html`]).
     pub fn to_html(&self) -> String {
         crate::html::render(self)

@@ -1,0 +1,209 @@
+//! Grouping: which files are whole copies of each other, and which blocks
+//! hold equal fingerprints. Pure functions over block maps; the database
+//! only streams the rows (`db::maps`), [`super::from_db`] feeds them here.
+//!
+//! Whole files are grouped in memory by size and a hash of the block map, a
+//! few dozen bytes per file. Every block of every file outside those copies
+//! is then grouped by fingerprint — exactly, not sampled: a one-block file
+//! padded to 4 KiB inside two disk images, or a fragment of a file split by
+//! an image's allocator, has no anchor to be found from, and these were
+//! most of what sampling missed. Grouping takes 16 bytes per block, so it
+//! runs in slices of the fingerprint space of at most [`GROUP_BUDGET`]
+//! blocks each ([`slices`]; one more pass over the maps per slice). An
+//! incremental plan groups only the fingerprints of the fresh files' blocks.
+
+use std::collections::HashSet;
+
+use rustc_hash::FxHashSet;
+
+use crate::blockmap::{data_blocks_of, hash_encoding, Fp};
+use crate::types::FileId;
+
+/// Most blocks grouped at once (16 bytes each: 128 MiB); more are grouped
+/// in slices of the fingerprint space, one pass over the maps each.
+pub const GROUP_BUDGET: u64 = 8 << 20;
+
+/// Groups of equal blocks, as `(file, block)`: at least two members each.
+pub type BlockGroups = Vec<Vec<(FileId, u64)>>;
+
+/// What one pass over every block map gathers before grouping.
+#[derive(Debug, Default)]
+pub struct MapPass {
+    /// `(size, hash of the block map, id)` of every file seen.
+    pub whole_keys: Vec<(u64, u64, FileId)>,
+    /// Data blocks of the files seen (sets the number of [`slices`]).
+    pub data_blocks: u64,
+    /// Fingerprints of the fresh files' blocks (incremental plans).
+    pub fresh_fps: FxHashSet<Fp>,
+}
+
+impl MapPass {
+    /// Take in one file's encoded map; `fresh`: the file was hashed by this
+    /// run (its fingerprints bound an incremental plan).
+    pub fn add(&mut self, id: FileId, size: u64, map: &[u8], fresh: bool) {
+        self.whole_keys.push((size, hash_encoding(map), id));
+        let mut n = 0u64;
+        for (_, fp) in data_blocks_of(map) {
+            n += 1;
+            if fresh {
+                self.fresh_fps.insert(fp);
+            }
+        }
+        self.data_blocks += n;
+    }
+}
+
+/// Whole-file duplicate groups from `(size, map hash, id)` keys: each group
+/// sorted by id, at least two files.
+pub fn group_whole_files(mut keys: Vec<(u64, u64, FileId)>) -> Vec<Vec<FileId>> {
+    keys.sort_unstable();
+    keys.chunk_by(|a, b| (a.0, a.1) == (b.0, b.1))
+        .filter(|g| g.len() > 1)
+        .map(|g| g.iter().map(|k| k.2).collect())
+        .collect()
+}
+
+/// Copies beyond the first of each whole-file group: they bring nothing
+/// the first does not (same map), so block grouping skips them.
+pub fn covered(whole: &[Vec<FileId>]) -> HashSet<FileId> {
+    whole.iter().flat_map(|g| g[1..].iter().copied()).collect()
+}
+
+/// How many slices of the fingerprint space grouping `data_blocks` blocks
+/// takes: one when only some `keys` are grouped (bounded by the fresh data
+/// and its matches), else enough to stay within [`GROUP_BUDGET`].
+pub fn slices(data_blocks: u64, keyed: bool) -> u32 {
+    if keyed {
+        1
+    } else {
+        data_blocks.div_ceil(GROUP_BUDGET).max(1) as u32
+    }
+}
+
+/// Groups the blocks of one slice of the fingerprint space: feed it every
+/// file's map with [`SliceGrouper::add`], then [`SliceGrouper::finish`].
+pub struct SliceGrouper<'k> {
+    slice: u32,
+    slices: u32,
+    keys: Option<&'k FxHashSet<Fp>>,
+    /// (fingerprint, index in `ids`, block): 16 bytes per block.
+    occ: Vec<(Fp, u32, u64)>,
+    ids: Vec<FileId>,
+}
+
+impl<'k> SliceGrouper<'k> {
+    /// Slice `slice` of `slices`; with `keys`, only blocks whose
+    /// fingerprint is one of them.
+    pub fn new(slice: u32, slices: u32, keys: Option<&'k FxHashSet<Fp>>) -> SliceGrouper<'k> {
+        SliceGrouper { slice, slices, keys, occ: Vec::new(), ids: Vec::new() }
+    }
+
+    /// Take in the blocks of file `id` (encoded map) that fall in the slice.
+    pub fn add(&mut self, id: FileId, map: &[u8]) {
+        let (n, at) = (self.occ.len(), self.ids.len() as u32);
+        let (slice, slices, keys) = (self.slice, self.slices, self.keys);
+        self.occ.extend(
+            data_blocks_of(map)
+                .filter(|(_, fp)| fp % slices == slice && keys.is_none_or(|k| k.contains(fp)))
+                .map(|(b, fp)| (fp, at, b)),
+        );
+        if self.occ.len() > n {
+            self.ids.push(id);
+        }
+    }
+
+    /// Append the slice's groups of two or more equal blocks to `out`.
+    pub fn finish(mut self, out: &mut BlockGroups) {
+        self.occ.sort_unstable();
+        let ids = &self.ids;
+        out.extend(
+            self.occ
+                .chunk_by(|a, b| a.0 == b.0)
+                .filter(|g| g.len() > 1)
+                .map(|g| g.iter().map(|o| (ids[o.1 as usize], o.2)).collect::<Vec<_>>()),
+        );
+    }
+}
+
+/// Keep only the groups holding a fresh file (incremental plans).
+pub fn keep_fresh(whole: &mut Vec<Vec<FileId>>, blocks: &mut BlockGroups, fresh: &HashSet<FileId>) {
+    whole.retain(|g| g.iter().any(|id| fresh.contains(id)));
+    blocks.retain(|g| g.iter().any(|(id, _)| fresh.contains(id)));
+}
+
+/// Every file some group mentions, sorted, once each.
+pub fn involved(whole: &[Vec<FileId>], blocks: &BlockGroups) -> Vec<FileId> {
+    let mut ids: Vec<FileId> =
+        whole.iter().flatten().copied().chain(blocks.iter().flatten().map(|(id, _)| *id)).collect();
+    ids.sort_unstable();
+    ids.dedup();
+    ids
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::blockmap::BlockMap;
+
+    fn map(seed: u64, n: u64) -> Vec<u64> {
+        (1..=n).map(|i| ((seed * 1000 + i) << 36) | 1 << 32).collect()
+    }
+
+    fn sorted(mut g: BlockGroups) -> BlockGroups {
+        g.iter_mut().for_each(|x| x.sort());
+        g.sort();
+        g
+    }
+
+    fn group(files: &[(FileId, Vec<u8>)], slices: u32, keys: Option<&FxHashSet<Fp>>) -> BlockGroups {
+        let mut out = Vec::new();
+        for s in 0..slices {
+            let mut g = SliceGrouper::new(s, slices, keys);
+            for (id, enc) in files {
+                g.add(*id, enc);
+            }
+            g.finish(&mut out);
+        }
+        sorted(out)
+    }
+
+    #[test]
+    fn block_groups_are_the_same_in_one_slice_or_several() {
+        let (a, b) = (map(1, 40), map(2, 40));
+        let mut c = a[10..30].to_vec();
+        c.extend(&b[..7]);
+        c.push(a[3]);
+        let a3 = crate::blockmap::short_fp(a[3]);
+        let files: Vec<(FileId, Vec<u8>)> = [a, b, c]
+            .iter()
+            .enumerate()
+            .map(|(i, m)| (FileId(i as i64 + 1), BlockMap::from_fps(m).into_bytes()))
+            .collect();
+        let one = group(&files, 1, None);
+        // a[3] twice, a[10..30] and b[..7]: every block of c is in a group.
+        assert_eq!(one.len(), 20 + 7 + 1);
+        assert_eq!(one, group(&files, 3, None));
+        assert_eq!(slices(3 * GROUP_BUDGET, false), 3);
+        assert_eq!(slices(3 * GROUP_BUDGET, true), 1);
+        // Keyed: only the fresh file's fingerprints.
+        let mut pass = MapPass::default();
+        pass.add(FileId(3), 1, &files[2].1, true);
+        assert_eq!(pass.data_blocks, 28);
+        assert_eq!(group(&files, 1, Some(&pass.fresh_fps)), one);
+        let keys: FxHashSet<Fp> = [a3].into_iter().collect();
+        assert_eq!(group(&files, 1, Some(&keys)), vec![vec![(FileId(1), 3), (FileId(3), 27)]]);
+    }
+
+    #[test]
+    fn whole_files_group_by_size_and_map() {
+        let keys = vec![(8, 1, FileId(3)), (8, 1, FileId(1)), (8, 2, FileId(2)), (9, 1, FileId(4)), (9, 1, FileId(5))];
+        let whole = group_whole_files(keys);
+        assert_eq!(whole, vec![vec![FileId(1), FileId(3)], vec![FileId(4), FileId(5)]]);
+        assert_eq!(covered(&whole), [FileId(3), FileId(5)].into_iter().collect());
+        let mut blocks: BlockGroups = vec![vec![(FileId(1), 0), (FileId(7), 2)], vec![(FileId(8), 0), (FileId(9), 0)]];
+        assert_eq!(involved(&whole, &blocks), [1, 3, 4, 5, 7, 8, 9].map(FileId).to_vec());
+        let mut w = whole.clone();
+        keep_fresh(&mut w, &mut blocks, &[FileId(7)].into_iter().collect());
+        assert_eq!((w.len(), blocks.len()), (0, 1));
+    }
+}

@@ -1,0 +1,321 @@
+//! The planner proper: a union-find over every data block of the files,
+//! fed by whole-file groups and anchor groups, read out into ranges.
+
+use rustc_hash::FxHashMap;
+
+use super::map::MapView;
+use super::{Plan, PlanFile, PlanOptions, Range};
+use crate::blockmap::{BlockMap, Fp};
+use crate::types::FileId;
+
+/// A stable digest of a file's size and block map: equal contents, equal
+/// digests, in every process (SipHash with fixed keys). Orders files by
+/// content, so that nothing the planner decides depends on row ids.
+pub fn content_digest(size: u64, map: &BlockMap) -> u64 {
+    use std::hash::{Hash, Hasher};
+    #[allow(deprecated)] // SipHasher: fixed keys are the point here
+    let mut h = std::hash::SipHasher::new();
+    size.hash(&mut h);
+    for (b, fp) in map.data_blocks() {
+        (b, fp).hash(&mut h);
+    }
+    h.finish()
+}
+
+/// Position of a block: (file in canonical order, block index).
+pub(super) type Loc = (u32, u64);
+
+/// Where a file stands as a source; smaller is preferred. Files with blocks
+/// that no other copy has keep their extents referenced whatever we do
+/// (images, tarballs, archives), so their copy of a shared block is the one
+/// to keep; among those, and among wholly duplicate files, the larger
+/// file, then the content order (which ends on the inode number).
+type Preference = (bool, std::cmp::Reverse<u32>, u32);
+
+/// The state of one planning: see [`super::plan`].
+pub(super) struct Planner<'a> {
+    /// The files in canonical order: by size, content digest, inode, so
+    /// that the order the database returns them in never matters.
+    pub(super) files: Vec<&'a PlanFile>,
+    /// Their block maps, indexed for random access (same order).
+    maps: Vec<MapView<'a>>,
+    /// Global number of each file's first data block; a block's number is
+    /// `base[f] + its data index` (sparse files cost only their data).
+    base: Vec<u32>,
+    /// Union-find over block numbers: blocks known to hold the same content.
+    parent: Vec<u32>,
+    /// Diagonals already walked, `(file a, file b, block_b - block_a)` →
+    /// intervals of `a`'s blocks covered, so that each stretch of a diagonal
+    /// is walked once whatever the order of the anchors that lead to it.
+    walked: FxHashMap<(u32, u32, i64), Vec<(u64, u64)>>,
+    opts: PlanOptions,
+}
+
+impl<'a> Planner<'a> {
+    pub(super) fn new(input: &'a [PlanFile], opts: PlanOptions) -> Planner<'a> {
+        // (size, content digest, inode, id): the id only separates copies
+        // that agree on everything else, whose order changes nothing.
+        type Key = (u64, u64, u64, FileId);
+        let mut keyed: Vec<(Key, &PlanFile)> =
+            input.iter().map(|f| ((f.size, content_digest(f.size, &f.blocks), f.ino, f.id), f)).collect();
+        keyed.sort_unstable_by_key(|k| k.0);
+        let files: Vec<&PlanFile> = keyed.into_iter().map(|(_, f)| f).collect();
+        let maps: Vec<MapView<'a>> = files.iter().map(|f| MapView::new(&f.blocks)).collect();
+        let mut base = Vec::with_capacity(files.len());
+        let mut total: u64 = 0;
+        for m in &maps {
+            base.push(total as u32);
+            total += m.data_len() as u64;
+        }
+        assert!(total < u32::MAX as u64, "planner: {total} blocks of data in one plan (limit 2^32)");
+        Planner { files, maps, base, parent: (0..total as u32).collect(), walked: FxHashMap::default(), opts }
+    }
+
+    pub(super) fn fp(&self, (f, b): Loc) -> Fp {
+        self.maps[f as usize].get(b)
+    }
+
+    fn num(&self, (f, b): Loc) -> Option<u32> {
+        Some(self.base[f as usize] + self.maps[f as usize].data_index(b)?)
+    }
+
+    fn find(&mut self, mut x: u32) -> u32 {
+        while self.parent[x as usize] != x {
+            let up = self.parent[self.parent[x as usize] as usize];
+            self.parent[x as usize] = up;
+            x = up;
+        }
+        x
+    }
+
+    /// Record that two blocks hold the same content. The representative
+    /// is the smaller number: deterministic, though nothing depends on it.
+    fn union(&mut self, a: u32, b: u32) {
+        let (ra, rb) = (self.find(a), self.find(b));
+        if ra != rb {
+            let (lo, hi) = (ra.min(rb), ra.max(rb));
+            self.parent[hi as usize] = lo;
+        }
+    }
+
+    pub(super) fn whole_file_group(&mut self, ord: &FxHashMap<FileId, u32>, ids: &[FileId]) {
+        let mut members: Vec<u32> = ids.iter().filter_map(|id| ord.get(id).copied()).collect();
+        members.sort_unstable();
+        members.dedup();
+        let Some((&canon, rest)) = members.split_first() else { return };
+        let c = self.files[canon as usize];
+        for &d in rest {
+            let df = self.files[d as usize];
+            if df.blocks != c.blocks || df.size != c.size {
+                continue; // map hashes collided or rows disagree: never trust blindly
+            }
+            let (bc, bd) = (self.base[canon as usize], self.base[d as usize]);
+            let (data, len) = (self.maps[canon as usize].data_len(), self.maps[canon as usize].len());
+            for k in 0..data {
+                self.union(bc + k, bd + k);
+            }
+            self.walked.entry((canon, d, 0)).or_default().push((0, len));
+        }
+    }
+
+    pub(super) fn anchor_group(&mut self, occ: &[Loc]) {
+        let Some(&first) = occ.first() else { return };
+        if self.opts.exact_groups {
+            // Every equal block is in the group: join each member with the
+            // first one whose tail agrees (a partial last block only with a
+            // partial last block of the same length).
+            let mut firsts: Vec<Loc> = Vec::new();
+            for &l in occ {
+                match firsts.iter().find(|&&f| self.tails_compatible(f, l)) {
+                    Some(&f) => {
+                        let (x, y) = (self.num(f).expect("data"), self.num(l).expect("data"));
+                        self.union(x, y);
+                    }
+                    None => firsts.push(l),
+                }
+            }
+            return;
+        }
+        for &d in &occ[1..] {
+            self.extend(first, d);
+        }
+        // Neighbours too: two images holding a tree's file also share what
+        // lies around it, which the tree's copy cannot lead to.
+        for w in occ.windows(2).skip(1) {
+            self.extend(w[0], w[1]);
+        }
+    }
+
+    /// Walk the diagonal through `s` and `d` both ways, joining every pair
+    /// of equal blocks at the same distance from them, over gaps of up to
+    /// `gap_blocks` differing blocks. A stretch already walked is skipped.
+    fn extend(&mut self, s: Loc, d: Loc) {
+        let (s, d) = if s <= d { (s, d) } else { (d, s) };
+        if s == d {
+            return;
+        }
+        // Repeats within one file already joined need no walk: a file of one
+        // repeated block would otherwise walk itself once per repeat.
+        if s.0 == d.0 {
+            let (x, y) = (self.num(s).expect("data"), self.num(d).expect("data"));
+            if self.find(x) == self.find(y) {
+                return;
+            }
+        }
+        let key = (s.0, d.0, d.1 as i64 - s.1 as i64);
+        if self.walked.get(&key).is_some_and(|iv| iv.iter().any(|&(lo, hi)| lo <= s.1 && s.1 < hi)) {
+            return;
+        }
+        let ns = self.maps[s.0 as usize].len() as i64;
+        let nd = self.maps[d.0 as usize].len() as i64;
+        let (mut lo, mut hi) = (s.1, s.1 + 1);
+        for dir in [1i64, -1] {
+            let mut k: i64 = if dir == 1 { 0 } else { -1 };
+            let mut miss = 0u64;
+            loop {
+                let (si, di) = (s.1 as i64 + k, d.1 as i64 + k);
+                if si < 0 || di < 0 || si >= ns || di >= nd {
+                    break;
+                }
+                let (sl, dl) = ((s.0, si as u64), (d.0, di as u64));
+                lo = lo.min(si as u64);
+                hi = hi.max(si as u64 + 1);
+                let (a, b) = (self.fp(sl), self.fp(dl));
+                if a == b && a != 0 && self.tails_compatible(sl, dl) {
+                    let (x, y) = (self.num(sl).expect("data"), self.num(dl).expect("data"));
+                    self.union(x, y);
+                    miss = 0;
+                } else {
+                    miss += 1;
+                    if miss > self.opts.gap_blocks {
+                        break;
+                    }
+                }
+                k += dir;
+            }
+        }
+        self.walked.entry(key).or_default().push((lo, hi));
+    }
+
+    /// A partial last block may only be shared with another partial last
+    /// block of the same length (the kernel allows an unaligned length only
+    /// when it ends at both files' EOF).
+    fn tails_compatible(&self, a: Loc, b: Loc) -> bool {
+        let tail = |(f, blk): Loc| -> Option<u64> {
+            let file = self.files[f as usize];
+            let end = (blk + 1) * self.opts.block_size;
+            (end > file.size).then(|| file.size - blk * self.opts.block_size)
+        };
+        tail(a) == tail(b)
+    }
+
+    /// File and block of block number `g`.
+    fn loc(&self, g: u32) -> Loc {
+        // The last file starting at or before `g` (files without data share
+        // their base with the next one, so this is the one holding `g`).
+        let f = self.base.partition_point(|&b| b <= g) - 1;
+        (f as u32, self.maps[f].block_of(g - self.base[f]))
+    }
+
+    /// Read the classes out into ranges, ordered by source.
+    pub(super) fn finish(mut self) -> Plan {
+        let best = self.sources();
+        let mut ranges = self.ranges(&best);
+        ranges.sort_unstable_by_key(|r| (r.src, r.src_off, r.len, r.dest, r.dest_off));
+        Plan { ranges }
+    }
+
+    /// Flatten the union-find and choose each class's source: class root →
+    /// the block number of its source (see [`Preference`]).
+    fn sources(&mut self) -> Vec<u32> {
+        let total = self.parent.len() as u32;
+        for g in 0..total {
+            let r = self.find(g);
+            self.parent[g as usize] = r;
+        }
+        // Class sizes, then which files have blocks nobody else has.
+        let mut count = vec![0u32; total as usize];
+        for g in 0..total as usize {
+            count[self.parent[g] as usize] += 1;
+        }
+        let n = self.files.len();
+        let mut has_unique = vec![false; n];
+        for (f, u) in has_unique.iter_mut().enumerate() {
+            let (b, len) = (self.base[f] as usize, self.maps[f].data_len() as usize);
+            *u = (b..b + len).any(|g| count[self.parent[g] as usize] == 1);
+        }
+        let pref = |f: usize| -> Preference { (!has_unique[f], std::cmp::Reverse(self.maps[f].data_len()), f as u32) };
+        // The source of each class: the best file's first block in it.
+        // Blocks are numbered in file order, then block order, so the first
+        // member seen of the best file is its lowest block.
+        let mut best = count; // reused: class root → chosen block number
+        best.fill(u32::MAX);
+        let mut best_file = vec![0u32; total as usize]; // class root → its file
+        for f in 0..n {
+            let (b, len) = (self.base[f], self.maps[f].data_len());
+            let p = pref(f);
+            for g in b..b + len {
+                let r = self.parent[g as usize] as usize;
+                if best[r] == u32::MAX || p < pref(best_file[r] as usize) {
+                    best[r] = g;
+                    best_file[r] = f as u32;
+                }
+            }
+        }
+        best
+    }
+
+    /// Every block that is not its class's source, as ranges of
+    /// consecutive blocks into consecutive source blocks.
+    fn ranges(&self, best: &[u32]) -> Vec<Range> {
+        let mut ranges: Vec<Range> = Vec::new();
+        let mut cur: Option<Stretch> = None;
+        for df in 0..self.files.len() as u32 {
+            for (k, (db, _)) in self.maps[df as usize].data().enumerate() {
+                let g = self.base[df as usize] + k as u32;
+                let src = best[self.parent[g as usize] as usize];
+                if src == g {
+                    continue;
+                }
+                let (sf, sb) = self.loc(src);
+                cur = match cur {
+                    Some((cf, cb, csf, csb, n))
+                        if cf == df && cb + n == db && csf == sf && csb + n == sb
+                        // within one file, source and destination must not overlap
+                        && (csf != cf || (cb + n < csb || csb + n < cb)) =>
+                    {
+                        Some((cf, cb, csf, csb, n + 1))
+                    }
+                    other => {
+                        if let Some(c) = other {
+                            self.push_range(c, &mut ranges);
+                        }
+                        Some((df, db, sf, sb, 1))
+                    }
+                };
+            }
+        }
+        if let Some(c) = cur {
+            self.push_range(c, &mut ranges);
+        }
+        ranges
+    }
+
+    /// The range of a stretch, unless it is shorter than `min_blocks` (and
+    /// not a whole destination file).
+    fn push_range(&self, (df, db, sf, sb, n): Stretch, ranges: &mut Vec<Range>) {
+        let bs = self.opts.block_size;
+        let (dfile, sfile) = (self.files[df as usize], self.files[sf as usize]);
+        let len = ((db + n) * bs).min(dfile.size) - db * bs;
+        let whole_file = db == 0 && len == dfile.size;
+        if n < self.opts.min_blocks && !whole_file {
+            return;
+        }
+        debug_assert!(sb * bs + len <= sfile.size);
+        ranges.push(Range { src: sfile.id, src_off: sb * bs, len, dest: dfile.id, dest_off: db * bs });
+    }
+}
+
+/// Consecutive destination blocks taken from consecutive source blocks:
+/// (dest file, dest first block, src file, src first block, blocks).
+type Stretch = (u32, u64, u32, u64, u64);
