@@ -22,9 +22,10 @@ use serde::Serialize;
 
 use crate::db::Db;
 use crate::dedupe::{range_states, RangeState};
+use crate::display::{display_path, human, human_signed, iso_time};
 use crate::plan::{Plan, PlanOptions};
 use crate::progress::{Progress, Silent};
-use crate::report::{display_path, human, human_signed, iso_time, list_text, ListedRange, Table};
+use crate::report::{list_text, ListedRange, Table};
 use crate::types::FileId;
 use crate::walk::Candidate;
 
@@ -527,7 +528,7 @@ impl DbSummary {
             for r in self.runs.iter().rev().take(RUNS_SHOWN) {
                 let get = |k: &str| r.report.as_ref().and_then(|v| v.get(k)).and_then(|v| v.as_i64()).unwrap_or(0);
                 let took = r.finished_at.map_or(String::new(), |f| {
-                    crate::report::human_duration_ms((f - r.started_at).max(0) as u64 * 1000)
+                    crate::display::human_duration_ms((f - r.started_at).max(0) as u64 * 1000)
                 });
                 let command = if r.dry_run { format!("{} --dry-run", r.command) } else { r.command.clone() };
                 let status = if r.status == "finished" { String::new() } else { r.status.to_uppercase() };

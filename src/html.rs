@@ -26,8 +26,8 @@ use std::time::{Duration, UNIX_EPOCH};
 use serde_json::Value;
 use sha2::{Digest, Sha256};
 
+use crate::display::human;
 use crate::history::DbSummary;
-use crate::report::human;
 
 /// The page for `summary`.
 pub fn render(summary: &DbSummary) -> String {

@@ -12,6 +12,7 @@ pub mod config;
 pub mod corpus;
 pub mod db;
 pub mod dedupe;
+pub mod display;
 pub mod exit;
 pub mod hash;
 pub mod history;

@@ -73,7 +73,7 @@ pub struct Outcome<'a> {
     pub exit_code: i32,
     pub fs_uuid: String,
     pub filesystem: String,
-    /// Starting paths, escaped (see [`crate::report::display_path`]).
+    /// Starting paths, escaped (see [`crate::display::display_path`]).
     pub paths: Vec<String>,
     /// The run's report, when it finished (it is also the last of the
     /// history, as the run stored it).

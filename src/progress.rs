@@ -18,7 +18,7 @@ use std::time::{Duration, Instant};
 
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressState, ProgressStyle};
 
-use crate::report::human;
+use crate::display::human;
 
 /// How serious a message is; its number is the syslog priority.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -122,7 +122,7 @@ pub fn explain_db_error(path: &std::path::Path, e: anyhow::Error) -> anyhow::Err
     let Some(code) = e.chain().find_map(sqlite) else {
         return e;
     };
-    let p = crate::report::display_path(path);
+    let p = crate::display::display_path(path);
     let advice = match code {
         Some(C::DatabaseCorrupt) | Some(C::NotADatabase) => format!(
             "the database is damaged; move it aside (e.g. `mv {p} {p}.broken`) and run again to rebuild it from a full scan"

@@ -7,11 +7,10 @@
 
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
-use std::os::unix::ffi::OsStrExt;
-use std::path::Path;
 
 use serde::Serialize;
 
+use crate::display::{human, human_duration_ms, human_signed};
 use crate::policy::SkipReason;
 
 /// Version of the report's JSON layout; bumped on incompatible changes.
@@ -58,7 +57,7 @@ pub struct Report {
     pub command: String,
     pub dry_run: bool,
     pub incremental: bool,
-    /// Starting paths, escaped (see [`display_path`]).
+    /// Starting paths, escaped (see [`crate::display::display_path`]).
     pub paths: Vec<String>,
     pub filesystem: String,
     pub filesystem_uuid: String,
@@ -208,22 +207,6 @@ impl Table {
     }
 }
 
-/// Whole seconds as `1h 2m 3s` (`0s` for none).
-pub fn human_duration_ms(ms: u64) -> String {
-    if ms < 10_000 {
-        return format!("{:.1}s", ms as f64 / 1e3);
-    }
-    humantime::format_duration(std::time::Duration::from_secs(ms / 1000)).to_string()
-}
-
-/// Unix seconds as an ISO 8601 date and time in UTC, e.g.
-/// `2026-11-23T15:04:05Z` (UTC: the same on every machine and in the
-/// journal, and it sorts).
-pub fn iso_time(unix: i64) -> String {
-    let t = std::time::UNIX_EPOCH + std::time::Duration::from_secs(unix.max(0) as u64);
-    humantime::format_rfc3339_seconds(t).to_string()
-}
-
 impl Report {
     pub fn skip(&mut self, r: SkipReason, n: u64) {
         if n == 0 {
@@ -359,87 +342,9 @@ pub fn list_text(ranges: &[ListedRange]) -> String {
     format!("{} ranges:\n{}", ranges.len(), t.render())
 }
 
-/// A path as shown in messages and JSON: valid UTF-8 as is, every other
-/// byte as `\xNN`, and a backslash as `\\`, so the form is lossless and can
-/// be turned back into the original bytes.
-pub fn display_path(p: &Path) -> String {
-    escape_bytes(p.as_os_str().as_bytes())
-}
-
-/// See [`display_path`].
-pub fn escape_bytes(mut b: &[u8]) -> String {
-    let mut out = String::with_capacity(b.len());
-    loop {
-        match std::str::from_utf8(b) {
-            Ok(s) => {
-                push_escaped(&mut out, s);
-                return out;
-            }
-            Err(e) => {
-                let (good, rest) = b.split_at(e.valid_up_to());
-                push_escaped(&mut out, std::str::from_utf8(good).expect("valid prefix"));
-                let bad = e.error_len().unwrap_or(rest.len());
-                for byte in &rest[..bad] {
-                    let _ = write!(out, "\\x{byte:02x}");
-                }
-                b = &rest[bad..];
-            }
-        }
-    }
-}
-
-fn push_escaped(out: &mut String, s: &str) {
-    for c in s.chars() {
-        if c == '\\' {
-            out.push_str("\\\\");
-        } else {
-            out.push(c);
-        }
-    }
-}
-
-/// Bytes in binary units, e.g. `1.5 GiB`.
-pub fn human(n: u64) -> String {
-    const UNITS: [&str; 6] = ["B", "KiB", "MiB", "GiB", "TiB", "PiB"];
-    let mut v = n as f64;
-    let mut u = 0;
-    while v >= 1024.0 && u + 1 < UNITS.len() {
-        v /= 1024.0;
-        u += 1;
-    }
-    if u == 0 {
-        format!("{n} B")
-    } else {
-        format!("{v:.1} {}", UNITS[u])
-    }
-}
-
-pub fn human_signed(n: i64) -> String {
-    if n < 0 {
-        format!("-{}", human(n.unsigned_abs()))
-    } else {
-        human(n as u64)
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-    use std::ffi::OsStr;
-
-    #[test]
-    fn escapes_non_utf8_losslessly() {
-        let p = Path::new(OsStr::from_bytes(b"/a/\xffb\\c/\xc3\xa9"));
-        assert_eq!(display_path(p), "/a/\\xffb\\\\c/é");
-    }
-
-    #[test]
-    fn human_units() {
-        assert_eq!(human(512), "512 B");
-        assert_eq!(human(1536), "1.5 KiB");
-        assert_eq!(human(3 << 30), "3.0 GiB");
-        assert_eq!(human_signed(-2048), "-2.0 KiB");
-    }
 
     #[test]
     fn tables_align() {
@@ -447,12 +352,6 @@ mod tests {
         t.row(["a", "1"]);
         t.row(["longer", "100"]);
         assert_eq!(t.render(), "  what      n\n  a         1\n  longer  100\n");
-    }
-
-    #[test]
-    fn iso_dates() {
-        assert_eq!(iso_time(0), "1970-01-01T00:00:00Z");
-        assert_eq!(iso_time(1_795_000_000), "2026-11-18T11:06:40Z");
     }
 
     #[test]

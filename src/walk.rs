@@ -35,9 +35,9 @@ use std::sync::{Arc, Condvar, Mutex};
 
 use rustix::fs::{FileType, RawDir, Stat};
 
+use crate::display::display_path;
 use crate::policy::{Policy, SkipReason};
 use crate::progress::Progress;
-use crate::report::display_path;
 use crate::sys::beneath::{self, Tree};
 use crate::sys::FsKind;
 
