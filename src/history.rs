@@ -119,7 +119,7 @@ pub fn summarize_with(path: &Path, progress: &dyn Progress, list: bool) -> Resul
     if !path.exists() {
         anyhow::bail!("no database at {}: run `dedupscan PATH` or `dedupscan scan PATH` first", display_path(path));
     }
-    summarize_inner(path, progress, list).map_err(|e| crate::progress::explain_db_error(path, e))
+    summarize_inner(path, progress, list).map_err(|e| crate::db::explain::explain_db_error(path, e))
 }
 
 fn summarize_inner(path: &Path, progress: &dyn Progress, list: bool) -> Result<DbSummary> {

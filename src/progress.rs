@@ -102,44 +102,6 @@ pub fn error_text(e: &anyhow::Error) -> String {
     s
 }
 
-/// A database error with what to do about it: the path of the database
-/// and, by SQLite's error code, the advice that fits (a damaged file is
-/// moved aside and rebuilt; a full disk or a permission problem is fixed
-/// where it is). Errors that already say it (`DbError`) pass unchanged.
-pub fn explain_db_error(path: &std::path::Path, e: anyhow::Error) -> anyhow::Error {
-    use rusqlite::ErrorCode as C;
-    // Those that say it already; a bare SQLite error inside one does not.
-    if e.downcast_ref::<crate::db::DbError>().is_some_and(|d| !matches!(d, crate::db::DbError::Sqlite(_))) {
-        return e;
-    }
-    let sqlite = |c: &(dyn std::error::Error + 'static)| -> Option<Option<C>> {
-        let s = c.downcast_ref::<rusqlite::Error>().or(match c.downcast_ref::<crate::db::DbError>() {
-            Some(crate::db::DbError::Sqlite(s)) => Some(s),
-            _ => None,
-        })?;
-        Some(s.sqlite_error_code())
-    };
-    let Some(code) = e.chain().find_map(sqlite) else {
-        return e;
-    };
-    let p = crate::display::display_path(path);
-    let advice = match code {
-        Some(C::DatabaseCorrupt) | Some(C::NotADatabase) => format!(
-            "the database is damaged; move it aside (e.g. `mv {p} {p}.broken`) and run again to rebuild it from a full scan"
-        ),
-        Some(C::DiskFull) => format!("the disk holding {p} is full; free space there or point --db elsewhere"),
-        Some(C::ReadOnly) | Some(C::PermissionDenied) | Some(C::CannotOpen) => {
-            format!("check that {p} and its directory are writable by this user (run as root)")
-        }
-        Some(C::DatabaseBusy) | Some(C::DatabaseLocked) => {
-            "another process holds the database; try again when it has finished".to_owned()
-        }
-        _ => format!("if it persists, move {p} aside and run again to rebuild it from a full scan"),
-    };
-    let text = error_text(&e);
-    anyhow::anyhow!("database {p}: {text}; {advice}")
-}
-
 /// How chatty messages are: -q lowers, -v raises.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
 pub enum Verbosity {
@@ -497,23 +459,6 @@ mod tests {
         let s = status_line("1/3 scan", true, 879254300, 0, (5, 0), Duration::from_secs(1));
         assert_eq!(s, "1/3 scan: 838.5 MiB, 5 files, 838.5 MiB/s");
         assert_eq!(status_line("report", false, 0, 10, (0, 0), Duration::ZERO), "report: 0 of 10 (0%)");
-    }
-
-    #[test]
-    fn database_errors_say_where_and_what_to_do() {
-        let db = std::path::Path::new("/var/lib/dedupscan/x.sqlite");
-        let sqlite = |code| rusqlite::Error::SqliteFailure(rusqlite::ffi::Error::new(code), None);
-        let e = explain_db_error(db, crate::db::DbError::Sqlite(sqlite(rusqlite::ffi::SQLITE_CORRUPT)).into());
-        let t = error_text(&e);
-        assert!(t.starts_with("database /var/lib/dedupscan/x.sqlite: ") && t.contains("move it aside"), "{t}");
-        let t = error_text(&explain_db_error(db, anyhow::Error::new(sqlite(rusqlite::ffi::SQLITE_FULL))));
-        assert!(t.contains("is full"), "{t}");
-        // Errors that already say what to do pass unchanged.
-        let locked = crate::db::DbError::Locked { path: db.to_owned() };
-        let e = explain_db_error(db, locked.into());
-        assert!(matches!(e.downcast_ref::<crate::db::DbError>(), Some(crate::db::DbError::Locked { .. })));
-        // Other errors too.
-        assert_eq!(error_text(&explain_db_error(db, anyhow::anyhow!("x"))), "x");
     }
 
     #[test]

@@ -39,7 +39,7 @@ use crate::walk::{self, Candidate};
 /// commits and reports.
 pub fn run(cfg: &Config, progress: &dyn Progress, stop: &AtomicBool) -> Result<Report> {
     // A database error says which database and what to do about it.
-    run_inner(cfg, progress, stop).map_err(|e| crate::progress::explain_db_error(&cfg.db_path, e))
+    run_inner(cfg, progress, stop).map_err(|e| crate::db::explain::explain_db_error(&cfg.db_path, e))
 }
 
 fn run_inner(cfg: &Config, progress: &dyn Progress, stop: &AtomicBool) -> Result<Report> {

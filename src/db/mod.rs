@@ -5,6 +5,7 @@
 //! planner works on. The write connection belongs to one writer thread during
 //! the scan; reads happen before and after it on the main thread.
 
+pub mod explain;
 pub mod migrate;
 pub mod writer;
 
