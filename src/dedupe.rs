@@ -49,13 +49,13 @@ use nix::fcntl::{posix_fadvise, PosixFadviseAdvice};
 
 use crate::bookend::{self, DestExtent};
 use crate::display::display_path;
+use crate::file::FileId;
 use crate::plan::{Plan, Range};
 use crate::progress::Progress;
 use crate::report::DedupeStatuses;
 use crate::sys::beneath::Tree;
 use crate::sys::fiemap::{flags as fiemap_flags, physical_map};
 use crate::sys::{self, dedupe::MAX_DESTS, dedupe::MAX_REQUEST_LEN, DedupeStatus, DestResult};
-use crate::types::FileId;
 use crate::walk::Candidate;
 
 /// Whether to share for real.

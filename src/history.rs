@@ -23,10 +23,10 @@ use serde::Serialize;
 use crate::db::Db;
 use crate::dedupe::{range_states, RangeState};
 use crate::display::{display_path, human, human_signed, iso_time};
+use crate::file::FileId;
 use crate::plan::{Plan, PlanOptions};
 use crate::progress::{Progress, Silent};
 use crate::report::{list_text, ListedRange, Table};
-use crate::types::FileId;
 use crate::walk::Candidate;
 
 /// One past run.

@@ -24,6 +24,7 @@ use crate::db::writer::{self, WriteOp, CHANNEL_CAP};
 use crate::db::{Db, Known};
 use crate::dedupe::{self, Mode};
 use crate::display::{display_path, human};
+use crate::file::FileId;
 use crate::hash;
 use crate::plan::PlanOptions;
 use crate::policy::{Policy, SkipReason};
@@ -31,7 +32,6 @@ use crate::progress::Progress;
 use crate::report::Report;
 use crate::sys::beneath::Tree;
 use crate::sys::{self, FsKind};
-use crate::types::FileId;
 use crate::walk::{self, Candidate};
 
 /// Scan (and for [`Action::Run`], plan and share) as `cfg` says.

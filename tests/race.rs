@@ -409,9 +409,9 @@ fn xfs_share_race_into_another_filesystem() {
 /// cannot share at all (XFS without reflink) the probe stops the phase.
 fn refused_destination(fs: Fs) {
     use dedupscan::dedupe::{execute_with_workers, Mode};
+    use dedupscan::file::FileId;
     use dedupscan::plan::{Plan, Range};
     use dedupscan::sys::beneath::Tree;
-    use dedupscan::types::FileId;
     use dedupscan::walk::Candidate;
     let Some(vol) = Volume::new(fs, 512) else { return };
     let tmp = Tmpfs::new();

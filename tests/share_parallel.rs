@@ -16,10 +16,10 @@ use std::sync::atomic::AtomicBool;
 use common::*;
 use dedupscan::corpus::Rng;
 use dedupscan::dedupe::{execute_with_workers, Bookends, Mode, Outcome};
+use dedupscan::file::FileId;
 use dedupscan::plan::{Plan, Range};
 use dedupscan::progress::Silent;
 use dedupscan::sys::beneath::Tree;
-use dedupscan::types::FileId;
 use dedupscan::walk::Candidate;
 
 const BLK: u64 = 4096;

@@ -21,8 +21,8 @@ use rusqlite::types::ValueRef;
 use rusqlite::{params, Connection, OpenFlags, OptionalExtension};
 
 use crate::blockmap::BlockMap;
+use crate::file::FileId;
 use crate::plan::{self, Fp, Plan, PlanFile, PlanOptions};
-use crate::types::FileId;
 use crate::walk::{Candidate, TimeTag};
 
 /// Why a database could not be used. Each message says what to do.

@@ -16,8 +16,8 @@ use rusqlite::{params, Connection};
 
 use super::{file_map, path_bytes, Db, TWIN_MIN_MAP};
 use crate::blockmap::BlockMap;
+use crate::file::FileId;
 use crate::hash::FileHash;
-use crate::types::FileId;
 use crate::walk::TimeTag;
 
 /// Files per transaction at most.

@@ -33,7 +33,7 @@ pub fn short_fp(fp64: u64) -> Fp {
         f => ((f >> 32) as u32).max(1),
     }
 }
-use crate::types::FileId;
+use crate::file::FileId;
 
 mod map;
 pub use map::BlockMap;
