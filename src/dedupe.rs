@@ -49,14 +49,13 @@ use nix::fcntl::{posix_fadvise, PosixFadviseAdvice};
 
 use crate::bookend::{self, DestExtent};
 use crate::display::display_path;
-use crate::file::FileId;
+use crate::file::{FileFacts, FileId};
 use crate::plan::{Plan, Range};
 use crate::progress::Progress;
 use crate::report::DedupeStatuses;
 use crate::sys::beneath::Tree;
 use crate::sys::fiemap::{flags as fiemap_flags, physical_map};
 use crate::sys::{self, dedupe::MAX_DESTS, dedupe::MAX_REQUEST_LEN, DedupeStatus, DestResult};
-use crate::walk::Candidate;
 
 /// Whether to share for real.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -202,7 +201,7 @@ pub fn default_workers() -> usize {
 #[allow(clippy::too_many_arguments)]
 pub fn execute(
     plan: &Plan,
-    files: &HashMap<FileId, Candidate>,
+    files: &HashMap<FileId, FileFacts>,
     tree: &Tree,
     block_size: u64,
     mode: Mode,
@@ -219,7 +218,7 @@ pub fn execute(
 #[allow(clippy::too_many_arguments)]
 pub fn execute_with_workers(
     plan: &Plan,
-    files: &HashMap<FileId, Candidate>,
+    files: &HashMap<FileId, FileFacts>,
     tree: &Tree,
     block_size: u64,
     mode: Mode,
@@ -240,7 +239,7 @@ pub fn execute_with_workers(
         inline: Mutex::new(HashSet::new()),
         refused: AtomicBool::new(false),
         deferred: Mutex::new(HashSet::new()),
-        in_plan: files.values().map(|c| (c.dev, c.ino)).collect(),
+        in_plan: files.values().map(|c| (c.key.volume, c.key.ino)).collect(),
         used_once: used_once(plan),
     };
     let mut out = Outcome::default();
@@ -390,7 +389,7 @@ impl Outcome {
 /// What all workers share: the inputs, and the per-file verdicts that must
 /// be reached (and counted, and warned about) once.
 struct Shared<'a> {
-    files: &'a HashMap<FileId, Candidate>,
+    files: &'a HashMap<FileId, FileFacts>,
     /// The starting paths: every file is opened below them.
     tree: &'a Tree,
     /// Whether the filesystem can share at all, probed at the first refusal.
@@ -426,7 +425,7 @@ fn locked<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
 /// One worker: its own buffers and counts, merged at the end.
 struct Executor<'a> {
     sh: &'a Shared<'a>,
-    files: &'a HashMap<FileId, Candidate>,
+    files: &'a HashMap<FileId, FileFacts>,
     block_size: u64,
     mode: Mode,
     progress: &'a dyn Progress,
@@ -561,7 +560,7 @@ impl<'a> Executor<'a> {
             Ok((m, f)) => {
                 use std::os::unix::fs::MetadataExt;
                 let key = self.keys.id_for(m.dev(), &f);
-                let now = Candidate { dev: key, ..Candidate::from_metadata(c.path.clone(), &m) };
+                let now = FileFacts::from_metadata(c.path.clone(), key, &m);
                 if now != *c || !m.is_file() {
                     if locked(&self.sh.bad).insert(id) {
                         self.progress.warn(&format!(
@@ -1100,7 +1099,7 @@ pub enum RangeState {
 /// here: each is opened below the top of the mount holding it (no symlink,
 /// no `..`, no other mount on the way) and must still be the recorded inode
 /// (device and inode number).
-pub fn range_states(plan: &Plan, files: &HashMap<FileId, Candidate>, block_size: u64) -> Vec<RangeState> {
+pub fn range_states(plan: &Plan, files: &HashMap<FileId, FileFacts>, block_size: u64) -> Vec<RangeState> {
     let tree = Tree::over_mounts(files.values().map(|c| c.path.as_path()));
     let map = |id: FileId, off: u64, len: u64| -> Result<Vec<Option<u64>>, RangeState> {
         let c = files.get(&id).ok_or(RangeState::Unknown)?;
@@ -1108,8 +1107,8 @@ pub fn range_states(plan: &Plan, files: &HashMap<FileId, Candidate>, block_size:
         // The recorded inode, not whatever took its name (its content may
         // have changed since: the report measures the extents it has now).
         let m = f.metadata().map_err(|_| RangeState::Unknown)?;
-        // `c.dev` is the volume key (btrfs subvolume id), not `st_dev`.
-        if !m.is_file() || m.ino() != c.ino || sys::volume_key(f.as_fd()).ok() != Some(c.dev) {
+        // `c.key.volume` is the volume key (btrfs subvolume id), not `st_dev`.
+        if !m.is_file() || m.ino() != c.key.ino || sys::volume_key(f.as_fd()).ok() != Some(c.key.volume) {
             return Err(RangeState::Unknown);
         }
         let ext = sys::fiemap(f.as_fd(), off, len).map_err(|_| RangeState::Unknown)?;

@@ -23,11 +23,10 @@ use serde::Serialize;
 use crate::db::Db;
 use crate::dedupe::{range_states, RangeState};
 use crate::display::{display_path, human, human_signed, iso_time};
-use crate::file::FileId;
+use crate::file::{FileFacts, FileId};
 use crate::plan::{Plan, PlanOptions};
 use crate::progress::{Progress, Silent};
 use crate::report::{list_text, ListedRange, Table};
-use crate::walk::Candidate;
 
 /// One past run.
 #[derive(Debug, Serialize)]
@@ -212,7 +211,7 @@ const CHUNK: usize = 1024;
 /// extents cover, so a block shared by many files counts once. Inline data
 /// lives in metadata and counts by its length. Also returns the sum of
 /// `st_blocks` (what `du` would add up).
-fn disk_usage(files: &HashMap<FileId, Candidate>, progress: &dyn Progress) -> (u64, u64) {
+fn disk_usage(files: &HashMap<FileId, FileFacts>, progress: &dyn Progress) -> (u64, u64) {
     use crate::sys::fiemap::flags;
     use rayon::prelude::*;
     use std::os::fd::AsFd;
@@ -233,8 +232,8 @@ fn disk_usage(files: &HashMap<FileId, Candidate>, progress: &dyn Progress) -> (u
             progress.inc(1);
             let Ok(f) = tree.open_file(&c.path) else { return acc };
             let Ok(m) = f.metadata() else { return acc };
-            // `c.dev` is the volume key (btrfs subvolume id), not `st_dev`.
-            if m.ino() != c.ino || crate::sys::volume_key(f.as_fd()).ok() != Some(c.dev) {
+            // `c.key.volume` is the volume key (btrfs subvolume id), not `st_dev`.
+            if m.ino() != c.key.ino || crate::sys::volume_key(f.as_fd()).ok() != Some(c.key.volume) {
                 return acc;
             }
             acc.allocated += m.blocks() * 512;
@@ -308,13 +307,7 @@ fn common_dir<'a>(mut paths: impl Iterator<Item = &'a Path>) -> PathBuf {
 fn live_status(db: &Db, block_size: u64, progress: &dyn Progress, list: bool) -> Result<Live> {
     progress.phase("report: reading the database", None, false);
     let index = db.load_index()?;
-    let files: HashMap<FileId, Candidate> = index
-        .into_iter()
-        .map(|((dev, ino), k)| {
-            let c = Candidate { path: k.path, dev, ino, size: k.size, mtime: k.mtime, ctime: k.ctime };
-            (k.id, c)
-        })
-        .collect();
+    let files: HashMap<FileId, FileFacts> = index.into_values().map(|k| (k.id, k.file)).collect();
     let allowed: HashSet<FileId> = files.keys().copied().collect();
     let opts = PlanOptions { block_size, ..Default::default() };
     progress.phase("report: planning", None, false);

@@ -24,7 +24,7 @@ use crate::db::writer::{self, WriteOp, CHANNEL_CAP};
 use crate::db::{Db, Known};
 use crate::dedupe::{self, Mode};
 use crate::display::{display_path, human};
-use crate::file::FileId;
+use crate::file::{FileFacts, FileId, FileKey};
 use crate::hash;
 use crate::plan::PlanOptions;
 use crate::policy::{Policy, SkipReason};
@@ -32,7 +32,7 @@ use crate::progress::Progress;
 use crate::report::Report;
 use crate::sys::beneath::Tree;
 use crate::sys::{self, FsKind};
-use crate::walk::{self, Candidate};
+use crate::walk;
 
 /// Scan (and for [`Action::Run`], plan and share) as `cfg` says.
 /// `stop` is set by SIGINT/SIGTERM: the run finishes its current batch,
@@ -92,7 +92,7 @@ fn run_inner(cfg: &Config, progress: &dyn Progress, stop: &AtomicBool) -> Result
         .name("db-writer".into())
         .spawn(move || writer::run(db, run_id, rx))
         .context("cannot start the database writer")?;
-    let (hash_tx, hash_rx) = sync_channel::<(Candidate, Option<FileId>)>(HASH_QUEUE);
+    let (hash_tx, hash_rx) = sync_channel::<(FileFacts, Option<FileId>)>(HASH_QUEUE);
     let (walked, cls, stats) = std::thread::scope(|s| -> Result<_> {
         let (policy, index, writes, tree) = (&policy, &index, tx.clone(), &tree);
         let crawler = std::thread::Builder::new()
@@ -203,14 +203,14 @@ const LAST_SHARE_RUN: &str = "last_complete_share_run";
 /// change means a rehash: that is how a rewrite with its mtime set back is
 /// caught. A wrong belief can only cost a missed match, never data: the
 /// kernel compares every byte before sharing.
-fn unchanged(k: &Known, c: &Candidate) -> bool {
+fn unchanged(k: &FileFacts, c: &FileFacts) -> bool {
     k.size == c.size && k.mtime == c.mtime && (k.ctime == c.ctime || k.path != c.path)
 }
 
 /// Whether `path` (a recorded name) still names the inode of `c`.
-/// `st_dev` is the raw device number of `c` (its `dev` is the volume key).
-fn same_inode(path: &Path, st_dev: u64, c: &Candidate) -> bool {
-    std::fs::symlink_metadata(path).is_ok_and(|m| m.dev() == st_dev && m.ino() == c.ino)
+/// `st_dev` is the raw device number of `c` (its `key.volume` is the volume key).
+fn same_inode(path: &Path, st_dev: u64, c: &FileFacts) -> bool {
+    std::fs::symlink_metadata(path).is_ok_and(|m| m.dev() == st_dev && m.ino() == c.key.ino)
 }
 
 /// Files waiting for a hashing thread at most: the crawler runs ahead of
@@ -221,11 +221,11 @@ const HASH_QUEUE: usize = 4096;
 struct Classifier<'a> {
     cfg: &'a Config,
     policy: &'a Policy,
-    index: &'a HashMap<(u64, u64), Known>,
+    index: &'a HashMap<FileKey, Known>,
     tree: &'a Tree,
     /// Known files seen by this crawl: `(volume key, ino)` → id. Paths live
     /// once, in the queue being hashed or in the database.
-    ids: HashMap<(u64, u64), FileId>,
+    ids: HashMap<FileKey, FileId>,
     /// `st_dev` → volume key (btrfs subvolume id): files are known by
     /// subvolume and inode, which survive a remount; `st_dev` does not.
     keys: sys::SubvolIds,
@@ -242,7 +242,7 @@ struct Classifier<'a> {
 }
 
 impl<'a> Classifier<'a> {
-    fn new(cfg: &'a Config, policy: &'a Policy, index: &'a HashMap<(u64, u64), Known>, tree: &'a Tree) -> Self {
+    fn new(cfg: &'a Config, policy: &'a Policy, index: &'a HashMap<FileKey, Known>, tree: &'a Tree) -> Self {
         Classifier {
             cfg,
             policy,
@@ -263,38 +263,39 @@ impl<'a> Classifier<'a> {
 
     /// Sort one crawled file: known and unchanged (a move is recorded
     /// through `writes`), or to be hashed (returned).
-    fn sort(&mut self, mut c: Candidate, writes: &SyncSender<WriteOp>) -> Option<(Candidate, Option<FileId>)> {
-        // From here on a candidate's `dev` is its volume key. The parent
-        // directory is opened below the starting paths, like every open.
-        let st_dev = c.dev;
+    fn sort(&mut self, mut c: FileFacts, writes: &SyncSender<WriteOp>) -> Option<(FileFacts, Option<FileId>)> {
+        // From here on a file's `key.volume` is its volume key, not the
+        // crawl's `st_dev`. The parent directory is opened below the
+        // starting paths, like every open.
+        let st_dev = c.key.volume;
         let parent = c.path.parent().unwrap_or(&c.path);
-        c.dev = self.keys.id_for_dir(c.dev, || self.tree.open_dir(parent));
-        let known = self.index.get(&(c.dev, c.ino));
+        c.key.volume = self.keys.id_for_dir(st_dev, || self.tree.open_dir(parent));
+        let known = self.index.get(&c.key);
         if let Some(k) = known {
-            self.ids.insert((c.dev, c.ino), k.id);
-            if k.path != c.path && same_inode(&k.path, st_dev, &c) {
+            self.ids.insert(c.key, k.id);
+            if k.file.path != c.path && same_inode(&k.file.path, st_dev, &c) {
                 // A hard link: the crawl met the inode under another of its
                 // names first (the parallel crawl's order varies). Nothing
                 // moved; keep the recorded name.
-                c.path = k.path.clone();
+                c.path = k.file.path.clone();
             }
         }
         match known {
-            Some(k) if self.cfg.incremental && unchanged(k, &c) => {
-                if k.path != c.path {
+            Some(k) if self.cfg.incremental && unchanged(&k.file, &c) => {
+                if k.file.path != c.path {
                     if let Err(r) = self.moved_xattr(&c, st_dev) {
                         // Moved and marked nodedup (or gone): forgotten
                         // (pruned as unseen).
-                        self.ids.remove(&(c.dev, c.ino));
+                        self.ids.remove(&c.key);
                         self.nodedup += u64::from(r == SkipReason::Nodedup);
                         return None;
                     }
                 }
                 self.files += 1;
                 self.logical_bytes += c.size;
-                if k.path != c.path {
+                if k.file.path != c.path {
                     self.renamed += 1;
-                    let _ = writes.send(WriteOp::Renamed { id: k.id, dev: c.dev, path: c.path, ctime: c.ctime });
+                    let _ = writes.send(WriteOp::Renamed { id: k.id, dev: c.key.volume, path: c.path, ctime: c.ctime });
                 } else {
                     self.unchanged += 1;
                 }
@@ -312,11 +313,11 @@ impl<'a> Classifier<'a> {
 
     /// The `user.nodedup` attribute of a moved file, read on the file the
     /// crawl listed (opened below the starting path, identity checked).
-    /// `st_dev` is the device number the crawl saw (`c.dev` is the volume key).
-    fn moved_xattr(&self, c: &Candidate, st_dev: u64) -> Result<(), SkipReason> {
+    /// `st_dev` is the device number the crawl saw (`c.key.volume` is the volume key).
+    fn moved_xattr(&self, c: &FileFacts, st_dev: u64) -> Result<(), SkipReason> {
         let f = self.tree.open_file(&c.path).map_err(|_| SkipReason::Vanished)?;
         match f.metadata() {
-            Ok(m) if m.is_file() && (m.dev(), m.ino()) == (st_dev, c.ino) => {}
+            Ok(m) if m.is_file() && (m.dev(), m.ino()) == (st_dev, c.key.ino) => {}
             _ => return Err(SkipReason::Vanished),
         }
         use std::os::fd::AsFd;
@@ -328,7 +329,7 @@ impl<'a> Classifier<'a> {
         let seen: HashSet<FileId> = self.ids.values().copied().collect();
         self.index
             .values()
-            .filter(|k| !seen.contains(&k.id) && self.cfg.paths.iter().any(|root| k.path.starts_with(root)))
+            .filter(|k| !seen.contains(&k.id) && self.cfg.paths.iter().any(|root| k.file.path.starts_with(root)))
             .map(|k| k.id)
             .collect()
     }
@@ -338,8 +339,8 @@ impl<'a> Classifier<'a> {
 struct HashTally {
     skipped: HashMap<SkipReason, u64>,
     errors: HashMap<&'static str, u64>,
-    /// (volume key, ino) of files that could not be hashed this run.
-    failed: HashSet<(u64, u64)>,
+    /// Files that could not be hashed this run.
+    failed: HashSet<FileKey>,
     /// Files left in the queue when the run was stopped.
     not_reached: u64,
     /// Sizes of the files skipped or not reached: not considered after all.
@@ -359,7 +360,7 @@ fn hash_all(
     cfg: &Config,
     policy: &Policy,
     tree: &Tree,
-    to_hash: Receiver<(Candidate, Option<FileId>)>,
+    to_hash: Receiver<(FileFacts, Option<FileId>)>,
     tx: SyncSender<WriteOp>,
     progress: &dyn Progress,
     stop: &AtomicBool,
@@ -387,7 +388,7 @@ fn hash_all(
                     t.left_out_bytes += cand.size;
                     return;
                 }
-                let key = (cand.dev, cand.ino);
+                let key = cand.key;
                 let hashed =
                     READ_BUF.with_borrow_mut(|buf| hash_one(&cand, tree, policy, fs_kind, cfg, cache.as_ref(), buf));
                 match hashed {
@@ -399,8 +400,8 @@ fn hash_all(
                         progress.inc_files(1);
                         let op = WriteOp::Hashed {
                             id,
-                            dev: now.dev,
-                            ino: now.ino,
+                            dev: now.key.volume,
+                            ino: now.key.ino,
                             path: now.path,
                             mtime: now.mtime,
                             ctime: now.ctime,
@@ -460,14 +461,14 @@ enum HashFail {
 /// no mount crossed) and must be the inode the crawl listed; the nodedup
 /// attribute and the inode flags are read from that descriptor.
 fn hash_one(
-    c: &Candidate,
+    c: &FileFacts,
     tree: &Tree,
     policy: &Policy,
     fs: FsKind,
     cfg: &Config,
     cache: Option<&hash::ExtentCache>,
     buf: &mut Vec<u8>,
-) -> Result<(Candidate, hash::FileHash), HashFail> {
+) -> Result<(FileFacts, hash::FileHash), HashFail> {
     let file = tree.open_file(&c.path).map_err(|e| match e.raw_os_error() {
         // Gone, or a directory on the way replaced by a symlink or a mount
         // since the crawl listed it: not the file that was listed.
@@ -477,14 +478,14 @@ fn hash_one(
     })?;
     let before = file.metadata().map_err(|e| HashFail::Error("stat", e))?;
     let key = VOL_KEYS.with_borrow_mut(|k| k.id_for(before.dev(), &file));
-    if !before.is_file() || before.ino() != c.ino || key != c.dev {
+    if !before.is_file() || before.ino() != c.key.ino || key != c.key.volume {
         return Err(HashFail::Skip(SkipReason::Vanished));
     }
     use std::os::fd::AsFd;
     policy.check_file_xattr_fd(file.as_fd()).map_err(HashFail::Skip)?;
     let flags = sys::inode_flags(file.as_fd(), fs).map_err(|e| HashFail::Error("flags", e.into()))?;
     Policy::check_flags(flags).map_err(HashFail::Skip)?;
-    let now = Candidate { dev: key, ..Candidate::from_metadata(c.path.clone(), &before) };
+    let now = FileFacts::from_metadata(c.path.clone(), key, &before);
     if now.size == 0 {
         return Err(HashFail::Skip(SkipReason::Empty));
     }
@@ -500,7 +501,7 @@ fn hash_one(
         Err(e) => return Err(HashFail::Error("read", e)),
     };
     let after = file.metadata().map_err(|e| HashFail::Error("stat", e))?;
-    if (Candidate { dev: key, ..Candidate::from_metadata(c.path.clone(), &after) }) != now {
+    if FileFacts::from_metadata(c.path.clone(), key, &after) != now {
         // What was read may not be what the shared blocks hold.
         if let Some(cache) = cache {
             cache.forget(&h.cached);
@@ -514,12 +515,12 @@ fn hash_one(
 struct Scanned<'a> {
     /// Which run hashed each file known before this run (incremental runs).
     hashed_runs: &'a [(FileId, i64)],
-    /// Files seen by this run: `(volume key, ino)` → id.
-    ids: &'a HashMap<(u64, u64), FileId>,
+    /// Files seen by this run, by key.
+    ids: &'a HashMap<FileKey, FileId>,
     /// Files hashed by this run.
     hashed: &'a [FileId],
     /// Files that could not be hashed this run.
-    failed: &'a HashSet<(u64, u64)>,
+    failed: &'a HashSet<FileKey>,
 }
 
 /// Phases 3 and 4: plan from the database, then share or verify.
@@ -682,7 +683,7 @@ fn share(
 
 /// Whether the recorded file `c` still has an extent FIEMAP flags shared
 /// (metadata only). A file that cannot be opened or mapped is retried.
-fn still_shared(tree: &Tree, c: Option<&Candidate>) -> bool {
+fn still_shared(tree: &Tree, c: Option<&FileFacts>) -> bool {
     use std::os::fd::AsFd;
     let Some(c) = c else { return false };
     let Ok(f) = tree.open_file(&c.path) else { return false };

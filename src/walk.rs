@@ -1,7 +1,7 @@
 //! The crawl: list the regular files under the starting paths.
 //!
 //! In: canonical starting paths, the filesystem kind, the [`Policy`]. Out:
-//! one [`Candidate`] per eligible inode, with the `lstat` facts change
+//! one [`FileFacts`] per eligible inode, with the `lstat` facts change
 //! detection needs, handed to a callback as it is found, plus counts of
 //! everything skipped and why. Directories are read by [`CRAWL_THREADS`]
 //! threads; files are only `fstatat`ed, never opened.
@@ -27,7 +27,6 @@ use std::io;
 use std::mem::MaybeUninit;
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::os::unix::ffi::OsStrExt;
-use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc::{sync_channel, SyncSender};
@@ -36,67 +35,11 @@ use std::sync::{Arc, Condvar, Mutex};
 use rustix::fs::{FileType, RawDir, Stat};
 
 use crate::display::display_path;
+use crate::file::FileFacts;
 use crate::policy::{Policy, SkipReason};
 use crate::progress::Progress;
 use crate::sys::beneath::{self, Tree};
 use crate::sys::FsKind;
-
-/// A regular file that may be hashed and shared.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Candidate {
-    pub path: PathBuf,
-    pub dev: u64,
-    pub ino: u64,
-    pub size: u64,
-    /// [`time_tag`] of the modification time.
-    pub mtime: TimeTag,
-    /// [`time_tag`] of the inode change time.
-    pub ctime: TimeTag,
-}
-
-/// A 32-bit tag of a timestamp: all change detection asks of a time is
-/// "equal or not", so the database keeps 4 bytes instead of 8. Signed, so
-/// SQLite stores it in 4 bytes.
-pub type TimeTag = i32;
-
-/// Tag of the time `sec`.`nsec`: the splitmix64 finaliser of its
-/// nanoseconds, so every bit of the time moves every bit of the tag (a time
-/// set back by a whole number of days changes the tag too).
-pub fn time_tag(sec: i64, nsec: i64) -> TimeTag {
-    let mut z = (sec as u64).wrapping_mul(1_000_000_000).wrapping_add(nsec as u64);
-    z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-    z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-    z ^= z >> 31;
-    (z >> 32) as u32 as i32
-}
-
-impl Candidate {
-    /// Build from `lstat`/`fstat` metadata.
-    pub fn from_metadata(path: PathBuf, m: &std::fs::Metadata) -> Candidate {
-        Candidate {
-            path,
-            dev: m.dev(),
-            ino: m.ino(),
-            size: m.size(),
-            mtime: time_tag(m.mtime(), m.mtime_nsec()),
-            ctime: time_tag(m.ctime(), m.ctime_nsec()),
-        }
-    }
-
-    /// Build from a raw `fstatat`/`fstat` result.
-    // The field types of `struct stat` differ by architecture.
-    #[allow(clippy::unnecessary_cast)]
-    pub fn from_stat(path: PathBuf, st: &Stat) -> Candidate {
-        Candidate {
-            path,
-            dev: st.st_dev,
-            ino: st.st_ino,
-            size: st.st_size as u64,
-            mtime: time_tag(st.st_mtime as i64, st.st_mtime_nsec as i64),
-            ctime: time_tag(st.st_ctime as i64, st.st_ctime_nsec as i64),
-        }
-    }
-}
 
 /// What the crawl counted (the files themselves go to its callback).
 #[derive(Debug, Default)]
@@ -213,7 +156,7 @@ pub fn walk(
     policy: &Policy,
     progress: &dyn Progress,
     stop: &AtomicBool,
-    mut each: impl FnMut(Candidate),
+    mut each: impl FnMut(FileFacts),
 ) -> WalkResult {
     let mounts = crate::sys::fs::mount_points();
     let mut result = WalkResult::default();
@@ -279,7 +222,9 @@ pub fn walk(
                 };
                 match skip {
                     Some(r) => *result.skipped.entry(r).or_default() += 1,
-                    None => each(Candidate::from_stat(path, &st)),
+                    // The volume key is resolved by change detection, which may
+                    // open the file's directory; the crawl only lists.
+                    None => each(FileFacts::from_stat(path, st.st_dev, &st)),
                 }
             }
         });
@@ -497,18 +442,6 @@ fn error(result: &mut WalkResult, progress: &dyn Progress, kind: &'static str, p
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn time_tags_tell_times_apart() {
-        let t = time_tag(1_700_000_000, 123);
-        assert_eq!(t, time_tag(1_700_000_000, 123));
-        assert_ne!(t, time_tag(1_700_000_000, 124));
-        // Whole seconds set back by 2^23 s (97 days) agree in the low 32 bits
-        // of their nanoseconds; the tag must still differ.
-        let (a, b) = (1_700_000_000i64, 1_700_000_000i64 - (1 << 23));
-        assert_eq!((a * 1_000_000_000) as u32, (b * 1_000_000_000) as u32);
-        assert_ne!(time_tag(a, 0), time_tag(b, 0));
-    }
 
     /// The fd walker finds every file of a wide and deep tree exactly once,
     /// ends, and counts what it skips.

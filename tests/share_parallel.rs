@@ -16,11 +16,10 @@ use std::sync::atomic::AtomicBool;
 use common::*;
 use dedupscan::corpus::Rng;
 use dedupscan::dedupe::{execute_with_workers, Bookends, Mode, Outcome};
-use dedupscan::file::FileId;
+use dedupscan::file::{FileFacts, FileId};
 use dedupscan::plan::{Plan, Range};
 use dedupscan::progress::Silent;
 use dedupscan::sys::beneath::Tree;
-use dedupscan::walk::Candidate;
 
 const BLK: u64 = 4096;
 /// Source files of the mosaics.
@@ -42,7 +41,7 @@ const BIG_RANGE: u64 = 8 << 20;
 /// of every file "as scanned". Deterministic: the same for every `dir`.
 struct Case {
     plan: Plan,
-    files: HashMap<FileId, Candidate>,
+    files: HashMap<FileId, FileFacts>,
     /// Paths of the files the test alters after the "scan".
     changed: PathBuf,
     vanished: PathBuf,
@@ -118,8 +117,7 @@ fn build(dir: &Path) -> Case {
         .map(|(i, p)| {
             // Files are known by volume key (btrfs subvolume id), not st_dev.
             let key = dedupscan::sys::volume_key(std::os::fd::AsFd::as_fd(&std::fs::File::open(p).unwrap())).unwrap();
-            let c = Candidate::from_metadata(p.clone(), &std::fs::metadata(p).unwrap());
-            (FileId(i as i64 + 1), Candidate { dev: key, ..c })
+            (FileId(i as i64 + 1), FileFacts::from_metadata(p.clone(), key, &std::fs::metadata(p).unwrap()))
         })
         .collect();
     Case { plan: Plan { ranges }, files, changed: dir.join("m07"), vanished: dir.join("m06") }
