@@ -49,6 +49,7 @@ use nix::fcntl::{posix_fadvise, PosixFadviseAdvice};
 
 use crate::bookend::{self, DestExtent};
 use crate::display::display_path;
+use crate::errors::ErrorKind;
 use crate::file::{FileFacts, FileId};
 use crate::plan::{Plan, Range};
 use crate::progress::Progress;
@@ -86,8 +87,8 @@ pub struct Outcome {
     /// Bytes of partly covered extents copied into fresh extents so the old
     /// ones can be freed (btrfs); in a dry run, what would be.
     pub rewritten_bytes: u64,
-    /// Files that could not be opened or mapped.
-    pub errors: BTreeMap<String, u64>,
+    /// Files that could not be opened or rewritten, by kind.
+    pub errors: BTreeMap<ErrorKind, u64>,
     /// Set when sharing was stopped because the filesystem refuses it.
     pub refused: Option<String>,
     /// Destinations left for a later run because the filesystem was out of
@@ -579,11 +580,11 @@ impl<'a> Executor<'a> {
                     // or a mount since the scan: the scanned file is no
                     // longer there.
                     let kind = match e.raw_os_error() {
-                        Some(libc::ENOENT | libc::ENOTDIR | libc::ELOOP | libc::EXDEV) => "vanished",
-                        _ => "open",
+                        Some(libc::ENOENT | libc::ENOTDIR | libc::ELOOP | libc::EXDEV) => ErrorKind::Vanished,
+                        _ => ErrorKind::Open,
                     };
                     self.progress.warn(&format!("{}: cannot open: {e}", display_path(&c.path)));
-                    *self.out.errors.entry(kind.to_owned()).or_default() += 1;
+                    *self.out.errors.entry(kind).or_default() += 1;
                 }
                 None
             }
@@ -819,10 +820,10 @@ impl<'a> Executor<'a> {
                         self.progress.warn(&format!(
                             "{path}: no space to rewrite partly shared extents ({e}); not shared now, retried by the next run"
                         ));
-                        *self.out.errors.entry("no_space".to_owned()).or_default() += 1;
+                        *self.out.errors.entry(ErrorKind::NoSpace).or_default() += 1;
                     } else {
                         self.progress.warn(&format!("{path}: cannot rewrite partly shared extents: {e}"));
-                        *self.out.errors.entry("rewrite".to_owned()).or_default() += 1;
+                        *self.out.errors.entry(ErrorKind::Rewrite).or_default() += 1;
                     }
                 }
             }
@@ -1224,7 +1225,7 @@ mod tests {
     fn merged_outcomes_add_up() {
         let mut a = Outcome { duplicate_bytes: 1, deduped_bytes: 2, changed_files: 1, ..Default::default() };
         a.status.errors.insert("EIO".into(), 1);
-        a.errors.insert("open".into(), 2);
+        a.errors.insert(ErrorKind::Open, 2);
         let mut b = Outcome {
             duplicate_bytes: 10,
             deduped_bytes: 20,
@@ -1237,7 +1238,7 @@ mod tests {
         b.status.same = 4;
         b.status.differs = 1;
         b.status.errors.insert("EIO".into(), 2);
-        b.errors.insert("vanished".into(), 1);
+        b.errors.insert(ErrorKind::Vanished, 1);
         a.merge(b);
         assert_eq!(
             (a.duplicate_bytes, a.deduped_bytes, a.already_shared_bytes, a.changed_files, a.inline_files),
@@ -1245,7 +1246,7 @@ mod tests {
         );
         assert_eq!((a.rewritten_bytes, a.status.same, a.status.differs), (7, 4, 1));
         assert_eq!(a.status.errors["EIO"], 3);
-        assert_eq!((a.errors["open"], a.errors["vanished"]), (2, 1));
+        assert_eq!((a.errors[&ErrorKind::Open], a.errors[&ErrorKind::Vanished]), (2, 1));
         assert_eq!(a.refused.as_deref(), Some("no"));
     }
 }

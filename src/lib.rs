@@ -13,6 +13,7 @@ pub mod corpus;
 pub mod db;
 pub mod dedupe;
 pub mod display;
+pub mod errors;
 pub mod exit;
 pub mod file;
 pub mod hash;

@@ -11,6 +11,7 @@ use std::fmt::Write as _;
 use serde::Serialize;
 
 use crate::display::{human, human_duration_ms, human_signed};
+use crate::errors::ErrorKind;
 use crate::policy::SkipReason;
 
 /// Version of the report's JSON layout; bumped on incompatible changes.
@@ -110,7 +111,10 @@ pub struct Report {
     pub skipped_dirs: BTreeMap<String, u64>,
     /// Total problems with individual paths or ranges.
     pub errors: u64,
-    /// The same problems by kind.
+    /// The same problems by kind: the names of [`ErrorKind`], and
+    /// `dedupe_<errno>` for destinations the kernel refused (see
+    /// [`Report::share_error`]). Strings, so a history written by another
+    /// version reads back whatever kinds it had.
     pub error_kinds: BTreeMap<String, u64>,
     /// Duplicate bytes left for a later run after this one, by reason
     /// (`no_space_rewrite`, `no_space_share`: the volume was full;
@@ -215,7 +219,20 @@ impl Report {
         *self.skipped.entry(r.name().to_owned()).or_default() += n;
     }
 
-    pub fn error(&mut self, kind: &str, n: u64) {
+    /// Count `n` problems of one kind.
+    pub fn error(&mut self, kind: ErrorKind, n: u64) {
+        self.count_error(kind.name(), n);
+    }
+
+    /// Count `n` destinations the kernel (or, in a dry run, our own
+    /// compare) refused to share, by the status name of
+    /// [`DedupeStatuses::errors`]: counted as `dedupe_<name>` in lower case
+    /// (`dedupe_eopnotsupp`, `dedupe_read`), an open set, one per errno.
+    pub fn share_error(&mut self, status: &str, n: u64) {
+        self.count_error(&format!("dedupe_{}", status.to_lowercase()), n);
+    }
+
+    fn count_error(&mut self, kind: &str, n: u64) {
         if n > 0 {
             *self.error_kinds.entry(kind.to_owned()).or_default() += n;
             self.errors += n;

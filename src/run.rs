@@ -24,6 +24,7 @@ use crate::db::writer::{self, WriteOp, CHANNEL_CAP};
 use crate::db::{Db, Known};
 use crate::dedupe::{self, Mode};
 use crate::display::{display_path, human};
+use crate::errors::ErrorKind;
 use crate::file::{FileFacts, FileId, FileKey};
 use crate::hash;
 use crate::plan::PlanOptions;
@@ -119,7 +120,7 @@ fn run_inner(cfg: &Config, progress: &dyn Progress, stop: &AtomicBool) -> Result
         report.skip(*r, *n);
     }
     for (k, n) in &walked.errors {
-        report.error(k, *n);
+        report.error(*k, *n);
     }
     report.timings.walk_ms = cls.walk_ms;
     report.interrupted = stop.load(Ordering::Relaxed);
@@ -338,7 +339,7 @@ impl<'a> Classifier<'a> {
 #[derive(Default)]
 struct HashTally {
     skipped: HashMap<SkipReason, u64>,
-    errors: HashMap<&'static str, u64>,
+    errors: HashMap<ErrorKind, u64>,
     /// Files that could not be hashed this run.
     failed: HashSet<FileKey>,
     /// Files left in the queue when the run was stopped.
@@ -452,7 +453,7 @@ thread_local! {
 
 enum HashFail {
     Skip(SkipReason),
-    Error(&'static str, std::io::Error),
+    Error(ErrorKind, std::io::Error),
 }
 
 /// Open, check and hash one file. Returns the facts it was hashed under.
@@ -473,17 +474,17 @@ fn hash_one(
         // Gone, or a directory on the way replaced by a symlink or a mount
         // since the crawl listed it: not the file that was listed.
         Some(libc::ENOENT | libc::ENOTDIR | libc::ELOOP | libc::EXDEV) => HashFail::Skip(SkipReason::Vanished),
-        Some(libc::EACCES) | Some(libc::EPERM) => HashFail::Error("unreadable", e),
-        _ => HashFail::Error("open", e),
+        Some(libc::EACCES) | Some(libc::EPERM) => HashFail::Error(ErrorKind::Unreadable, e),
+        _ => HashFail::Error(ErrorKind::Open, e),
     })?;
-    let before = file.metadata().map_err(|e| HashFail::Error("stat", e))?;
+    let before = file.metadata().map_err(|e| HashFail::Error(ErrorKind::Stat, e))?;
     let key = VOL_KEYS.with_borrow_mut(|k| k.id_for(before.dev(), &file));
     if !before.is_file() || before.ino() != c.key.ino || key != c.key.volume {
         return Err(HashFail::Skip(SkipReason::Vanished));
     }
     use std::os::fd::AsFd;
     policy.check_file_xattr_fd(file.as_fd()).map_err(HashFail::Skip)?;
-    let flags = sys::inode_flags(file.as_fd(), fs).map_err(|e| HashFail::Error("flags", e.into()))?;
+    let flags = sys::inode_flags(file.as_fd(), fs).map_err(|e| HashFail::Error(ErrorKind::Flags, e.into()))?;
     Policy::check_flags(flags).map_err(HashFail::Skip)?;
     let now = FileFacts::from_metadata(c.path.clone(), key, &before);
     if now.size == 0 {
@@ -496,11 +497,13 @@ fn hash_one(
         }
         // Memory is bounded per file: a block map that cannot be held costs
         // this file (an error, exit code 1), never the run.
-        Err(e) if e.kind() == std::io::ErrorKind::OutOfMemory => return Err(HashFail::Error("out_of_memory", e)),
-        Err(e) if e.kind() == std::io::ErrorKind::FileTooLarge => return Err(HashFail::Error("too_large", e)),
-        Err(e) => return Err(HashFail::Error("read", e)),
+        Err(e) if e.kind() == std::io::ErrorKind::OutOfMemory => {
+            return Err(HashFail::Error(ErrorKind::OutOfMemory, e))
+        }
+        Err(e) if e.kind() == std::io::ErrorKind::FileTooLarge => return Err(HashFail::Error(ErrorKind::TooLarge, e)),
+        Err(e) => return Err(HashFail::Error(ErrorKind::Read, e)),
     };
-    let after = file.metadata().map_err(|e| HashFail::Error("stat", e))?;
+    let after = file.metadata().map_err(|e| HashFail::Error(ErrorKind::Stat, e))?;
     if FileFacts::from_metadata(c.path.clone(), key, &after) != now {
         // What was read may not be what the shared blocks hold.
         if let Some(cache) = cache {
@@ -660,10 +663,10 @@ fn share(
     report.skip(SkipReason::ChangedDuringScan, out.changed_files);
     report.skip(SkipReason::Inline, out.inline_files);
     for (k, n) in &out.errors {
-        report.error(k, *n);
+        report.error(*k, *n);
     }
     for (k, n) in &out.status.errors {
-        report.error(&format!("dedupe_{}", k.to_lowercase()), *n);
+        report.share_error(k, *n);
     }
     report.dedupe_status = out.status;
     if let Some(r) = out.refused {

@@ -35,6 +35,7 @@ use std::sync::{Arc, Condvar, Mutex};
 use rustix::fs::{FileType, RawDir, Stat};
 
 use crate::display::display_path;
+use crate::errors::ErrorKind;
 use crate::file::FileFacts;
 use crate::policy::{Policy, SkipReason};
 use crate::progress::Progress;
@@ -49,8 +50,8 @@ pub struct WalkResult {
     /// Directories left out with everything below them, by reason (their
     /// contents are not read, so not counted as files).
     pub skipped_dirs: BTreeMap<SkipReason, u64>,
-    /// Errors by kind (e.g. `unreadable_dir`), each already reported.
-    pub errors: BTreeMap<&'static str, u64>,
+    /// Errors by kind, each already warned about.
+    pub errors: BTreeMap<ErrorKind, u64>,
 }
 
 /// Directories are read and their entries `fstatat`ed by this many threads
@@ -66,7 +67,7 @@ enum Found {
     File(PathBuf, Stat),
     Skip(SkipReason),
     SkipDir(SkipReason),
-    Error(&'static str, PathBuf, io::Error),
+    Error(ErrorKind, PathBuf, io::Error),
 }
 
 /// A directory to read: an entry of an open parent, opened by the thread
@@ -268,7 +269,7 @@ fn start(
     let st = match st {
         Ok(st) => st,
         Err(e) => {
-            let kind = if e.kind() == io::ErrorKind::NotFound { "vanished" } else { "unreadable" };
+            let kind = if e.kind() == io::ErrorKind::NotFound { ErrorKind::Vanished } else { ErrorKind::Unreadable };
             error(result, progress, kind, &path, &e);
             return None;
         }
@@ -290,7 +291,7 @@ fn start(
     let fd = match dir_fd.try_clone_to_owned() {
         Ok(fd) => fd,
         Err(e) => {
-            error(result, progress, "unreadable", &path, &e);
+            error(result, progress, ErrorKind::Unreadable, &path, &e);
             return None;
         }
     };
@@ -317,7 +318,7 @@ fn enter(ctx: &Ctx<'_>, queue: &Queue, job: Job, buf: &mut [MaybeUninit<u8>], tx
                 Some(libc::ELOOP) => Found::Skip(SkipReason::Symlink),
                 Some(libc::EXDEV) => Found::SkipDir(SkipReason::MountPoint),
                 Some(libc::ENOENT) | Some(libc::ENOTDIR) => Found::Skip(SkipReason::Vanished),
-                _ => Found::Error("unreadable", job.path, e),
+                _ => Found::Error(ErrorKind::Unreadable, job.path, e),
             };
             let _ = tx.send(found);
             return Vec::new();
@@ -327,7 +328,7 @@ fn enter(ctx: &Ctx<'_>, queue: &Queue, job: Job, buf: &mut [MaybeUninit<u8>], tx
     let st = match beneath::stat_fd(fd.as_fd()) {
         Ok(st) => st,
         Err(e) => {
-            let _ = tx.send(Found::Error("unreadable", job.path, e));
+            let _ = tx.send(Found::Error(ErrorKind::Unreadable, job.path, e));
             return Vec::new();
         }
     };
@@ -367,7 +368,7 @@ fn read_dir(
         let entry = match entry {
             Ok(e) => e,
             Err(e) => {
-                let _ = tx.send(Found::Error("unreadable", path.to_owned(), e.into()));
+                let _ = tx.send(Found::Error(ErrorKind::Unreadable, path.to_owned(), e.into()));
                 break;
             }
         };
@@ -434,7 +435,8 @@ fn dir_allowed_fd(fd: BorrowedFd<'_>, path: &Path, st: &Stat, fs: FsKind, policy
     policy.check_dir_fd(fd, path)
 }
 
-fn error(result: &mut WalkResult, progress: &dyn Progress, kind: &'static str, path: &Path, e: &io::Error) {
+/// Warn about a problem with `path` and count it.
+fn error(result: &mut WalkResult, progress: &dyn Progress, kind: ErrorKind, path: &Path, e: &io::Error) {
     progress.warn(&format!("{}: {kind}: {e}", display_path(path)));
     *result.errors.entry(kind).or_default() += 1;
 }
