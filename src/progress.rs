@@ -23,8 +23,11 @@ use crate::display::human;
 /// How serious a message is; its number is the syslog priority.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Level {
+    /// `dedupscan: error:`, the run cannot go on.
     Error = 3,
+    /// `dedupscan: warning:`, a path or range left alone.
     Warning = 4,
+    /// Anything else worth a line (`-v`).
     Info = 6,
 }
 
@@ -179,6 +182,7 @@ pub struct Bars {
 }
 
 impl Bars {
+    /// Bars for the terminal on stderr; messages below `verbosity` are not shown.
     pub fn new(verbosity: Verbosity) -> Bars {
         Bars { bar: Mutex::new(None), bytes: Mutex::new(false), files: Arc::default(), verbosity }
     }
@@ -283,7 +287,7 @@ impl Progress for Bars {
 }
 
 /// Plain log lines for the journal: no control characters, a status line at
-/// most every [`LogLines::every`], with units, a rate and, once the total is
+/// most every 10 s (`DEDUPSCAN_PROGRESS_INTERVAL` seconds), with units, a rate and, once the total is
 /// known, how much is left and an ETA.
 pub struct LogLines {
     verbosity: Verbosity,

@@ -22,10 +22,15 @@ pub const REPORT_VERSION: u32 = 2;
 /// Time spent per phase, in milliseconds.
 #[derive(Debug, Default, Clone, Serialize)]
 pub struct Timings {
+    /// The crawl alone (it overlaps with hashing).
     pub walk_ms: u64,
+    /// The scan phase: crawl and hash, overlapped.
     pub hash_ms: u64,
+    /// Planning, from the database.
     pub plan_ms: u64,
+    /// Sharing, or in a dry run verifying.
     pub dedupe_ms: u64,
+    /// The whole run.
     pub total_ms: u64,
 }
 
@@ -52,17 +57,25 @@ pub struct PendingWork {
 /// Everything one run did.
 #[derive(Debug, Default, Clone, Serialize)]
 pub struct Report {
+    /// [`REPORT_VERSION`].
     pub report_version: u32,
+    /// The version of the binary that ran.
     pub dedupscan_version: String,
     /// `run` (scan and share) or `scan` (hash only).
     pub command: String,
+    /// `--dry-run`: nothing was changed.
     pub dry_run: bool,
+    /// Change detection on (known unchanged files were not reread).
     pub incremental: bool,
     /// Starting paths, escaped (see [`crate::display::display_path`]).
     pub paths: Vec<String>,
+    /// Filesystem kind (`btrfs`, `xfs`, …).
     pub filesystem: String,
+    /// The filesystem's UUID (names the database).
     pub filesystem_uuid: String,
+    /// Path of the database, escaped.
     pub database: String,
+    /// Bytes per hashed block.
     pub block_size: u64,
     /// Regular files considered (after skips). Always
     /// `files_hashed + files_unchanged + files_renamed + files_failed`.
@@ -82,6 +95,8 @@ pub struct Report {
     pub files_renamed: u64,
     /// Files that could not be read (each counted in `error_kinds` too).
     pub files_failed: u64,
+    /// Known files under the starting paths the crawl no longer found
+    /// (forgotten by the database).
     pub files_removed: u64,
     /// Sum of the sizes of the files considered.
     pub logical_bytes: u64,
@@ -102,6 +117,7 @@ pub struct Report {
     pub sources_swapped: u64,
     /// Free space after minus free space before, from statfs (0 in a dry run).
     pub freed_bytes: i64,
+    /// How each destination's sharing request was answered.
     pub dedupe_status: DedupeStatuses,
     /// Files left out, by reason, one per file. Most were never considered;
     /// `inline` files and files found changed while sharing were considered
@@ -128,6 +144,7 @@ pub struct Report {
     pub sharing_refused: Option<String>,
     /// Whether the run stopped before the end (signal or time budget).
     pub interrupted: bool,
+    /// Time per phase.
     pub timings: Timings,
     /// With `--list`: every planned range (what is, or in a dry run would
     /// be, submitted for sharing).
@@ -138,10 +155,15 @@ pub struct Report {
 /// One planned range, for `--list`.
 #[derive(Debug, Clone, Serialize)]
 pub struct ListedRange {
+    /// Path of the file the data is kept in, escaped.
     pub source: String,
+    /// Byte offset of the range in the source.
     pub source_offset: u64,
+    /// Path of the file whose copy is replaced by the source's, escaped.
     pub destination: String,
+    /// Byte offset of the range in the destination.
     pub destination_offset: u64,
+    /// Length of the range in bytes.
     pub bytes: u64,
     /// `report --list` only: what FIEMAP says now: `shared`, `unshared`,
     /// `partly_shared`, `inline` or `unknown`.
@@ -162,6 +184,7 @@ pub struct Table {
 }
 
 impl Table {
+    /// A table with its header row.
     pub fn new<S: AsRef<str>>(header: &[S]) -> Table {
         Table { rows: vec![header.iter().map(|h| h.as_ref().to_owned()).collect()], left: vec![] }
     }
@@ -172,6 +195,7 @@ impl Table {
         self
     }
 
+    /// Add a row (missing cells are blank).
     pub fn row<S: Into<String>>(&mut self, cells: impl IntoIterator<Item = S>) {
         self.rows.push(cells.into_iter().map(Into::into).collect());
     }
@@ -181,6 +205,7 @@ impl Table {
         self.rows.len() <= 1
     }
 
+    /// The table as lines of text, each ending in a newline.
     pub fn render(&self) -> String {
         let cols = self.rows.iter().map(Vec::len).max().unwrap_or(0);
         let width = |i: usize| self.rows.iter().filter_map(|r| r.get(i)).map(|c| c.chars().count()).max().unwrap_or(0);
@@ -212,6 +237,7 @@ impl Table {
 }
 
 impl Report {
+    /// Count `n` files left out for reason `r`.
     pub fn skip(&mut self, r: SkipReason, n: u64) {
         if n == 0 {
             return;

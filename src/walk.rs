@@ -1,9 +1,11 @@
 //! The crawl: list the regular files under the starting paths.
 //!
-//! In: canonical starting paths, the filesystem kind, the [`Policy`]. Out:
-//! one [`FileFacts`] per eligible inode, with the `lstat` facts change
-//! detection needs, handed to a callback as it is found, plus counts of
-//! everything skipped and why. Directories are read by [`CRAWL_THREADS`]
+//! In: the starting paths held open ([`Tree`]), the filesystem kind, the
+//! [`Policy`]. Out: one [`FileFacts`] per eligible inode (path, size, time
+//! tags from `fstatat` without following symlinks, and `st_dev` as its
+//! volume: change detection resolves the volume key), handed to a callback
+//! as it is found, plus a [`WalkResult`]: counts of everything skipped, by
+//! reason, and of errors, by [`ErrorKind`]. Directories are read by eight
 //! threads; files are only `fstatat`ed, never opened.
 //!
 //! The crawl cannot be redirected by a user who renames or replaces what
@@ -147,7 +149,7 @@ struct Ctx<'a> {
 /// soon as it is found, so reading can start while the crawl goes on.
 /// `stop` ends the crawl early.
 ///
-/// [`CRAWL_THREADS`] threads read directories, `fstatat` entries and decide
+/// `CRAWL_THREADS` (8) threads read directories, `fstatat` entries and decide
 /// about directories; this thread applies the rules that need one view of
 /// everything (hard links) and calls `each`. Files arrive in no particular
 /// order.
