@@ -33,9 +33,9 @@ impl std::fmt::Display for FileId {
 }
 
 /// Which file, in a way that survives a remount: the *volume key* (the
-/// btrfs subvolume id, or `st_dev` where there are no subvolumes; see
-/// `sys::SubvolIds` and ARCHITECTURE.md "File identity") and the inode
-/// number. Two names of one inode (hard links) have one key.
+/// btrfs subvolume id; 0 on other filesystems, one database per
+/// filesystem; see `sys::SubvolIds` and ARCHITECTURE.md "File identity")
+/// and the inode number. Two names of one inode (hard links) have one key.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub struct FileKey {
     /// The volume key, not the raw `st_dev` (btrfs hands out a subvolume's

@@ -267,6 +267,36 @@ impl Report {
 
     /// The report as text: a heading, then a table per section.
     pub fn to_text(&self) -> String {
+        let mut s = self.heading();
+        let mut tables = vec![self.files_table()];
+        if self.command == "run" {
+            tables.push(self.duplicates_table());
+        }
+        if !self.skipped.is_empty() || !self.skipped_dirs.is_empty() {
+            tables.push(self.skipped_table());
+        }
+        if self.errors > 0 {
+            let mut t = Table::new(&["errors", "count"]);
+            for (k, v) in &self.error_kinds {
+                t.row([k.clone(), v.to_string()]);
+            }
+            tables.push(t);
+        }
+        tables.push(self.time_table());
+        for t in tables {
+            s.push('\n');
+            s.push_str(&t.render());
+        }
+        if let Some(ranges) = &self.ranges {
+            s.push('\n');
+            s.push_str(&list_text(ranges));
+        }
+        s
+    }
+
+    /// The first lines: what ran where, and whatever the reader must know
+    /// before the numbers (stopped early, sharing refused, work pending).
+    fn heading(&self) -> String {
         let mut s = String::new();
         let mode = if self.dry_run { " (dry run: nothing changed)" } else { "" };
         let _ = writeln!(s, "dedupscan {}{mode} on {} [{}]", self.command, self.paths.join(", "), self.filesystem);
@@ -281,6 +311,11 @@ impl Report {
                 self.pending.iter().map(|(k, w)| format!("{k}: {} in {} files", human(w.bytes), w.files)).collect();
             let _ = writeln!(s, "  pending: {} left for the next run ({})", human(self.pending_bytes), list.join(", "));
         }
+        s
+    }
+
+    /// Files considered, hashed, unchanged, moved, unreadable, removed.
+    fn files_table(&self) -> Table {
         let mut t = Table::new(&["files", "count", "size"]);
         t.row(["considered".to_owned(), self.files_scanned.to_string(), human(self.logical_bytes)]);
         t.row([
@@ -298,48 +333,41 @@ impl Report {
             t.row(["  unreadable".to_owned(), self.files_failed.to_string(), String::new()]);
         }
         t.row(["removed since last run".to_owned(), self.files_removed.to_string(), String::new()]);
-        s.push('\n');
-        s.push_str(&t.render());
-        if self.command == "run" {
-            let mut t = Table::new(&["duplicates", "size", ""]);
-            let found = if self.dry_run { "would share (verified)" } else { "submitted" };
-            t.row([found.to_owned(), human(self.duplicate_bytes), format!("{} ranges", self.ranges_planned)]);
-            t.row(["already shared".to_owned(), human(self.already_shared_bytes), String::new()]);
-            if self.dry_run {
-                if self.rewritten_bytes > 0 {
-                    t.row([
-                        "would rewrite".to_owned(),
-                        human(self.rewritten_bytes),
-                        "partly shared extents".to_owned(),
-                    ]);
-                }
-            } else {
-                t.row(["shared".to_owned(), human(self.deduped_bytes), "confirmed by the kernel".to_owned()]);
-                t.row(["rewritten".to_owned(), human(self.rewritten_bytes), "partly shared extents".to_owned()]);
-                t.row(["freed".to_owned(), human_signed(self.freed_bytes), "measured with statfs".to_owned()]);
+        t
+    }
+
+    /// What `run` found duplicate, shared, rewrote and freed.
+    fn duplicates_table(&self) -> Table {
+        let mut t = Table::new(&["duplicates", "size", ""]);
+        let found = if self.dry_run { "would share (verified)" } else { "submitted" };
+        t.row([found.to_owned(), human(self.duplicate_bytes), format!("{} ranges", self.ranges_planned)]);
+        t.row(["already shared".to_owned(), human(self.already_shared_bytes), String::new()]);
+        if self.dry_run {
+            if self.rewritten_bytes > 0 {
+                t.row(["would rewrite".to_owned(), human(self.rewritten_bytes), "partly shared extents".to_owned()]);
             }
-            s.push('\n');
-            s.push_str(&t.left(2).render());
+        } else {
+            t.row(["shared".to_owned(), human(self.deduped_bytes), "confirmed by the kernel".to_owned()]);
+            t.row(["rewritten".to_owned(), human(self.rewritten_bytes), "partly shared extents".to_owned()]);
+            t.row(["freed".to_owned(), human_signed(self.freed_bytes), "measured with statfs".to_owned()]);
         }
-        if !self.skipped.is_empty() || !self.skipped_dirs.is_empty() {
-            let mut t = Table::new(&["skipped", "files", "directories"]);
-            let reasons: std::collections::BTreeSet<&String> =
-                self.skipped.keys().chain(self.skipped_dirs.keys()).collect();
-            for r in reasons {
-                let n = |m: &BTreeMap<String, u64>| m.get(r).map_or(String::new(), u64::to_string);
-                t.row([r.clone(), n(&self.skipped), n(&self.skipped_dirs)]);
-            }
-            s.push('\n');
-            s.push_str(&t.render());
+        t.left(2)
+    }
+
+    /// Files and directories left out, by reason.
+    fn skipped_table(&self) -> Table {
+        let mut t = Table::new(&["skipped", "files", "directories"]);
+        let reasons: std::collections::BTreeSet<&String> =
+            self.skipped.keys().chain(self.skipped_dirs.keys()).collect();
+        for r in reasons {
+            let n = |m: &BTreeMap<String, u64>| m.get(r).map_or(String::new(), u64::to_string);
+            t.row([r.clone(), n(&self.skipped), n(&self.skipped_dirs)]);
         }
-        if self.errors > 0 {
-            let mut t = Table::new(&["errors", "count"]);
-            for (k, v) in &self.error_kinds {
-                t.row([k.clone(), v.to_string()]);
-            }
-            s.push('\n');
-            s.push_str(&t.render());
-        }
+        t
+    }
+
+    /// Time per phase.
+    fn time_table(&self) -> Table {
         let tm = &self.timings;
         let mut t = Table::new(&["time", ""]);
         for (k, v) in [
@@ -351,13 +379,7 @@ impl Report {
         ] {
             t.row([k.to_owned(), human_duration_ms(v)]);
         }
-        s.push('\n');
-        s.push_str(&t.render());
-        if let Some(ranges) = &self.ranges {
-            s.push('\n');
-            s.push_str(&list_text(ranges));
-        }
-        s
+        t
     }
 }
 

@@ -201,38 +201,54 @@ pub fn walk(
             }
             drop(tx);
             for found in rx {
-                let (path, st) = match found {
-                    Found::File(path, st) => (path, st),
-                    Found::Skip(r) => {
-                        *result.skipped.entry(r).or_default() += 1;
-                        continue;
-                    }
-                    Found::SkipDir(r) => {
-                        *result.skipped_dirs.entry(r).or_default() += 1;
-                        continue;
-                    }
-                    Found::Error(kind, path, e) => {
-                        error(&mut result, progress, kind, &path, &e);
-                        continue;
-                    }
-                };
-                let skip = if st.st_nlink > 1 && !seen_inodes.insert((st.st_dev, st.st_ino)) {
-                    Some(SkipReason::Hardlink)
-                } else if st.st_size == 0 {
-                    Some(SkipReason::Empty)
-                } else {
-                    policy.check_file(&path, st.st_dev, st.st_ino).err()
-                };
-                match skip {
-                    Some(r) => *result.skipped.entry(r).or_default() += 1,
-                    // The volume key is resolved by change detection, which may
-                    // open the file's directory; the crawl only lists.
-                    None => each(FileFacts::from_stat(path, st.st_dev, &st)),
-                }
+                consume(found, policy, progress, &mut seen_inodes, &mut result, &mut each);
             }
         });
     }
     result
+}
+
+/// On the calling thread, one thing a crawler thread found: count it, or
+/// apply the rules that need one view of everything (hard links) and the
+/// file rules of the policy, and hand an eligible file to `each`.
+/// `seen_inodes`: `(st_dev, ino)` of the inodes with more than one name
+/// met so far.
+fn consume(
+    found: Found,
+    policy: &Policy,
+    progress: &dyn Progress,
+    seen_inodes: &mut HashSet<(u64, u64)>,
+    result: &mut WalkResult,
+    each: &mut impl FnMut(FileFacts),
+) {
+    let (path, st) = match found {
+        Found::File(path, st) => (path, st),
+        Found::Skip(r) => {
+            *result.skipped.entry(r).or_default() += 1;
+            return;
+        }
+        Found::SkipDir(r) => {
+            *result.skipped_dirs.entry(r).or_default() += 1;
+            return;
+        }
+        Found::Error(kind, path, e) => {
+            error(result, progress, kind, &path, &e);
+            return;
+        }
+    };
+    let skip = if st.st_nlink > 1 && !seen_inodes.insert((st.st_dev, st.st_ino)) {
+        Some(SkipReason::Hardlink)
+    } else if st.st_size == 0 {
+        Some(SkipReason::Empty)
+    } else {
+        policy.check_file(&path, st.st_dev, st.st_ino).err()
+    };
+    match skip {
+        Some(r) => *result.skipped.entry(r).or_default() += 1,
+        // The volume key is resolved by change detection, which may open
+        // the file's directory; the crawl only lists.
+        None => each(FileFacts::from_stat(path, st.st_dev, &st)),
+    }
 }
 
 /// How a starting path begins: a directory to read, or a single file.
