@@ -23,9 +23,9 @@ use std::time::Duration;
 use criterion::{criterion_group, criterion_main, Criterion, Throughput};
 use dedupscan::blockmap::{short_fp, Fp};
 use dedupscan::corpus::Rng;
+use dedupscan::file::FileId;
 use dedupscan::hash::ZERO_FP;
 use dedupscan::plan::{anchors, plan, PlanFile, PlanOptions};
-use dedupscan::types::FileId;
 
 const BS: u64 = 4096;
 

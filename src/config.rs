@@ -9,8 +9,8 @@ use std::path::{Path, PathBuf};
 use anyhow::{bail, Context, Result};
 
 use crate::cli::{Cli, Command, LogLevel, ProgressMode, ScanArgs};
+use crate::display::display_path;
 use crate::progress::Verbosity;
-use crate::report::display_path;
 use crate::sys::{self, FsInfo, FsKind};
 
 /// The paths of a run (the default command, also with `--dry-run`) are on a

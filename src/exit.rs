@@ -39,6 +39,7 @@ impl ExitCode {
         ExitCode::Unsupported,
     ];
 
+    /// The process exit status.
     pub fn code(self) -> i32 {
         self as i32
     }

@@ -26,7 +26,7 @@ use std::time::{Duration, UNIX_EPOCH};
 use serde_json::Value;
 use sha2::{Digest, Sha256};
 
-use crate::report::human;
+use crate::display::human;
 use crate::summary::Summary;
 
 /// The page for `summary`.

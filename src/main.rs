@@ -51,7 +51,7 @@ fn dispatch(cfg: &Config) -> ExitCode {
         Action::Report => summary::summarize_with(&cfg.db_path, progress.as_ref(), cfg.list).and_then(|s| {
             if let Some(html) = &cfg.html {
                 std::fs::write(html, s.to_html())
-                    .map_err(|e| anyhow::anyhow!("cannot write {}: {e}", dedupscan::report::display_path(html)))?;
+                    .map_err(|e| anyhow::anyhow!("cannot write {}: {e}", dedupscan::display::display_path(html)))?;
             }
             print_out(cfg.json, &s, || s.to_text())?;
             Ok(ExitCode::Success)
@@ -103,13 +103,13 @@ fn write_metrics(cfg: &Config, code: ExitCode, report: Option<&dedupscan::report
         exit_code: code.code(),
         fs_uuid: cfg.fs.as_ref().map(|f| f.uuid.clone()).unwrap_or_default(),
         filesystem: cfg.fs.as_ref().map(|f| f.kind.name().to_owned()).unwrap_or_default(),
-        paths: cfg.paths.iter().map(|p| dedupscan::report::display_path(p)).collect(),
+        paths: cfg.paths.iter().map(|p| dedupscan::display::display_path(p)).collect(),
         report,
     };
     match dedupscan::metrics::write_atomic(path, &cfg.db_path, &outcome) {
         Ok(()) => true,
         Err(e) => {
-            let msg = format!("{}: cannot write the metrics file: {e}", dedupscan::report::display_path(path));
+            let msg = format!("{}: cannot write the metrics file: {e}", dedupscan::display::display_path(path));
             dedupscan::progress::emit(dedupscan::progress::Level::Warning, &dedupscan::progress::warning_line(&msg));
             false
         }

@@ -36,6 +36,7 @@ use std::time::{SystemTime, UNIX_EPOCH};
 
 use serde_json::Value;
 
+use crate::errors::ErrorKind;
 use crate::report::Report;
 
 /// One finished run of the database's history.
@@ -71,7 +72,7 @@ pub struct Outcome<'a> {
     pub fs_uuid: String,
     /// `btrfs` or `xfs`.
     pub filesystem: String,
-    /// Starting paths, escaped (see [`crate::report::display_path`]).
+    /// Starting paths, escaped (see [`crate::display::display_path`]).
     pub paths: Vec<String>,
     /// The run's report, when it finished (it is also the last of the
     /// history, as the run stored it).
@@ -81,7 +82,9 @@ pub struct Outcome<'a> {
 /// Values the code knows for each labelled family; the history adds more.
 const PHASES: [&str; 4] = ["walk", "hash", "plan", "dedupe"];
 const STATUSES: [&str; 2] = ["same", "differs"];
-const ERROR_KINDS: [&str; 2] = ["unreadable", "vanished"];
+/// The commonest [`ErrorKind`]s (a family lists these even before any run
+/// counted one).
+const ERROR_KINDS: [&str; 2] = [ErrorKind::Unreadable.name(), ErrorKind::Vanished.name()];
 const COMMANDS: [&str; 2] = ["run", "scan"];
 /// The names of [`crate::policy::SkipReason`].
 const SKIP_REASONS: [&str; 20] = [

@@ -30,6 +30,7 @@ const MARKER_C: &std::ffi::CStr = c".nodedup";
 pub enum SkipReason {
     /// Named pipe: never opened (opening could block or consume data).
     Fifo,
+    /// Unix socket: never opened.
     Socket,
     /// Block or character device node.
     Device,
@@ -45,7 +46,9 @@ pub enum SkipReason {
     Excluded,
     /// `user.nodedup` xattr or `.nodedup` marker.
     Nodedup,
+    /// `chattr +i`: the kernel refuses to share it.
     Immutable,
+    /// `chattr +a`: the kernel refuses to share it.
     AppendOnly,
     /// btrfs `chattr +C`: extents cannot be shared.
     Nocow,

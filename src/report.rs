@@ -7,12 +7,12 @@
 
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
-use std::os::unix::ffi::OsStrExt;
-use std::path::Path;
 
 use serde::Serialize;
 
 use crate::dedupe::DedupeStatuses;
+use crate::display::{human, human_duration_ms, human_signed};
+use crate::errors::ErrorKind;
 use crate::policy::SkipReason;
 
 /// Version of the report's JSON layout; bumped on incompatible changes.
@@ -23,10 +23,15 @@ pub const REPORT_VERSION: u32 = 2;
 /// Time spent per phase, in milliseconds.
 #[derive(Debug, Default, Clone, Serialize)]
 pub struct Timings {
+    /// The crawl alone (it overlaps with hashing).
     pub walk_ms: u64,
+    /// The scan phase: crawl and hash, overlapped.
     pub hash_ms: u64,
+    /// Planning, from the database.
     pub plan_ms: u64,
+    /// Sharing, or in a dry run verifying.
     pub dedupe_ms: u64,
+    /// The whole run.
     pub total_ms: u64,
 }
 
@@ -42,17 +47,25 @@ pub struct PendingWork {
 /// Everything one run did.
 #[derive(Debug, Default, Clone, Serialize)]
 pub struct Report {
+    /// [`REPORT_VERSION`].
     pub report_version: u32,
+    /// The version of the binary that ran.
     pub dedupscan_version: String,
     /// `run` (scan and share) or `scan` (hash only).
     pub command: String,
+    /// `--dry-run`: nothing was changed.
     pub dry_run: bool,
+    /// Change detection on (known unchanged files were not reread).
     pub incremental: bool,
-    /// Starting paths, escaped (see [`display_path`]).
+    /// Starting paths, escaped (see [`crate::display::display_path`]).
     pub paths: Vec<String>,
+    /// Filesystem kind (`btrfs`, `xfs`, …).
     pub filesystem: String,
+    /// The filesystem's UUID (names the database).
     pub filesystem_uuid: String,
+    /// Path of the database, escaped.
     pub database: String,
+    /// Bytes per hashed block.
     pub block_size: u64,
     /// Regular files considered (after skips). Always
     /// `files_hashed + files_unchanged + files_renamed + files_failed`.
@@ -72,6 +85,8 @@ pub struct Report {
     pub files_renamed: u64,
     /// Files that could not be read (each counted in `error_kinds` too).
     pub files_failed: u64,
+    /// Known files under the starting paths the crawl no longer found
+    /// (forgotten by the database).
     pub files_removed: u64,
     /// Sum of the sizes of the files considered.
     pub logical_bytes: u64,
@@ -97,6 +112,7 @@ pub struct Report {
     pub sources_swapped: u64,
     /// Free space after minus free space before, from statfs (0 in a dry run).
     pub freed_bytes: i64,
+    /// How each destination's sharing request was answered.
     pub dedupe_status: DedupeStatuses,
     /// Files left out, by reason, one per file. Most were never considered;
     /// `inline` files and files found changed while sharing were considered
@@ -106,7 +122,10 @@ pub struct Report {
     pub skipped_dirs: BTreeMap<String, u64>,
     /// Total problems with individual paths or ranges.
     pub errors: u64,
-    /// The same problems by kind.
+    /// The same problems by kind: the names of [`ErrorKind`], and
+    /// `dedupe_<errno>` for destinations the kernel refused (see
+    /// [`Report::share_error`]). Strings, so a history written by another
+    /// version reads back whatever kinds it had.
     pub error_kinds: BTreeMap<String, u64>,
     /// Duplicate bytes left for a later run after this one, by reason
     /// (`no_space_rewrite`, `no_space_share`: the volume was full;
@@ -120,6 +139,7 @@ pub struct Report {
     pub sharing_refused: Option<String>,
     /// Whether the run stopped before the end (signal or time budget).
     pub interrupted: bool,
+    /// Time per phase.
     pub timings: Timings,
     /// With `--list`: every planned range (what is, or in a dry run would
     /// be, submitted for sharing).
@@ -130,10 +150,15 @@ pub struct Report {
 /// One planned range, for `--list`.
 #[derive(Debug, Clone, Serialize)]
 pub struct ListedRange {
+    /// Path of the file the data is kept in, escaped.
     pub source: String,
+    /// Byte offset of the range in the source.
     pub source_offset: u64,
+    /// Path of the file whose copy is replaced by the source's, escaped.
     pub destination: String,
+    /// Byte offset of the range in the destination.
     pub destination_offset: u64,
+    /// Length of the range in bytes.
     pub bytes: u64,
     /// `report --list` only: what FIEMAP says now: `shared`, `unshared`,
     /// `partly_shared`, `inline` or `unknown`.
@@ -154,6 +179,7 @@ pub struct Table {
 }
 
 impl Table {
+    /// A table with its header row.
     pub fn new<S: AsRef<str>>(header: &[S]) -> Table {
         Table { rows: vec![header.iter().map(|h| h.as_ref().to_owned()).collect()], left: vec![] }
     }
@@ -164,6 +190,7 @@ impl Table {
         self
     }
 
+    /// Add a row (missing cells are blank).
     pub fn row<S: Into<String>>(&mut self, cells: impl IntoIterator<Item = S>) {
         self.rows.push(cells.into_iter().map(Into::into).collect());
     }
@@ -173,6 +200,7 @@ impl Table {
         self.rows.len() <= 1
     }
 
+    /// The table as lines of text, each ending in a newline.
     pub fn render(&self) -> String {
         let cols = self.rows.iter().map(Vec::len).max().unwrap_or(0);
         let width = |i: usize| self.rows.iter().filter_map(|r| r.get(i)).map(|c| c.chars().count()).max().unwrap_or(0);
@@ -203,23 +231,8 @@ impl Table {
     }
 }
 
-/// Whole seconds as `1h 2m 3s` (`0s` for none).
-pub fn human_duration_ms(ms: u64) -> String {
-    if ms < 10_000 {
-        return format!("{:.1}s", ms as f64 / 1e3);
-    }
-    humantime::format_duration(std::time::Duration::from_secs(ms / 1000)).to_string()
-}
-
-/// Unix seconds as an ISO 8601 date and time in UTC, e.g.
-/// `2026-11-23T15:04:05Z` (UTC: the same on every machine and in the
-/// journal, and it sorts).
-pub fn iso_time(unix: i64) -> String {
-    let t = std::time::UNIX_EPOCH + std::time::Duration::from_secs(unix.max(0) as u64);
-    humantime::format_rfc3339_seconds(t).to_string()
-}
-
 impl Report {
+    /// Count `n` files left out for reason `r`.
     pub fn skip(&mut self, r: SkipReason, n: u64) {
         if n == 0 {
             return;
@@ -227,7 +240,20 @@ impl Report {
         *self.skipped.entry(r.name().to_owned()).or_default() += n;
     }
 
-    pub fn error(&mut self, kind: &str, n: u64) {
+    /// Count `n` problems of one kind.
+    pub fn error(&mut self, kind: ErrorKind, n: u64) {
+        self.count_error(kind.name(), n);
+    }
+
+    /// Count `n` destinations the kernel (or, in a dry run, our own
+    /// compare) refused to share, by the status name of
+    /// [`DedupeStatuses::errors`]: counted as `dedupe_<name>` in lower case
+    /// (`dedupe_eopnotsupp`, `dedupe_read`), an open set, one per errno.
+    pub fn share_error(&mut self, status: &str, n: u64) {
+        self.count_error(&format!("dedupe_{}", status.to_lowercase()), n);
+    }
+
+    fn count_error(&mut self, kind: &str, n: u64) {
         if n > 0 {
             *self.error_kinds.entry(kind.to_owned()).or_default() += n;
             self.errors += n;
@@ -236,6 +262,36 @@ impl Report {
 
     /// The report as text: a heading, then a table per section.
     pub fn to_text(&self) -> String {
+        let mut s = self.heading();
+        let mut tables = vec![self.files_table()];
+        if self.command == "run" {
+            tables.push(self.duplicates_table());
+        }
+        if !self.skipped.is_empty() || !self.skipped_dirs.is_empty() {
+            tables.push(self.skipped_table());
+        }
+        if self.errors > 0 {
+            let mut t = Table::new(&["errors", "count"]);
+            for (k, v) in &self.error_kinds {
+                t.row([k.clone(), v.to_string()]);
+            }
+            tables.push(t);
+        }
+        tables.push(self.time_table());
+        for t in tables {
+            s.push('\n');
+            s.push_str(&t.render());
+        }
+        if let Some(ranges) = &self.ranges {
+            s.push('\n');
+            s.push_str(&list_text(ranges));
+        }
+        s
+    }
+
+    /// The first lines: what ran where, and whatever the reader must know
+    /// before the numbers (stopped early, sharing refused, work pending).
+    fn heading(&self) -> String {
         let mut s = String::new();
         let mode = if self.dry_run { " (dry run: nothing changed)" } else { "" };
         let _ = writeln!(s, "dedupscan {}{mode} on {} [{}]", self.command, self.paths.join(", "), self.filesystem);
@@ -250,6 +306,11 @@ impl Report {
                 self.pending.iter().map(|(k, w)| format!("{k}: {} in {} files", human(w.bytes), w.files)).collect();
             let _ = writeln!(s, "  pending: {} left for the next run ({})", human(self.pending_bytes), list.join(", "));
         }
+        s
+    }
+
+    /// Files considered, hashed, unchanged, moved, unreadable, removed.
+    fn files_table(&self) -> Table {
         let mut t = Table::new(&["files", "count", "size"]);
         t.row(["considered".to_owned(), self.files_scanned.to_string(), human(self.logical_bytes)]);
         t.row([
@@ -267,55 +328,45 @@ impl Report {
             t.row(["  unreadable".to_owned(), self.files_failed.to_string(), String::new()]);
         }
         t.row(["removed since last run".to_owned(), self.files_removed.to_string(), String::new()]);
-        s.push('\n');
-        s.push_str(&t.render());
-        if self.command == "run" {
-            let mut t = Table::new(&["duplicates", "size", ""]);
-            let found = if self.dry_run { "would share (verified)" } else { "submitted" };
-            t.row([found.to_owned(), human(self.duplicate_bytes), format!("{} ranges", self.ranges_planned)]);
-            t.row(["already shared".to_owned(), human(self.already_shared_bytes), String::new()]);
-            if self.dry_run {
-                if self.rewritten_bytes > 0 {
-                    t.row([
-                        "would rewrite".to_owned(),
-                        human(self.rewritten_bytes),
-                        "partly shared extents".to_owned(),
-                    ]);
-                }
-            } else {
-                t.row(["shared".to_owned(), human(self.deduped_bytes), "confirmed by the kernel".to_owned()]);
-                t.row(["rewritten".to_owned(), human(self.rewritten_bytes), "partly shared extents".to_owned()]);
-                if self.pinned_bytes > 0 {
-                    t.row([
-                        "pinned".to_owned(),
-                        human(self.pinned_bytes),
-                        "shared, not freed: the rest of the extent is in use".to_owned(),
-                    ]);
-                }
-                t.row(["freed".to_owned(), human_signed(self.freed_bytes), "measured with statfs".to_owned()]);
+        t
+    }
+
+    /// What `run` found duplicate, shared, rewrote and freed.
+    fn duplicates_table(&self) -> Table {
+        let mut t = Table::new(&["duplicates", "size", ""]);
+        let found = if self.dry_run { "would share (verified)" } else { "submitted" };
+        t.row([found.to_owned(), human(self.duplicate_bytes), format!("{} ranges", self.ranges_planned)]);
+        t.row(["already shared".to_owned(), human(self.already_shared_bytes), String::new()]);
+        if self.dry_run {
+            if self.rewritten_bytes > 0 {
+                t.row(["would rewrite".to_owned(), human(self.rewritten_bytes), "partly shared extents".to_owned()]);
             }
-            s.push('\n');
-            s.push_str(&t.left(2).render());
-        }
-        if !self.skipped.is_empty() || !self.skipped_dirs.is_empty() {
-            let mut t = Table::new(&["skipped", "files", "directories"]);
-            let reasons: std::collections::BTreeSet<&String> =
-                self.skipped.keys().chain(self.skipped_dirs.keys()).collect();
-            for r in reasons {
-                let n = |m: &BTreeMap<String, u64>| m.get(r).map_or(String::new(), u64::to_string);
-                t.row([r.clone(), n(&self.skipped), n(&self.skipped_dirs)]);
+        } else {
+            t.row(["shared".to_owned(), human(self.deduped_bytes), "confirmed by the kernel".to_owned()]);
+            t.row(["rewritten".to_owned(), human(self.rewritten_bytes), "partly shared extents".to_owned()]);
+            if self.pinned_bytes > 0 {
+                let why = "shared, not freed: the rest of the extent is in use";
+                t.row(["pinned".to_owned(), human(self.pinned_bytes), why.to_owned()]);
             }
-            s.push('\n');
-            s.push_str(&t.render());
+            t.row(["freed".to_owned(), human_signed(self.freed_bytes), "measured with statfs".to_owned()]);
         }
-        if self.errors > 0 {
-            let mut t = Table::new(&["errors", "count"]);
-            for (k, v) in &self.error_kinds {
-                t.row([k.clone(), v.to_string()]);
-            }
-            s.push('\n');
-            s.push_str(&t.render());
+        t.left(2)
+    }
+
+    /// Files and directories left out, by reason.
+    fn skipped_table(&self) -> Table {
+        let mut t = Table::new(&["skipped", "files", "directories"]);
+        let reasons: std::collections::BTreeSet<&String> =
+            self.skipped.keys().chain(self.skipped_dirs.keys()).collect();
+        for r in reasons {
+            let n = |m: &BTreeMap<String, u64>| m.get(r).map_or(String::new(), u64::to_string);
+            t.row([r.clone(), n(&self.skipped), n(&self.skipped_dirs)]);
         }
+        t
+    }
+
+    /// Time per phase.
+    fn time_table(&self) -> Table {
         let tm = &self.timings;
         let mut t = Table::new(&["time", ""]);
         for (k, v) in [
@@ -327,13 +378,7 @@ impl Report {
         ] {
             t.row([k.to_owned(), human_duration_ms(v)]);
         }
-        s.push('\n');
-        s.push_str(&t.render());
-        if let Some(ranges) = &self.ranges {
-            s.push('\n');
-            s.push_str(&list_text(ranges));
-        }
-        s
+        t
     }
 }
 
@@ -361,87 +406,9 @@ pub fn list_text(ranges: &[ListedRange]) -> String {
     format!("{} ranges:\n{}", ranges.len(), t.render())
 }
 
-/// A path as shown in messages and JSON: valid UTF-8 as is, every other
-/// byte as `\xNN`, and a backslash as `\\`, so the form is lossless and can
-/// be turned back into the original bytes.
-pub fn display_path(p: &Path) -> String {
-    escape_bytes(p.as_os_str().as_bytes())
-}
-
-/// See [`display_path`].
-pub fn escape_bytes(mut b: &[u8]) -> String {
-    let mut out = String::with_capacity(b.len());
-    loop {
-        match std::str::from_utf8(b) {
-            Ok(s) => {
-                push_escaped(&mut out, s);
-                return out;
-            }
-            Err(e) => {
-                let (good, rest) = b.split_at(e.valid_up_to());
-                push_escaped(&mut out, std::str::from_utf8(good).expect("valid prefix"));
-                let bad = e.error_len().unwrap_or(rest.len());
-                for byte in &rest[..bad] {
-                    let _ = write!(out, "\\x{byte:02x}");
-                }
-                b = &rest[bad..];
-            }
-        }
-    }
-}
-
-fn push_escaped(out: &mut String, s: &str) {
-    for c in s.chars() {
-        if c == '\\' {
-            out.push_str("\\\\");
-        } else {
-            out.push(c);
-        }
-    }
-}
-
-/// Bytes in binary units, e.g. `1.5 GiB`.
-pub fn human(n: u64) -> String {
-    const UNITS: [&str; 6] = ["B", "KiB", "MiB", "GiB", "TiB", "PiB"];
-    let mut v = n as f64;
-    let mut u = 0;
-    while v >= 1024.0 && u + 1 < UNITS.len() {
-        v /= 1024.0;
-        u += 1;
-    }
-    if u == 0 {
-        format!("{n} B")
-    } else {
-        format!("{v:.1} {}", UNITS[u])
-    }
-}
-
-pub fn human_signed(n: i64) -> String {
-    if n < 0 {
-        format!("-{}", human(n.unsigned_abs()))
-    } else {
-        human(n as u64)
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-    use std::ffi::OsStr;
-
-    #[test]
-    fn escapes_non_utf8_losslessly() {
-        let p = Path::new(OsStr::from_bytes(b"/a/\xffb\\c/\xc3\xa9"));
-        assert_eq!(display_path(p), "/a/\\xffb\\\\c/é");
-    }
-
-    #[test]
-    fn human_units() {
-        assert_eq!(human(512), "512 B");
-        assert_eq!(human(1536), "1.5 KiB");
-        assert_eq!(human(3 << 30), "3.0 GiB");
-        assert_eq!(human_signed(-2048), "-2.0 KiB");
-    }
 
     #[test]
     fn tables_align() {
@@ -449,12 +416,6 @@ mod tests {
         t.row(["a", "1"]);
         t.row(["longer", "100"]);
         assert_eq!(t.render(), "  what      n\n  a         1\n  longer  100\n");
-    }
-
-    #[test]
-    fn iso_dates() {
-        assert_eq!(iso_time(0), "1970-01-01T00:00:00Z");
-        assert_eq!(iso_time(1_795_000_000), "2026-11-18T11:06:40Z");
     }
 
     #[test]

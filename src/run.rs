@@ -23,22 +23,24 @@ use crate::config::{Action, Config};
 use crate::db::writer::{self, WriteOp, CHANNEL_CAP};
 use crate::db::{Db, Known};
 use crate::dedupe::{self, Mode};
+use crate::display::{display_path, human};
+use crate::errors::ErrorKind;
+use crate::file::{FileFacts, FileId, FileKey};
 use crate::hash;
 use crate::plan::PlanOptions;
 use crate::policy::{Policy, SkipReason};
 use crate::progress::Progress;
-use crate::report::{display_path, human, Report};
+use crate::report::Report;
 use crate::sys::beneath::Tree;
 use crate::sys::{self, FsKind};
-use crate::types::FileId;
-use crate::walk::{self, Candidate};
+use crate::walk;
 
 /// Scan (and for [`Action::Run`], plan and share) as `cfg` says.
 /// `stop` is set by SIGINT/SIGTERM: the run finishes its current batch,
 /// commits and reports.
 pub fn run(cfg: &Config, progress: &dyn Progress, stop: &AtomicBool) -> Result<Report> {
     // A database error says which database and what to do about it.
-    run_inner(cfg, progress, stop).map_err(|e| crate::progress::explain_db_error(&cfg.db_path, e))
+    run_inner(cfg, progress, stop).map_err(|e| crate::db::explain::explain_db_error(&cfg.db_path, e))
 }
 
 fn run_inner(cfg: &Config, progress: &dyn Progress, stop: &AtomicBool) -> Result<Report> {
@@ -91,7 +93,7 @@ fn run_inner(cfg: &Config, progress: &dyn Progress, stop: &AtomicBool) -> Result
         .name("db-writer".into())
         .spawn(move || writer::run(db, run_id, rx))
         .context("cannot start the database writer")?;
-    let (hash_tx, hash_rx) = sync_channel::<(Candidate, Option<FileId>)>(HASH_QUEUE);
+    let (hash_tx, hash_rx) = sync_channel::<(FileFacts, Option<FileId>)>(HASH_QUEUE);
     let (walked, cls, stats) = std::thread::scope(|s| -> Result<_> {
         let (policy, index, writes, tree) = (&policy, &index, tx.clone(), &tree);
         let crawler = std::thread::Builder::new()
@@ -118,7 +120,7 @@ fn run_inner(cfg: &Config, progress: &dyn Progress, stop: &AtomicBool) -> Result
         report.skip(*r, *n);
     }
     for (k, n) in &walked.errors {
-        report.error(k, *n);
+        report.error(*k, *n);
     }
     report.timings.walk_ms = cls.walk_ms;
     report.interrupted = stop.load(Ordering::Relaxed);
@@ -202,14 +204,14 @@ const LAST_SHARE_RUN: &str = "last_complete_share_run";
 /// change means a rehash: that is how a rewrite with its mtime set back is
 /// caught. A wrong belief can only cost a missed match, never data: the
 /// kernel compares every byte before sharing.
-fn unchanged(k: &Known, c: &Candidate) -> bool {
+fn unchanged(k: &FileFacts, c: &FileFacts) -> bool {
     k.size == c.size && k.mtime == c.mtime && (k.ctime == c.ctime || k.path != c.path)
 }
 
 /// Whether `path` (a recorded name) still names the inode of `c`.
-/// `st_dev` is the raw device number of `c` (its `dev` is the volume key).
-fn same_inode(path: &Path, st_dev: u64, c: &Candidate) -> bool {
-    std::fs::symlink_metadata(path).is_ok_and(|m| m.dev() == st_dev && m.ino() == c.ino)
+/// `st_dev` is the raw device number of `c` (its `key.volume` is the volume key).
+fn same_inode(path: &Path, st_dev: u64, c: &FileFacts) -> bool {
+    std::fs::symlink_metadata(path).is_ok_and(|m| m.dev() == st_dev && m.ino() == c.key.ino)
 }
 
 /// Files waiting for a hashing thread at most: the crawler runs ahead of
@@ -220,11 +222,11 @@ const HASH_QUEUE: usize = 4096;
 struct Classifier<'a> {
     cfg: &'a Config,
     policy: &'a Policy,
-    index: &'a HashMap<(u64, u64), Known>,
+    index: &'a HashMap<FileKey, Known>,
     tree: &'a Tree,
     /// Known files seen by this crawl: `(volume key, ino)` → id. Paths live
     /// once, in the queue being hashed or in the database.
-    ids: HashMap<(u64, u64), FileId>,
+    ids: HashMap<FileKey, FileId>,
     /// `st_dev` → volume key (btrfs subvolume id): files are known by
     /// subvolume and inode, which survive a remount; `st_dev` does not.
     keys: sys::SubvolIds,
@@ -241,7 +243,7 @@ struct Classifier<'a> {
 }
 
 impl<'a> Classifier<'a> {
-    fn new(cfg: &'a Config, policy: &'a Policy, index: &'a HashMap<(u64, u64), Known>, tree: &'a Tree) -> Self {
+    fn new(cfg: &'a Config, policy: &'a Policy, index: &'a HashMap<FileKey, Known>, tree: &'a Tree) -> Self {
         Classifier {
             cfg,
             policy,
@@ -262,38 +264,39 @@ impl<'a> Classifier<'a> {
 
     /// Sort one crawled file: known and unchanged (a move is recorded
     /// through `writes`), or to be hashed (returned).
-    fn sort(&mut self, mut c: Candidate, writes: &SyncSender<WriteOp>) -> Option<(Candidate, Option<FileId>)> {
-        // From here on a candidate's `dev` is its volume key. The parent
-        // directory is opened below the starting paths, like every open.
-        let st_dev = c.dev;
+    fn sort(&mut self, mut c: FileFacts, writes: &SyncSender<WriteOp>) -> Option<(FileFacts, Option<FileId>)> {
+        // From here on a file's `key.volume` is its volume key, not the
+        // crawl's `st_dev`. The parent directory is opened below the
+        // starting paths, like every open.
+        let st_dev = c.key.volume;
         let parent = c.path.parent().unwrap_or(&c.path);
-        c.dev = self.keys.id_for_dir(c.dev, || self.tree.open_dir(parent));
-        let known = self.index.get(&(c.dev, c.ino));
+        c.key.volume = self.keys.id_for_dir(st_dev, || self.tree.open_dir(parent));
+        let known = self.index.get(&c.key);
         if let Some(k) = known {
-            self.ids.insert((c.dev, c.ino), k.id);
-            if k.path != c.path && same_inode(&k.path, st_dev, &c) {
+            self.ids.insert(c.key, k.id);
+            if k.file.path != c.path && same_inode(&k.file.path, st_dev, &c) {
                 // A hard link: the crawl met the inode under another of its
                 // names first (the parallel crawl's order varies). Nothing
                 // moved; keep the recorded name.
-                c.path = k.path.clone();
+                c.path = k.file.path.clone();
             }
         }
         match known {
-            Some(k) if self.cfg.incremental && unchanged(k, &c) => {
-                if k.path != c.path {
+            Some(k) if self.cfg.incremental && unchanged(&k.file, &c) => {
+                if k.file.path != c.path {
                     if let Err(r) = self.moved_xattr(&c, st_dev) {
                         // Moved and marked nodedup (or gone): forgotten
                         // (pruned as unseen).
-                        self.ids.remove(&(c.dev, c.ino));
+                        self.ids.remove(&c.key);
                         self.nodedup += u64::from(r == SkipReason::Nodedup);
                         return None;
                     }
                 }
                 self.files += 1;
                 self.logical_bytes += c.size;
-                if k.path != c.path {
+                if k.file.path != c.path {
                     self.renamed += 1;
-                    let _ = writes.send(WriteOp::Renamed { id: k.id, dev: c.dev, path: c.path, ctime: c.ctime });
+                    let _ = writes.send(WriteOp::Renamed { id: k.id, dev: c.key.volume, path: c.path, ctime: c.ctime });
                 } else {
                     self.unchanged += 1;
                 }
@@ -311,11 +314,11 @@ impl<'a> Classifier<'a> {
 
     /// The `user.nodedup` attribute of a moved file, read on the file the
     /// crawl listed (opened below the starting path, identity checked).
-    /// `st_dev` is the device number the crawl saw (`c.dev` is the volume key).
-    fn moved_xattr(&self, c: &Candidate, st_dev: u64) -> Result<(), SkipReason> {
+    /// `st_dev` is the device number the crawl saw (`c.key.volume` is the volume key).
+    fn moved_xattr(&self, c: &FileFacts, st_dev: u64) -> Result<(), SkipReason> {
         let f = self.tree.open_file(&c.path).map_err(|_| SkipReason::Vanished)?;
         match f.metadata() {
-            Ok(m) if m.is_file() && (m.dev(), m.ino()) == (st_dev, c.ino) => {}
+            Ok(m) if m.is_file() && (m.dev(), m.ino()) == (st_dev, c.key.ino) => {}
             _ => return Err(SkipReason::Vanished),
         }
         use std::os::fd::AsFd;
@@ -327,7 +330,7 @@ impl<'a> Classifier<'a> {
         let seen: HashSet<FileId> = self.ids.values().copied().collect();
         self.index
             .values()
-            .filter(|k| !seen.contains(&k.id) && self.cfg.paths.iter().any(|root| k.path.starts_with(root)))
+            .filter(|k| !seen.contains(&k.id) && self.cfg.paths.iter().any(|root| k.file.path.starts_with(root)))
             .map(|k| k.id)
             .collect()
     }
@@ -336,9 +339,9 @@ impl<'a> Classifier<'a> {
 #[derive(Default)]
 struct HashTally {
     skipped: HashMap<SkipReason, u64>,
-    errors: HashMap<&'static str, u64>,
-    /// (volume key, ino) of files that could not be hashed this run.
-    failed: HashSet<(u64, u64)>,
+    errors: HashMap<ErrorKind, u64>,
+    /// Files that could not be hashed this run.
+    failed: HashSet<FileKey>,
     /// Files left in the queue when the run was stopped.
     not_reached: u64,
     /// Sizes of the files skipped or not reached: not considered after all.
@@ -358,7 +361,7 @@ fn hash_all(
     cfg: &Config,
     policy: &Policy,
     tree: &Tree,
-    to_hash: Receiver<(Candidate, Option<FileId>)>,
+    to_hash: Receiver<(FileFacts, Option<FileId>)>,
     tx: SyncSender<WriteOp>,
     progress: &dyn Progress,
     stop: &AtomicBool,
@@ -386,7 +389,7 @@ fn hash_all(
                     t.left_out_bytes += cand.size;
                     return;
                 }
-                let key = (cand.dev, cand.ino);
+                let key = cand.key;
                 let hashed =
                     READ_BUF.with_borrow_mut(|buf| hash_one(&cand, tree, policy, fs_kind, cfg, cache.as_ref(), buf));
                 match hashed {
@@ -398,8 +401,8 @@ fn hash_all(
                         progress.inc_files(1);
                         let op = WriteOp::Hashed {
                             id,
-                            dev: now.dev,
-                            ino: now.ino,
+                            dev: now.key.volume,
+                            ino: now.key.ino,
                             path: now.path,
                             mtime: now.mtime,
                             ctime: now.ctime,
@@ -450,7 +453,7 @@ thread_local! {
 
 enum HashFail {
     Skip(SkipReason),
-    Error(&'static str, std::io::Error),
+    Error(ErrorKind, std::io::Error),
 }
 
 /// Open, check and hash one file. Returns the facts it was hashed under.
@@ -459,31 +462,31 @@ enum HashFail {
 /// no mount crossed) and must be the inode the crawl listed; the nodedup
 /// attribute and the inode flags are read from that descriptor.
 fn hash_one(
-    c: &Candidate,
+    c: &FileFacts,
     tree: &Tree,
     policy: &Policy,
     fs: FsKind,
     cfg: &Config,
     cache: Option<&hash::ExtentCache>,
     buf: &mut Vec<u8>,
-) -> Result<(Candidate, hash::FileHash), HashFail> {
+) -> Result<(FileFacts, hash::FileHash), HashFail> {
     let file = tree.open_file(&c.path).map_err(|e| match e.raw_os_error() {
         // Gone, or a directory on the way replaced by a symlink or a mount
         // since the crawl listed it: not the file that was listed.
         Some(libc::ENOENT | libc::ENOTDIR | libc::ELOOP | libc::EXDEV) => HashFail::Skip(SkipReason::Vanished),
-        Some(libc::EACCES) | Some(libc::EPERM) => HashFail::Error("unreadable", e),
-        _ => HashFail::Error("open", e),
+        Some(libc::EACCES) | Some(libc::EPERM) => HashFail::Error(ErrorKind::Unreadable, e),
+        _ => HashFail::Error(ErrorKind::Open, e),
     })?;
-    let before = file.metadata().map_err(|e| HashFail::Error("stat", e))?;
+    let before = file.metadata().map_err(|e| HashFail::Error(ErrorKind::Stat, e))?;
     let key = VOL_KEYS.with_borrow_mut(|k| k.id_for(before.dev(), &file));
-    if !before.is_file() || before.ino() != c.ino || key != c.dev {
+    if !before.is_file() || before.ino() != c.key.ino || key != c.key.volume {
         return Err(HashFail::Skip(SkipReason::Vanished));
     }
     use std::os::fd::AsFd;
     policy.check_file_xattr_fd(file.as_fd()).map_err(HashFail::Skip)?;
-    let flags = sys::inode_flags(file.as_fd(), fs).map_err(|e| HashFail::Error("flags", e.into()))?;
+    let flags = sys::inode_flags(file.as_fd(), fs).map_err(|e| HashFail::Error(ErrorKind::Flags, e.into()))?;
     Policy::check_flags(flags).map_err(HashFail::Skip)?;
-    let now = Candidate { dev: key, ..Candidate::from_metadata(c.path.clone(), &before) };
+    let now = FileFacts::from_metadata(c.path.clone(), key, &before);
     if now.size == 0 {
         return Err(HashFail::Skip(SkipReason::Empty));
     }
@@ -494,12 +497,14 @@ fn hash_one(
         }
         // Memory is bounded per file: a block map that cannot be held costs
         // this file (an error, exit code 1), never the run.
-        Err(e) if e.kind() == std::io::ErrorKind::OutOfMemory => return Err(HashFail::Error("out_of_memory", e)),
-        Err(e) if e.kind() == std::io::ErrorKind::FileTooLarge => return Err(HashFail::Error("too_large", e)),
-        Err(e) => return Err(HashFail::Error("read", e)),
+        Err(e) if e.kind() == std::io::ErrorKind::OutOfMemory => {
+            return Err(HashFail::Error(ErrorKind::OutOfMemory, e))
+        }
+        Err(e) if e.kind() == std::io::ErrorKind::FileTooLarge => return Err(HashFail::Error(ErrorKind::TooLarge, e)),
+        Err(e) => return Err(HashFail::Error(ErrorKind::Read, e)),
     };
-    let after = file.metadata().map_err(|e| HashFail::Error("stat", e))?;
-    if (Candidate { dev: key, ..Candidate::from_metadata(c.path.clone(), &after) }) != now {
+    let after = file.metadata().map_err(|e| HashFail::Error(ErrorKind::Stat, e))?;
+    if FileFacts::from_metadata(c.path.clone(), key, &after) != now {
         // What was read may not be what the shared blocks hold.
         if let Some(cache) = cache {
             cache.forget(&h.cached);
@@ -513,12 +518,12 @@ fn hash_one(
 struct Scanned<'a> {
     /// Which run hashed each file known before this run (incremental runs).
     hashed_runs: &'a [(FileId, i64)],
-    /// Files seen by this run: `(volume key, ino)` → id.
-    ids: &'a HashMap<(u64, u64), FileId>,
+    /// Files seen by this run, by key.
+    ids: &'a HashMap<FileKey, FileId>,
     /// Files hashed by this run.
     hashed: &'a [FileId],
     /// Files that could not be hashed this run.
-    failed: &'a HashSet<(u64, u64)>,
+    failed: &'a HashSet<FileKey>,
 }
 
 /// Phases 3 and 4: plan from the database, then share or verify.
@@ -661,10 +666,10 @@ fn share(
     report.skip(SkipReason::ChangedDuringScan, out.changed_files);
     report.skip(SkipReason::Inline, out.inline_files);
     for (k, n) in &out.errors {
-        report.error(k, *n);
+        report.error(*k, *n);
     }
     for (k, n) in &out.status.errors {
-        report.error(&format!("dedupe_{}", k.to_lowercase()), *n);
+        report.share_error(k, *n);
     }
     report.dedupe_status = out.status;
     if let Some(r) = out.refused {
@@ -684,7 +689,7 @@ fn share(
 
 /// Whether the recorded file `c` still has an extent FIEMAP flags shared
 /// (metadata only). A file that cannot be opened or mapped is retried.
-fn still_shared(tree: &Tree, c: Option<&Candidate>) -> bool {
+fn still_shared(tree: &Tree, c: Option<&FileFacts>) -> bool {
     use std::os::fd::AsFd;
     let Some(c) = c else { return false };
     let Ok(f) = tree.open_file(&c.path) else { return false };

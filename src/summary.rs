@@ -23,11 +23,11 @@ use serde::Serialize;
 use crate::db::summary::RunRow;
 use crate::db::Db;
 use crate::dedupe::extents::{range_states, RangeState};
+use crate::display::{display_path, human, human_signed, iso_time};
+use crate::file::{FileFacts, FileId};
 use crate::plan::{Plan, PlanOptions};
 use crate::progress::{Progress, Silent};
-use crate::report::{display_path, human, human_signed, iso_time, list_text, ListedRange, Table};
-use crate::types::FileId;
-use crate::walk::Candidate;
+use crate::report::{list_text, ListedRange, Table};
 
 /// One past run.
 #[derive(Debug, Serialize)]
@@ -138,7 +138,7 @@ pub fn summarize_with(path: &Path, progress: &dyn Progress, list: bool) -> Resul
     if !path.exists() {
         anyhow::bail!("no database at {}: run `dedupscan PATH` or `dedupscan scan PATH` first", display_path(path));
     }
-    summarize_inner(path, progress, list).map_err(|e| crate::progress::explain_db_error(path, e))
+    summarize_inner(path, progress, list).map_err(|e| crate::db::explain::explain_db_error(path, e))
 }
 
 fn summarize_inner(path: &Path, progress: &dyn Progress, list: bool) -> Result<Summary> {
@@ -223,7 +223,7 @@ const CHUNK: usize = 1024;
 /// extents cover, so a block shared by many files counts once. Inline data
 /// lives in metadata and counts by its length. Also returns the sum of
 /// `st_blocks` (what `du` would add up).
-fn disk_usage(files: &HashMap<FileId, Candidate>, progress: &dyn Progress) -> (u64, u64) {
+fn disk_usage(files: &HashMap<FileId, FileFacts>, progress: &dyn Progress) -> (u64, u64) {
     use rayon::prelude::*;
     use std::os::fd::AsFd;
     progress.phase("report: measuring files", Some(files.len() as u64), false);
@@ -243,8 +243,8 @@ fn disk_usage(files: &HashMap<FileId, Candidate>, progress: &dyn Progress) -> (u
             progress.inc(1);
             let Ok(f) = tree.open_file(&c.path) else { return acc };
             let Ok(m) = f.metadata() else { return acc };
-            // `c.dev` is the volume key (btrfs subvolume id), not `st_dev`.
-            if m.ino() != c.ino || crate::sys::volume_key(f.as_fd()).ok() != Some(c.dev) {
+            // `c.key.volume` is the volume key (btrfs subvolume id), not `st_dev`.
+            if m.ino() != c.key.ino || crate::sys::volume_key(f.as_fd()).ok() != Some(c.key.volume) {
                 return acc;
             }
             acc.allocated += m.blocks() * 512;
@@ -318,13 +318,7 @@ fn common_dir<'a>(mut paths: impl Iterator<Item = &'a Path>) -> PathBuf {
 fn live_status(db: &Db, block_size: u64, progress: &dyn Progress, list: bool) -> Result<Live> {
     progress.phase("report: reading the database", None, false);
     let index = db.load_index()?;
-    let files: HashMap<FileId, Candidate> = index
-        .into_iter()
-        .map(|((dev, ino), k)| {
-            let c = Candidate { path: k.path, dev, ino, size: k.size, mtime: k.mtime, ctime: k.ctime };
-            (k.id, c)
-        })
-        .collect();
+    let files: HashMap<FileId, FileFacts> = index.into_values().map(|k| (k.id, k.file)).collect();
     let allowed: HashSet<FileId> = files.keys().copied().collect();
     let opts = PlanOptions { block_size, ..Default::default() };
     progress.phase("report: planning", None, false);
@@ -538,7 +532,7 @@ impl Summary {
             for r in self.runs.iter().rev().take(RUNS_SHOWN) {
                 let get = |k: &str| r.report.as_ref().and_then(|v| v.get(k)).and_then(|v| v.as_i64()).unwrap_or(0);
                 let took = r.finished_at.map_or(String::new(), |f| {
-                    crate::report::human_duration_ms((f - r.started_at).max(0) as u64 * 1000)
+                    crate::display::human_duration_ms((f - r.started_at).max(0) as u64 * 1000)
                 });
                 let command = if r.dry_run { format!("{} --dry-run", r.command) } else { r.command.clone() };
                 let status = if r.status == "finished" { String::new() } else { r.status.to_uppercase() };

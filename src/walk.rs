@@ -1,9 +1,11 @@
 //! The crawl: list the regular files under the starting paths.
 //!
-//! In: canonical starting paths, the filesystem kind, the [`Policy`]. Out:
-//! one [`Candidate`] per eligible inode, with the `lstat` facts change
-//! detection needs, handed to a callback as it is found, plus counts of
-//! everything skipped and why. Directories are read by [`CRAWL_THREADS`]
+//! In: the starting paths held open ([`Tree`]), the filesystem kind, the
+//! [`Policy`]. Out: one [`FileFacts`] per eligible inode (path, size, time
+//! tags from `fstatat` without following symlinks, and `st_dev` as its
+//! volume: change detection resolves the volume key), handed to a callback
+//! as it is found, plus a [`WalkResult`]: counts of everything skipped, by
+//! reason, and of errors, by [`ErrorKind`]. Directories are read by eight
 //! threads; files are only `fstatat`ed, never opened.
 //!
 //! The crawl cannot be redirected by a user who renames or replaces what
@@ -27,7 +29,6 @@ use std::io;
 use std::mem::MaybeUninit;
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::os::unix::ffi::OsStrExt;
-use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc::{sync_channel, SyncSender};
@@ -35,68 +36,13 @@ use std::sync::{Arc, Condvar, Mutex};
 
 use rustix::fs::{FileType, RawDir, Stat};
 
+use crate::display::display_path;
+use crate::errors::ErrorKind;
+use crate::file::FileFacts;
 use crate::policy::{Policy, SkipReason};
 use crate::progress::Progress;
-use crate::report::display_path;
 use crate::sys::beneath::{self, Tree};
 use crate::sys::FsKind;
-
-/// A regular file that may be hashed and shared.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Candidate {
-    pub path: PathBuf,
-    pub dev: u64,
-    pub ino: u64,
-    pub size: u64,
-    /// [`time_tag`] of the modification time.
-    pub mtime: TimeTag,
-    /// [`time_tag`] of the inode change time.
-    pub ctime: TimeTag,
-}
-
-/// A 32-bit tag of a timestamp: all change detection asks of a time is
-/// "equal or not", so the database keeps 4 bytes instead of 8. Signed, so
-/// SQLite stores it in 4 bytes.
-pub type TimeTag = i32;
-
-/// Tag of the time `sec`.`nsec`: the splitmix64 finaliser of its
-/// nanoseconds, so every bit of the time moves every bit of the tag (a time
-/// set back by a whole number of days changes the tag too).
-pub fn time_tag(sec: i64, nsec: i64) -> TimeTag {
-    let mut z = (sec as u64).wrapping_mul(1_000_000_000).wrapping_add(nsec as u64);
-    z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-    z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-    z ^= z >> 31;
-    (z >> 32) as u32 as i32
-}
-
-impl Candidate {
-    /// Build from `lstat`/`fstat` metadata.
-    pub fn from_metadata(path: PathBuf, m: &std::fs::Metadata) -> Candidate {
-        Candidate {
-            path,
-            dev: m.dev(),
-            ino: m.ino(),
-            size: m.size(),
-            mtime: time_tag(m.mtime(), m.mtime_nsec()),
-            ctime: time_tag(m.ctime(), m.ctime_nsec()),
-        }
-    }
-
-    /// Build from a raw `fstatat`/`fstat` result.
-    // The field types of `struct stat` differ by architecture.
-    #[allow(clippy::unnecessary_cast)]
-    pub fn from_stat(path: PathBuf, st: &Stat) -> Candidate {
-        Candidate {
-            path,
-            dev: st.st_dev,
-            ino: st.st_ino,
-            size: st.st_size as u64,
-            mtime: time_tag(st.st_mtime as i64, st.st_mtime_nsec as i64),
-            ctime: time_tag(st.st_ctime as i64, st.st_ctime_nsec as i64),
-        }
-    }
-}
 
 /// What the crawl counted (the files themselves go to its callback).
 #[derive(Debug, Default)]
@@ -106,8 +52,8 @@ pub struct WalkResult {
     /// Directories left out with everything below them, by reason (their
     /// contents are not read, so not counted as files).
     pub skipped_dirs: BTreeMap<SkipReason, u64>,
-    /// Errors by kind (e.g. `unreadable_dir`), each already reported.
-    pub errors: BTreeMap<&'static str, u64>,
+    /// Errors by kind, each already warned about.
+    pub errors: BTreeMap<ErrorKind, u64>,
 }
 
 /// Directories are read and their entries `fstatat`ed by this many threads
@@ -123,7 +69,7 @@ enum Found {
     File(PathBuf, Stat),
     Skip(SkipReason),
     SkipDir(SkipReason),
-    Error(&'static str, PathBuf, io::Error),
+    Error(ErrorKind, PathBuf, io::Error),
 }
 
 /// A directory to read: an entry of an open parent, opened by the thread
@@ -203,7 +149,7 @@ struct Ctx<'a> {
 /// soon as it is found, so reading can start while the crawl goes on.
 /// `stop` ends the crawl early.
 ///
-/// [`CRAWL_THREADS`] threads read directories, `fstatat` entries and decide
+/// `CRAWL_THREADS` (8) threads read directories, `fstatat` entries and decide
 /// about directories; this thread applies the rules that need one view of
 /// everything (hard links) and calls `each`. Files arrive in no particular
 /// order.
@@ -213,7 +159,7 @@ pub fn walk(
     policy: &Policy,
     progress: &dyn Progress,
     stop: &AtomicBool,
-    mut each: impl FnMut(Candidate),
+    mut each: impl FnMut(FileFacts),
 ) -> WalkResult {
     let mounts = crate::sys::fs::mount_points();
     let mut result = WalkResult::default();
@@ -255,36 +201,54 @@ pub fn walk(
             }
             drop(tx);
             for found in rx {
-                let (path, st) = match found {
-                    Found::File(path, st) => (path, st),
-                    Found::Skip(r) => {
-                        *result.skipped.entry(r).or_default() += 1;
-                        continue;
-                    }
-                    Found::SkipDir(r) => {
-                        *result.skipped_dirs.entry(r).or_default() += 1;
-                        continue;
-                    }
-                    Found::Error(kind, path, e) => {
-                        error(&mut result, progress, kind, &path, &e);
-                        continue;
-                    }
-                };
-                let skip = if st.st_nlink > 1 && !seen_inodes.insert((st.st_dev, st.st_ino)) {
-                    Some(SkipReason::Hardlink)
-                } else if st.st_size == 0 {
-                    Some(SkipReason::Empty)
-                } else {
-                    policy.check_file(&path, st.st_dev, st.st_ino).err()
-                };
-                match skip {
-                    Some(r) => *result.skipped.entry(r).or_default() += 1,
-                    None => each(Candidate::from_stat(path, &st)),
-                }
+                consume(found, policy, progress, &mut seen_inodes, &mut result, &mut each);
             }
         });
     }
     result
+}
+
+/// On the calling thread, one thing a crawler thread found: count it, or
+/// apply the rules that need one view of everything (hard links) and the
+/// file rules of the policy, and hand an eligible file to `each`.
+/// `seen_inodes`: `(st_dev, ino)` of the inodes with more than one name
+/// met so far.
+fn consume(
+    found: Found,
+    policy: &Policy,
+    progress: &dyn Progress,
+    seen_inodes: &mut HashSet<(u64, u64)>,
+    result: &mut WalkResult,
+    each: &mut impl FnMut(FileFacts),
+) {
+    let (path, st) = match found {
+        Found::File(path, st) => (path, st),
+        Found::Skip(r) => {
+            *result.skipped.entry(r).or_default() += 1;
+            return;
+        }
+        Found::SkipDir(r) => {
+            *result.skipped_dirs.entry(r).or_default() += 1;
+            return;
+        }
+        Found::Error(kind, path, e) => {
+            error(result, progress, kind, &path, &e);
+            return;
+        }
+    };
+    let skip = if st.st_nlink > 1 && !seen_inodes.insert((st.st_dev, st.st_ino)) {
+        Some(SkipReason::Hardlink)
+    } else if st.st_size == 0 {
+        Some(SkipReason::Empty)
+    } else {
+        policy.check_file(&path, st.st_dev, st.st_ino).err()
+    };
+    match skip {
+        Some(r) => *result.skipped.entry(r).or_default() += 1,
+        // The volume key is resolved by change detection, which may open
+        // the file's directory; the crawl only lists.
+        None => each(FileFacts::from_stat(path, st.st_dev, &st)),
+    }
 }
 
 /// How a starting path begins: a directory to read, or a single file.
@@ -323,7 +287,7 @@ fn start(
     let st = match st {
         Ok(st) => st,
         Err(e) => {
-            let kind = if e.kind() == io::ErrorKind::NotFound { "vanished" } else { "unreadable" };
+            let kind = if e.kind() == io::ErrorKind::NotFound { ErrorKind::Vanished } else { ErrorKind::Unreadable };
             error(result, progress, kind, &path, &e);
             return None;
         }
@@ -345,7 +309,7 @@ fn start(
     let fd = match dir_fd.try_clone_to_owned() {
         Ok(fd) => fd,
         Err(e) => {
-            error(result, progress, "unreadable", &path, &e);
+            error(result, progress, ErrorKind::Unreadable, &path, &e);
             return None;
         }
     };
@@ -372,7 +336,7 @@ fn enter(ctx: &Ctx<'_>, queue: &Queue, job: Job, buf: &mut [MaybeUninit<u8>], tx
                 Some(libc::ELOOP) => Found::Skip(SkipReason::Symlink),
                 Some(libc::EXDEV) => Found::SkipDir(SkipReason::MountPoint),
                 Some(libc::ENOENT) | Some(libc::ENOTDIR) => Found::Skip(SkipReason::Vanished),
-                _ => Found::Error("unreadable", job.path, e),
+                _ => Found::Error(ErrorKind::Unreadable, job.path, e),
             };
             let _ = tx.send(found);
             return Vec::new();
@@ -382,7 +346,7 @@ fn enter(ctx: &Ctx<'_>, queue: &Queue, job: Job, buf: &mut [MaybeUninit<u8>], tx
     let st = match beneath::stat_fd(fd.as_fd()) {
         Ok(st) => st,
         Err(e) => {
-            let _ = tx.send(Found::Error("unreadable", job.path, e));
+            let _ = tx.send(Found::Error(ErrorKind::Unreadable, job.path, e));
             return Vec::new();
         }
     };
@@ -422,7 +386,7 @@ fn read_dir(
         let entry = match entry {
             Ok(e) => e,
             Err(e) => {
-                let _ = tx.send(Found::Error("unreadable", path.to_owned(), e.into()));
+                let _ = tx.send(Found::Error(ErrorKind::Unreadable, path.to_owned(), e.into()));
                 break;
             }
         };
@@ -489,7 +453,8 @@ fn dir_allowed_fd(fd: BorrowedFd<'_>, path: &Path, st: &Stat, fs: FsKind, policy
     policy.check_dir_fd(fd, path)
 }
 
-fn error(result: &mut WalkResult, progress: &dyn Progress, kind: &'static str, path: &Path, e: &io::Error) {
+/// Warn about a problem with `path` and count it.
+fn error(result: &mut WalkResult, progress: &dyn Progress, kind: ErrorKind, path: &Path, e: &io::Error) {
     progress.warn(&format!("{}: {kind}: {e}", display_path(path)));
     *result.errors.entry(kind).or_default() += 1;
 }
@@ -497,18 +462,6 @@ fn error(result: &mut WalkResult, progress: &dyn Progress, kind: &'static str, p
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn time_tags_tell_times_apart() {
-        let t = time_tag(1_700_000_000, 123);
-        assert_eq!(t, time_tag(1_700_000_000, 123));
-        assert_ne!(t, time_tag(1_700_000_000, 124));
-        // Whole seconds set back by 2^23 s (97 days) agree in the low 32 bits
-        // of their nanoseconds; the tag must still differ.
-        let (a, b) = (1_700_000_000i64, 1_700_000_000i64 - (1 << 23));
-        assert_eq!((a * 1_000_000_000) as u32, (b * 1_000_000_000) as u32);
-        assert_ne!(time_tag(a, 0), time_tag(b, 0));
-    }
 
     /// The fd walker finds every file of a wide and deep tree exactly once,
     /// ends, and counts what it skips.

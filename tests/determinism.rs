@@ -109,7 +109,7 @@ fn run_on_copy(pristine: &Path, work: &Path, n: usize, threads: &str, rename: bo
         .plan
         .ranges
         .iter()
-        .map(|r| (facts[&r.src].ino, r.src_off, r.len, facts[&r.dest].ino, r.dest_off))
+        .map(|r| (facts[&r.src].key.ino, r.src_off, r.len, facts[&r.dest].key.ino, r.dest_off))
         .collect();
     plan.sort_unstable();
     (plan, freed, ideal)

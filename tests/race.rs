@@ -352,10 +352,9 @@ fn xfs_share_race_into_another_filesystem() {
 /// cannot share at all (XFS without reflink) the probe stops the phase.
 fn refused_destination(fs: Fs) {
     use dedupscan::dedupe::{execute_with_workers, Mode};
+    use dedupscan::file::{FileFacts, FileId};
     use dedupscan::plan::{Plan, Range};
     use dedupscan::sys::beneath::Tree;
-    use dedupscan::types::FileId;
-    use dedupscan::walk::Candidate;
     let Some(vol) = Volume::new(fs, 512) else { return };
     let tmp = Tmpfs::new("size=16m,mode=0700");
     let dir = vol.path("d");
@@ -367,8 +366,7 @@ fn refused_destination(fs: Fs) {
         std::fs::write(p, &data).unwrap();
         // Files are known by volume key (btrfs subvolume id), not st_dev.
         let key = dedupscan::sys::volume_key(std::os::fd::AsFd::as_fd(&std::fs::File::open(p).unwrap())).unwrap();
-        let c = Candidate::from_metadata(p.clone(), &std::fs::metadata(p).unwrap());
-        files.insert(FileId(i as i64 + 1), Candidate { dev: key, ..c });
+        files.insert(FileId(i as i64 + 1), FileFacts::from_metadata(p.clone(), key, &std::fs::metadata(p).unwrap()));
     }
     let before = Snapshot::take(&dir);
     let range = |dest| Range { src: FileId(1), src_off: 0, len: 1 << 20, dest: FileId(dest), dest_off: 0 };

@@ -16,11 +16,10 @@ use std::sync::atomic::AtomicBool;
 use common::*;
 use dedupscan::corpus::Rng;
 use dedupscan::dedupe::{execute_with_workers, Bookends, Mode, Outcome};
+use dedupscan::file::{FileFacts, FileId};
 use dedupscan::plan::{Plan, Range};
 use dedupscan::progress::Silent;
 use dedupscan::sys::beneath::Tree;
-use dedupscan::types::FileId;
-use dedupscan::walk::Candidate;
 
 const BLK: u64 = 4096;
 /// Source files of the mosaics.
@@ -42,7 +41,7 @@ const BIG_RANGE: u64 = 8 << 20;
 /// of every file "as scanned". Deterministic: the same for every `dir`.
 struct Case {
     plan: Plan,
-    files: HashMap<FileId, Candidate>,
+    files: HashMap<FileId, FileFacts>,
     /// Paths of the files the test alters after the "scan".
     changed: PathBuf,
     vanished: PathBuf,
@@ -118,8 +117,7 @@ fn build(dir: &Path) -> Case {
         .map(|(i, p)| {
             // Files are known by volume key (btrfs subvolume id), not st_dev.
             let key = dedupscan::sys::volume_key(std::os::fd::AsFd::as_fd(&std::fs::File::open(p).unwrap())).unwrap();
-            let c = Candidate::from_metadata(p.clone(), &std::fs::metadata(p).unwrap());
-            (FileId(i as i64 + 1), Candidate { dev: key, ..c })
+            (FileId(i as i64 + 1), FileFacts::from_metadata(p.clone(), key, &std::fs::metadata(p).unwrap()))
         })
         .collect();
     Case { plan: Plan { ranges }, files, changed: dir.join("m07"), vanished: dir.join("m06") }
@@ -169,7 +167,7 @@ fn one_and_many_workers_agree(fs: Fs) {
     // What the outcome must say, whatever the number of workers.
     let o = &out4;
     assert_eq!(o.changed_files, 1, "{o:?}");
-    assert_eq!(o.errors.get("vanished"), Some(&1), "{o:?}");
+    assert_eq!(o.errors.get(&dedupscan::errors::ErrorKind::Vanished), Some(&1), "{o:?}");
     assert_eq!(o.status.differs, 1, "{o:?}");
     assert!(o.status.errors.is_empty() && o.refused.is_none(), "{o:?}");
     assert_eq!(dry1.duplicate_bytes, o.deduped_bytes, "dry run previews what is shared: {dry1:?} {o:?}");

@@ -9,7 +9,7 @@ use rusqlite::OptionalExtension;
 
 use super::{stored_map, Db};
 use crate::blockmap::BlockMap;
-use crate::types::FileId;
+use crate::file::FileId;
 
 /// A file's block map with what the planner orders copies by.
 #[derive(Debug, Clone)]

@@ -10,6 +10,7 @@
 //! thread.
 
 pub mod maps;
+pub mod explain;
 pub mod migrate;
 pub mod summary;
 pub mod writer;
@@ -28,8 +29,7 @@ use rusqlite::types::ValueRef;
 use rusqlite::{params, Connection, OpenFlags, OptionalExtension};
 
 use crate::blockmap::{BlockMap, Fp};
-use crate::types::FileId;
-use crate::walk::{Candidate, TimeTag};
+use crate::file::{FileFacts, FileId, FileKey};
 
 /// Why a database could not be used. Each message says what to do.
 #[derive(Debug, thiserror::Error)]
@@ -57,19 +57,14 @@ pub enum DbError {
     Sqlite(#[from] rusqlite::Error),
 }
 
-/// What the database knows about one file, for change detection.
+/// What the database knows about one file, for change detection: its row,
+/// its facts as recorded, and the run that hashed it.
 #[derive(Debug, Clone)]
 pub struct Known {
-    /// Its row id.
+    /// Its row.
     pub id: FileId,
-    /// Where it was last seen.
-    pub path: PathBuf,
-    /// Size in bytes when hashed.
-    pub size: u64,
-    /// Tag of its mtime when hashed.
-    pub mtime: TimeTag,
-    /// Tag of its ctime when hashed (or renamed).
-    pub ctime: TimeTag,
+    /// Path, key, size and time tags as recorded.
+    pub file: FileFacts,
     /// The run that hashed it.
     pub hashed_run: i64,
 }
@@ -155,24 +150,21 @@ impl Db {
         self.conn.execute("INSERT OR REPLACE INTO meta (key, value) VALUES (?1, ?2)", [key, value]).map(drop)
     }
 
-    /// Every known file, keyed by (dev, inode).
-    pub fn load_index(&self) -> rusqlite::Result<HashMap<(u64, u64), Known>> {
+    /// Every known file, keyed by (volume key, inode).
+    pub fn load_index(&self) -> rusqlite::Result<HashMap<FileKey, Known>> {
         let mut st = self.conn.prepare(&format!(
             "SELECT f.id, d.dev, f.ino, {PATH_COLS}, f.size, f.mtime, f.ctime, f.hashed_run {FROM_FILES}"
         ))?;
         let rows = st.query_map([], |r| {
-            let key = (r.get::<_, i64>(1)? as u64, r.get::<_, i64>(2)? as u64);
-            Ok((
+            let key = FileKey { volume: r.get::<_, i64>(1)? as u64, ino: r.get::<_, i64>(2)? as u64 };
+            let file = FileFacts {
+                path: join_path(r.get_ref(3)?.as_blob()?, r.get_ref(4)?.as_blob()?),
                 key,
-                Known {
-                    id: r.get(0)?,
-                    path: join_path(r.get_ref(3)?.as_blob()?, r.get_ref(4)?.as_blob()?),
-                    size: r.get::<_, i64>(5)? as u64,
-                    mtime: r.get(6)?,
-                    ctime: r.get(7)?,
-                    hashed_run: r.get(8)?,
-                },
-            ))
+                size: r.get::<_, i64>(5)? as u64,
+                mtime: r.get(6)?,
+                ctime: r.get(7)?,
+            };
+            Ok((key, Known { id: r.get(0)?, file, hashed_run: r.get(8)? }))
         })?;
         rows.collect()
     }
@@ -238,7 +230,7 @@ impl Db {
 
     /// The recorded facts of the given files, as the executor checks them
     /// before use.
-    pub fn file_facts(&self, ids: impl IntoIterator<Item = FileId>) -> rusqlite::Result<HashMap<FileId, Candidate>> {
+    pub fn file_facts(&self, ids: impl IntoIterator<Item = FileId>) -> rusqlite::Result<HashMap<FileId, FileFacts>> {
         let mut st = self.conn.prepare_cached(&format!(
             "SELECT {PATH_COLS}, d.dev, f.ino, f.size, f.mtime, f.ctime {FROM_FILES} WHERE f.id = ?1"
         ))?;
@@ -249,10 +241,9 @@ impl Db {
         for id in ids {
             let row = st
                 .query_row([id], |r| {
-                    Ok(Candidate {
+                    Ok(FileFacts {
                         path: join_path(r.get_ref(0)?.as_blob()?, r.get_ref(1)?.as_blob()?),
-                        dev: r.get::<_, i64>(2)? as u64,
-                        ino: r.get::<_, i64>(3)? as u64,
+                        key: FileKey { volume: r.get::<_, i64>(2)? as u64, ino: r.get::<_, i64>(3)? as u64 },
                         size: r.get::<_, i64>(4)? as u64,
                         mtime: r.get(5)?,
                         ctime: r.get(6)?,
@@ -469,8 +460,8 @@ mod tests {
         let (db, _) = write(db, 1, vec![hashed(None, 1, "/v/a", &map(1, 2))]);
         let a = id_of(&db, 1);
         let (db, _) = write(db, 2, vec![WriteOp::Renamed { id: a, dev: 1, path: "/w/x/b".into(), ctime: 9 }]);
-        let k = &db.load_index().unwrap()[&(1, 1)];
-        assert_eq!((k.path.as_path(), k.ctime, k.hashed_run), (Path::new("/w/x/b"), 9, 1));
+        let k = &db.load_index().unwrap()[&FileKey { volume: 1, ino: 1 }];
+        assert_eq!((k.file.path.as_path(), k.file.ctime, k.hashed_run), (Path::new("/w/x/b"), 9, 1));
         let n: i64 = db.conn.query_row("SELECT count(*) FROM dirs", [], |r| r.get(0)).unwrap();
         assert_eq!(n, 1);
     }

@@ -15,9 +15,9 @@ use rusqlite::types::{ToSqlOutput, ValueRef};
 use rusqlite::{params, Connection};
 
 use super::{file_map, path_bytes, Db, TWIN_MIN_MAP};
+
+use crate::file::{FileId, FileKey, TimeTag};
 use crate::hash::FileHash;
-use crate::types::FileId;
-use crate::walk::TimeTag;
 
 /// Files per transaction at most.
 pub const BATCH_FILES: usize = 512;
@@ -68,8 +68,8 @@ pub enum WriteOp {
 /// What the writer did, for the rest of the run.
 #[derive(Debug, Default)]
 pub struct Written {
-    /// Ids given to files that had no row: `(dev, ino)` → id.
-    pub new_ids: Vec<((u64, u64), FileId)>,
+    /// Ids given to files that had no row, by key.
+    pub new_ids: Vec<(FileKey, FileId)>,
     /// Every file hashed by this run (new rows and replaced ones).
     pub hashed: Vec<FileId>,
 }
@@ -232,7 +232,7 @@ impl Writer {
                 ])?;
                 let id = id.unwrap_or_else(|| {
                     let id = FileId(conn.last_insert_rowid());
-                    self.out.new_ids.push(((dev, ino), id));
+                    self.out.new_ids.push((FileKey { volume: dev, ino }, id));
                     id
                 });
                 self.out.hashed.push(id);

@@ -23,9 +23,10 @@ use nix::errno::Errno;
 use super::executor::Executor;
 use super::workers::locked;
 use super::{no_space, Bookends, Mode, Pending};
-use crate::report::display_path;
+use crate::display::display_path;
 use crate::sys::{self, dedupe::MAX_REQUEST_LEN, DedupeStatus, DestResult};
-use crate::types::FileId;
+use crate::errors::ErrorKind;
+use crate::file::FileId;
 
 /// One extent of a destination file, as FIEMAP shows it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -167,10 +168,10 @@ impl Executor<'_> {
                         self.progress.warn(&format!(
                             "{path}: no space to rewrite partly shared extents ({e}); not shared now, retried by the next run"
                         ));
-                        *self.out.errors.entry("no_space".to_owned()).or_default() += 1;
+                        *self.out.errors.entry(ErrorKind::NoSpace).or_default() += 1;
                     } else {
                         self.progress.warn(&format!("{path}: cannot rewrite partly shared extents: {e}"));
-                        *self.out.errors.entry("rewrite".to_owned()).or_default() += 1;
+                        *self.out.errors.entry(ErrorKind::Rewrite).or_default() += 1;
                     }
                 }
             }

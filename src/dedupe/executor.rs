@@ -38,12 +38,13 @@ use super::workers::{locked, same_source, WorkerContext};
 use super::{no_space, Mode, Outcome, Pending};
 use crate::plan::Range;
 use crate::progress::Progress;
-use crate::report::display_path;
+use crate::display::display_path;
 use crate::sys::beneath::Tree;
 use crate::sys::fiemap::physical_map;
 use crate::sys::{self, dedupe::MAX_DESTS, dedupe::MAX_REQUEST_LEN, DedupeStatus};
-use crate::types::FileId;
-use crate::walk::Candidate;
+use crate::errors::ErrorKind;
+use crate::file::FileId;
+use crate::file::FileFacts;
 
 /// One destination of a source range, maybe split into the sub-ranges that
 /// are not shared yet (offsets relative to the range start).
@@ -80,7 +81,7 @@ pub(super) struct Executor<'a> {
     /// What all workers read, and the verdicts they reach once.
     pub(super) ctx: &'a WorkerContext<'a>,
     /// `ctx.files`, and the other fields of `ctx` below, at hand.
-    pub(super) files: &'a HashMap<FileId, Candidate>,
+    pub(super) files: &'a HashMap<FileId, FileFacts>,
     pub(super) block_size: u64,
     pub(super) mode: Mode,
     pub(super) progress: &'a dyn Progress,
@@ -215,7 +216,7 @@ impl<'a> Executor<'a> {
             Ok((m, f)) => {
                 use std::os::unix::fs::MetadataExt;
                 let key = self.keys.id_for(m.dev(), &f);
-                let now = Candidate { dev: key, ..Candidate::from_metadata(c.path.clone(), &m) };
+                let now = FileFacts::from_metadata(c.path.clone(), key, &m);
                 if now != *c || !m.is_file() {
                     if locked(&self.ctx.bad).insert(id) {
                         self.progress.warn(&format!(
@@ -234,11 +235,11 @@ impl<'a> Executor<'a> {
                     // or a mount since the scan: the scanned file is no
                     // longer there.
                     let kind = match e.raw_os_error() {
-                        Some(libc::ENOENT | libc::ENOTDIR | libc::ELOOP | libc::EXDEV) => "vanished",
-                        _ => "open",
+                        Some(libc::ENOENT | libc::ENOTDIR | libc::ELOOP | libc::EXDEV) => ErrorKind::Vanished,
+                        _ => ErrorKind::Open,
                     };
                     self.progress.warn(&format!("{}: cannot open: {e}", display_path(&c.path)));
-                    *self.out.errors.entry(kind.to_owned()).or_default() += 1;
+                    *self.out.errors.entry(kind).or_default() += 1;
                 }
                 None
             }

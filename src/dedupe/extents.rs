@@ -11,8 +11,8 @@ use crate::plan::Plan;
 use crate::sys::beneath::Tree;
 use crate::sys::fiemap::physical_map;
 use crate::sys::{self, Extent};
-use crate::types::FileId;
-use crate::walk::Candidate;
+use crate::file::FileId;
+use crate::file::FileFacts;
 
 /// A range's block addresses (see [`physical_map`]), and whether any of its
 /// extents is shared with another file or offset.
@@ -42,7 +42,7 @@ pub enum RangeState {
 /// here: each is opened below the top of the mount holding it (no symlink,
 /// no `..`, no other mount on the way) and must still be the recorded inode
 /// (volume key and inode number).
-pub fn range_states(plan: &Plan, files: &HashMap<FileId, Candidate>, block_size: u64) -> Vec<RangeState> {
+pub fn range_states(plan: &Plan, files: &HashMap<FileId, FileFacts>, block_size: u64) -> Vec<RangeState> {
     let tree = Tree::over_mounts(files.values().map(|c| c.path.as_path()));
     let map = |id: FileId, off: u64, len: u64| -> Result<Vec<Option<u64>>, RangeState> {
         let c = files.get(&id).ok_or(RangeState::Unknown)?;
@@ -50,8 +50,8 @@ pub fn range_states(plan: &Plan, files: &HashMap<FileId, Candidate>, block_size:
         // The recorded inode, not whatever took its name (its content may
         // have changed since: the report measures the extents it has now).
         let m = f.metadata().map_err(|_| RangeState::Unknown)?;
-        // `c.dev` is the volume key (btrfs subvolume id), not `st_dev`.
-        if !m.is_file() || m.ino() != c.ino || sys::volume_key(f.as_fd()).ok() != Some(c.dev) {
+        // `c.key.volume` is the volume key (btrfs subvolume id), not `st_dev`.
+        if !m.is_file() || m.ino() != c.key.ino || sys::volume_key(f.as_fd()).ok() != Some(c.key.volume) {
             return Err(RangeState::Unknown);
         }
         let ext = sys::fiemap(f.as_fd(), off, len).map_err(|_| RangeState::Unknown)?;

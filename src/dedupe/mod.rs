@@ -36,8 +36,9 @@ use serde::Serialize;
 use crate::plan::Plan;
 use crate::progress::Progress;
 use crate::sys::beneath::Tree;
-use crate::types::FileId;
-use crate::walk::Candidate;
+use crate::errors::ErrorKind;
+use crate::file::FileId;
+use crate::file::FileFacts;
 
 pub mod bookend;
 mod executor;
@@ -82,8 +83,8 @@ pub struct Outcome {
     /// Bytes planned into partly covered extents that stay on disk for
     /// their uncovered rest (btrfs): shared, but freeing nothing.
     pub pinned_bytes: u64,
-    /// Files that could not be opened or mapped.
-    pub errors: BTreeMap<String, u64>,
+    /// Files that could not be opened or rewritten, by kind.
+    pub errors: BTreeMap<ErrorKind, u64>,
     /// Set when sharing was stopped because the filesystem refuses it.
     pub refused: Option<String>,
     /// Destinations left for a later run — the filesystem was out of space
@@ -153,7 +154,7 @@ pub struct Bookends {
 #[allow(clippy::too_many_arguments)]
 pub fn execute(
     plan: &Plan,
-    files: &HashMap<FileId, Candidate>,
+    files: &HashMap<FileId, FileFacts>,
     tree: &Tree,
     block_size: u64,
     mode: Mode,
@@ -170,7 +171,7 @@ pub fn execute(
 #[allow(clippy::too_many_arguments)]
 pub fn execute_with_workers(
     plan: &Plan,
-    files: &HashMap<FileId, Candidate>,
+    files: &HashMap<FileId, FileFacts>,
     tree: &Tree,
     block_size: u64,
     mode: Mode,
@@ -191,7 +192,7 @@ pub fn execute_with_workers(
         inline: Mutex::new(HashSet::new()),
         refused: AtomicBool::new(false),
         deferred: Mutex::new(HashSet::new()),
-        in_plan: files.values().map(|c| (c.dev, c.ino)).collect(),
+        in_plan: files.values().map(|c| (c.key.volume, c.key.ino)).collect(),
         used_once: used_once(plan),
     };
     let mut out = Outcome::default();
@@ -248,7 +249,7 @@ mod tests {
     fn merged_outcomes_add_up() {
         let mut a = Outcome { duplicate_bytes: 1, deduped_bytes: 2, changed_files: 1, ..Default::default() };
         a.status.errors.insert("EIO".into(), 1);
-        a.errors.insert("open".into(), 2);
+        a.errors.insert(ErrorKind::Open, 2);
         let mut b = Outcome {
             duplicate_bytes: 10,
             deduped_bytes: 20,
@@ -261,7 +262,7 @@ mod tests {
         b.status.same = 4;
         b.status.differs = 1;
         b.status.errors.insert("EIO".into(), 2);
-        b.errors.insert("vanished".into(), 1);
+        b.errors.insert(ErrorKind::Vanished, 1);
         a.merge(b);
         assert_eq!(
             (a.duplicate_bytes, a.deduped_bytes, a.already_shared_bytes, a.changed_files, a.inline_files),
@@ -269,7 +270,7 @@ mod tests {
         );
         assert_eq!((a.rewritten_bytes, a.status.same, a.status.differs), (7, 4, 1));
         assert_eq!(a.status.errors["EIO"], 3);
-        assert_eq!((a.errors["open"], a.errors["vanished"]), (2, 1));
+        assert_eq!((a.errors[&ErrorKind::Open], a.errors[&ErrorKind::Vanished]), (2, 1));
         assert_eq!(a.refused.as_deref(), Some("no"));
     }
 }

@@ -21,8 +21,8 @@ use super::{Mode, Outcome};
 use crate::plan::{Plan, Range};
 use crate::progress::Progress;
 use crate::sys::beneath::Tree;
-use crate::types::FileId;
-use crate::walk::Candidate;
+use crate::file::FileId;
+use crate::file::FileFacts;
 
 /// Most worker threads of the share phase. On cached data the phase is
 /// kernel CPU (on XFS four fifths of it inside `FIDEDUPERANGE`), so workers
@@ -146,7 +146,7 @@ pub(super) fn units(ranges: &[Range]) -> Vec<(usize, usize)> {
 /// must be reached (and counted, and warned about) once.
 pub(super) struct WorkerContext<'a> {
     /// The scanned facts of every file of the plan.
-    pub(super) files: &'a HashMap<FileId, Candidate>,
+    pub(super) files: &'a HashMap<FileId, FileFacts>,
     /// The starting paths: every file is opened below them.
     pub(super) tree: &'a Tree,
     /// Whether the filesystem can share at all, probed at the first refusal.

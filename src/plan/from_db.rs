@@ -6,7 +6,7 @@ use std::collections::HashSet;
 use super::group::{self, MapPass, SliceGrouper};
 use super::{plan, Plan, PlanFile, PlanOptions};
 use crate::db::Db;
-use crate::types::FileId;
+use crate::file::FileId;
 
 /// A plan built from the database.
 #[derive(Debug, Default)]

@@ -17,7 +17,7 @@ use std::collections::HashSet;
 use rustc_hash::FxHashSet;
 
 use crate::blockmap::{data_blocks_of, hash_encoding, Fp};
-use crate::types::FileId;
+use crate::file::FileId;
 
 /// Most blocks grouped at once (16 bytes each: 128 MiB); more are grouped
 /// in slices of the fingerprint space, one pass over the maps each.

@@ -19,7 +19,7 @@
 use rustc_hash::FxHashMap;
 
 use crate::blockmap::{BlockMap, Fp};
-use crate::types::FileId;
+use crate::file::FileId;
 
 mod from_db;
 pub mod group;

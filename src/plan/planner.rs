@@ -6,7 +6,7 @@ use rustc_hash::FxHashMap;
 use super::map::MapView;
 use super::{Plan, PlanFile, PlanOptions, Range};
 use crate::blockmap::{BlockMap, Fp};
-use crate::types::FileId;
+use crate::file::FileId;
 
 /// A stable digest of a file's size and block map: equal contents, equal
 /// digests, in every process (SipHash with fixed keys). Orders files by

@@ -1,0 +1,116 @@
+//! How numbers and names are shown to people: paths escaped losslessly,
+//! sizes in binary units, durations and dates. Base vocabulary: the report,
+//! the progress lines and every warning use it, so a path or a size reads
+//! the same everywhere.
+
+use std::fmt::Write as _;
+use std::os::unix::ffi::OsStrExt;
+use std::path::Path;
+
+/// A path as shown in messages and JSON: valid UTF-8 as is, every other
+/// byte as `\xNN`, and a backslash as `\\`, so the form is lossless and can
+/// be turned back into the original bytes.
+pub fn display_path(p: &Path) -> String {
+    escape_bytes(p.as_os_str().as_bytes())
+}
+
+/// See [`display_path`].
+pub fn escape_bytes(mut b: &[u8]) -> String {
+    let mut out = String::with_capacity(b.len());
+    loop {
+        match std::str::from_utf8(b) {
+            Ok(s) => {
+                push_escaped(&mut out, s);
+                return out;
+            }
+            Err(e) => {
+                let (good, rest) = b.split_at(e.valid_up_to());
+                push_escaped(&mut out, std::str::from_utf8(good).expect("valid prefix"));
+                let bad = e.error_len().unwrap_or(rest.len());
+                for byte in &rest[..bad] {
+                    let _ = write!(out, "\\x{byte:02x}");
+                }
+                b = &rest[bad..];
+            }
+        }
+    }
+}
+
+fn push_escaped(out: &mut String, s: &str) {
+    for c in s.chars() {
+        if c == '\\' {
+            out.push_str("\\\\");
+        } else {
+            out.push(c);
+        }
+    }
+}
+
+/// Bytes in binary units, e.g. `1.5 GiB`.
+pub fn human(n: u64) -> String {
+    const UNITS: [&str; 6] = ["B", "KiB", "MiB", "GiB", "TiB", "PiB"];
+    let mut v = n as f64;
+    let mut u = 0;
+    while v >= 1024.0 && u + 1 < UNITS.len() {
+        v /= 1024.0;
+        u += 1;
+    }
+    if u == 0 {
+        format!("{n} B")
+    } else {
+        format!("{v:.1} {}", UNITS[u])
+    }
+}
+
+/// Signed bytes in binary units, e.g. `-2.0 KiB` (space freed can be
+/// negative: a run can cost space).
+pub fn human_signed(n: i64) -> String {
+    if n < 0 {
+        format!("-{}", human(n.unsigned_abs()))
+    } else {
+        human(n as u64)
+    }
+}
+
+/// A duration in milliseconds: tenths of seconds below 10 s (`4.2s`), then
+/// whole seconds as `1h 2m 3s`.
+pub fn human_duration_ms(ms: u64) -> String {
+    if ms < 10_000 {
+        return format!("{:.1}s", ms as f64 / 1e3);
+    }
+    humantime::format_duration(std::time::Duration::from_secs(ms / 1000)).to_string()
+}
+
+/// Unix seconds as an ISO 8601 date and time in UTC, e.g.
+/// `2026-11-23T15:04:05Z` (UTC: the same on every machine and in the
+/// journal, and it sorts).
+pub fn iso_time(unix: i64) -> String {
+    let t = std::time::UNIX_EPOCH + std::time::Duration::from_secs(unix.max(0) as u64);
+    humantime::format_rfc3339_seconds(t).to_string()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::ffi::OsStr;
+
+    #[test]
+    fn escapes_non_utf8_losslessly() {
+        let p = Path::new(OsStr::from_bytes(b"/a/\xffb\\c/\xc3\xa9"));
+        assert_eq!(display_path(p), "/a/\\xffb\\\\c/é");
+    }
+
+    #[test]
+    fn human_units() {
+        assert_eq!(human(512), "512 B");
+        assert_eq!(human(1536), "1.5 KiB");
+        assert_eq!(human(3 << 30), "3.0 GiB");
+        assert_eq!(human_signed(-2048), "-2.0 KiB");
+    }
+
+    #[test]
+    fn iso_dates() {
+        assert_eq!(iso_time(0), "1970-01-01T00:00:00Z");
+        assert_eq!(iso_time(1_795_000_000), "2026-11-18T11:06:40Z");
+    }
+}

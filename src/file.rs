@@ -1,0 +1,128 @@
+//! What a file is to dedupscan: its row ([`FileId`]), its identity across
+//! remounts ([`FileKey`]), and the facts change detection and sharing rely
+//! on ([`FileFacts`]: path, size, time tags). Base vocabulary: the crawl
+//! produces these facts, the database records them and gives them back, the
+//! share phase checks a file against them before touching it.
+
+use std::os::unix::fs::MetadataExt;
+use std::path::PathBuf;
+
+use rusqlite::types::{FromSql, FromSqlResult, ToSql, ToSqlOutput, ValueRef};
+use rustix::fs::Stat;
+
+/// Row id of a file in the database.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, serde::Serialize)]
+pub struct FileId(pub i64);
+
+impl ToSql for FileId {
+    fn to_sql(&self) -> rusqlite::Result<ToSqlOutput<'_>> {
+        self.0.to_sql()
+    }
+}
+
+impl FromSql for FileId {
+    fn column_result(value: ValueRef<'_>) -> FromSqlResult<Self> {
+        i64::column_result(value).map(FileId)
+    }
+}
+
+impl std::fmt::Display for FileId {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "#{}", self.0)
+    }
+}
+
+/// Which file, in a way that survives a remount: the *volume key* (the
+/// btrfs subvolume id; 0 on other filesystems, one database per
+/// filesystem; see `sys::SubvolIds` and ARCHITECTURE.md "File identity")
+/// and the inode number. Two names of one inode (hard links) have one key.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct FileKey {
+    /// The volume key, not the raw `st_dev` (btrfs hands out a subvolume's
+    /// `st_dev` in the order subvolumes are first touched after a mount).
+    pub volume: u64,
+    /// The inode number on that volume.
+    pub ino: u64,
+}
+
+/// A 32-bit tag of a timestamp: all change detection asks of a time is
+/// "equal or not", so the database keeps 4 bytes instead of 8. Signed, so
+/// SQLite stores it in 4 bytes.
+pub type TimeTag = i32;
+
+/// Tag of the time `sec`.`nsec`: the splitmix64 finaliser of its
+/// nanoseconds, so every bit of the time moves every bit of the tag (a time
+/// set back by a whole number of days changes the tag too).
+pub fn time_tag(sec: i64, nsec: i64) -> TimeTag {
+    let mut z = (sec as u64).wrapping_mul(1_000_000_000).wrapping_add(nsec as u64);
+    z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+    z ^= z >> 31;
+    (z >> 32) as u32 as i32
+}
+
+/// One regular file as the crawl found it or the database recorded it:
+/// the one type for "this file, as we last saw it". Change detection
+/// compares a found one with the recorded one; the share phase compares the
+/// file it opens with the recorded one before sharing (any difference: the
+/// file changed since it was hashed).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct FileFacts {
+    /// The path it was found at (or is recorded under).
+    pub path: PathBuf,
+    /// Its identity. Straight from the crawl, `key.volume` is still the raw
+    /// `st_dev` (the crawl does not open files); change detection turns it
+    /// into the volume key before anything is recorded or compared.
+    pub key: FileKey,
+    /// Size in bytes.
+    pub size: u64,
+    /// [`time_tag`] of the modification time.
+    pub mtime: TimeTag,
+    /// [`time_tag`] of the inode change time.
+    pub ctime: TimeTag,
+}
+
+impl FileFacts {
+    /// Build from `fstat` metadata, on the volume `volume` (a volume key,
+    /// or `st_dev` straight from the crawl).
+    pub fn from_metadata(path: PathBuf, volume: u64, m: &std::fs::Metadata) -> FileFacts {
+        FileFacts {
+            path,
+            key: FileKey { volume, ino: m.ino() },
+            size: m.size(),
+            mtime: time_tag(m.mtime(), m.mtime_nsec()),
+            ctime: time_tag(m.ctime(), m.ctime_nsec()),
+        }
+    }
+
+    /// Build from a raw `fstatat`/`fstat` result (the crawl's), on the
+    /// volume `volume`.
+    // The field types of `struct stat` differ by architecture.
+    #[allow(clippy::unnecessary_cast)]
+    pub fn from_stat(path: PathBuf, volume: u64, st: &Stat) -> FileFacts {
+        FileFacts {
+            path,
+            key: FileKey { volume, ino: st.st_ino as u64 },
+            size: st.st_size as u64,
+            mtime: time_tag(st.st_mtime as i64, st.st_mtime_nsec as i64),
+            ctime: time_tag(st.st_ctime as i64, st.st_ctime_nsec as i64),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn time_tags_tell_times_apart() {
+        let t = time_tag(1_700_000_000, 123);
+        assert_eq!(t, time_tag(1_700_000_000, 123));
+        assert_ne!(t, time_tag(1_700_000_000, 124));
+        // Whole seconds set back by 2^23 s (97 days) agree in the low 32 bits
+        // of their nanoseconds; the tag must still differ.
+        let (a, b) = (1_700_000_000i64, 1_700_000_000i64 - (1 << 23));
+        assert_eq!((a * 1_000_000_000) as u32, (b * 1_000_000_000) as u32);
+        assert_ne!(time_tag(a, 0), time_tag(b, 0));
+    }
+}
