@@ -24,7 +24,9 @@ pub enum ErrorKind {
     /// A starting path, or (in the share phase) a scanned file, is gone, or
     /// a directory on its path was replaced by a symlink or a mount.
     Vanished,
-    /// A file could not be opened for another reason.
+    /// A file could not be opened: when it was to be hashed, for a reason
+    /// other than permission (that is `unreadable`); in the share phase,
+    /// for any reason but its absence (that is `vanished`).
     Open,
     /// `fstat` of an open file failed.
     Stat,
