@@ -3,7 +3,7 @@
 //!
 //! The pipeline, one module per stage (see `docs/ARCHITECTURE.md`):
 //! [`walk`] (with [`policy`]) → [`hash`] → [`db`] → [`plan`] → [`dedupe`] →
-//! [`report`], driven by [`run`]. All ioctls and `unsafe` live in [`sys`].
+//! [`report`], driven by [`pipeline`]. All ioctls and `unsafe` live in [`sys`].
 
 pub mod blockmap;
 pub mod bookend;
@@ -17,11 +17,11 @@ pub mod hash;
 pub mod history;
 pub mod html;
 pub mod metrics;
+pub mod pipeline;
 pub mod plan;
 pub mod policy;
 pub mod progress;
 pub mod report;
-pub mod run;
 pub mod sys;
 pub mod types;
 pub mod walk;

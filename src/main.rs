@@ -8,7 +8,7 @@ use dedupscan::config::{Action, Config, Unsupported};
 use dedupscan::db::DbError;
 use dedupscan::exit::ExitCode;
 use dedupscan::progress::{Bars, LogLines, Progress};
-use dedupscan::{history, run};
+use dedupscan::{history, pipeline};
 
 fn main() {
     let cli = Cli::parse_args(); // usage errors exit with 2
@@ -56,7 +56,7 @@ fn dispatch(cfg: &Config) -> ExitCode {
             print_out(cfg.json, &s, || s.to_text())?;
             Ok(ExitCode::Success)
         }),
-        Action::Run | Action::Scan => run::run(cfg, progress.as_ref(), &stop).and_then(|r| {
+        Action::Run | Action::Scan => pipeline::run(cfg, progress.as_ref(), &stop).and_then(|r| {
             print_out(cfg.json, &r, || r.to_text())?;
             let code = if r.interrupted {
                 // Not 0: a timer or script must see that the volume was not
