@@ -2,11 +2,13 @@
 //! share it with `FIDEDUPERANGE`.
 //!
 //! The pipeline, one module per stage (see `docs/ARCHITECTURE.md`):
-//! [`walk`] (with [`policy`]) → [`hash`] → [`db`] → [`plan`] → [`dedupe`] →
-//! [`report`], driven by [`pipeline`]. All ioctls and `unsafe` live in [`sys`].
+//! [`walk`] (with [`policy`]) → [`hash`] → [`changes`] → [`db`] → [`plan`] →
+//! [`dedupe`] → [`report`], driven by [`pipeline`] (configured once by
+//! [`config`]). All ioctls and `unsafe` live in [`sys`].
 
 pub mod blockmap;
 pub mod bookend;
+pub mod changes;
 pub mod cli;
 pub mod config;
 pub mod corpus;

@@ -5,187 +5,119 @@
 //!        (the crawler thread feeds the hashing pool as it finds files)
 //! ```
 //!
-//! Each phase reports through [`Progress`] how much work remains; the
-//! result is one [`Report`].
+//! [`run`] reads top to bottom: each phase is a function returning what it
+//! found ([`ScanOutcome`], [`PlanOutcome`], [`ShareOutcome`]); the run's
+//! [`Report`] is built from those in one place, [`report`]. Each phase
+//! reports through [`Progress`] how much work remains.
 
 use std::collections::{HashMap, HashSet};
+use std::os::fd::AsFd;
 use std::os::unix::fs::MetadataExt;
-use std::path::Path;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::mpsc::{sync_channel, Receiver, SyncSender};
-use std::sync::Mutex;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::mpsc::{sync_channel, SyncSender};
+use std::thread::JoinHandle;
 use std::time::Instant;
 
 use anyhow::{Context, Result};
-use rayon::prelude::*;
 
-use crate::config::{Action, Config};
-use crate::db::writer::{self, WriteOp, CHANNEL_CAP};
+use crate::changes::{ChangeCounts, Classifier, Probe, Sorted};
+use crate::config::{ScanConfig, ShareConfig};
+use crate::db::writer::{self, WriteOp, Written, CHANNEL_CAP};
 use crate::db::{Db, Known};
 use crate::dedupe::{self, Mode};
-use crate::hash;
-use crate::plan::PlanOptions;
+use crate::hash::pool::{self, HashOutcome, Hashed, PoolOptions, HASH_QUEUE};
+use crate::plan::{Plan, PlanOptions};
 use crate::policy::{Policy, SkipReason};
 use crate::progress::Progress;
-use crate::report::{display_path, human, Report};
+use crate::report::{display_path, human, ListedRange, Report};
 use crate::sys::beneath::Tree;
 use crate::sys::{self, FsKind};
 use crate::types::FileId;
-use crate::walk::{self, Candidate};
+use crate::walk::{self, Candidate, WalkResult};
 
-/// Scan (and for [`Action::Run`], plan and share) as `cfg` says.
-/// `stop` is set by SIGINT/SIGTERM: the run finishes its current batch,
+/// Scan `scan.paths` into the database at `db_path`, then, with `share`,
+/// plan and share (or verify, in a dry run). `stop` is set by
+/// SIGINT/SIGTERM or `--max-runtime`: the run finishes its current batch,
 /// commits and reports.
-pub fn run(cfg: &Config, progress: &dyn Progress, stop: &AtomicBool) -> Result<Report> {
+pub fn run(
+    db_path: &Path,
+    scan: &ScanConfig,
+    share: Option<&ShareConfig>,
+    progress: &dyn Progress,
+    stop: &AtomicBool,
+) -> Result<Report> {
     // A database error says which database and what to do about it.
-    run_inner(cfg, progress, stop).map_err(|e| crate::progress::explain_db_error(&cfg.db_path, e))
+    run_inner(db_path, scan, share, progress, stop).map_err(|e| crate::progress::explain_db_error(db_path, e))
 }
 
-fn run_inner(cfg: &Config, progress: &dyn Progress, stop: &AtomicBool) -> Result<Report> {
+/// What every phase of one run reads.
+struct Job<'a> {
+    db_path: &'a Path,
+    scan: &'a ScanConfig,
+    share: Option<&'a ShareConfig>,
+    policy: Policy,
+    /// The starting paths, held open for the whole run: every directory
+    /// and file below them is opened relative to these (sys::beneath),
+    /// never by resolving a full path again.
+    tree: Tree,
+}
+
+impl Job<'_> {
+    /// The starting paths, escaped, for messages and the report.
+    fn paths(&self) -> Vec<String> {
+        self.scan.paths.iter().map(|p| display_path(p)).collect()
+    }
+
+    fn command(&self) -> &'static str {
+        if self.share.is_some() {
+            "run"
+        } else {
+            "scan"
+        }
+    }
+
+    fn dry_run(&self) -> bool {
+        self.share.is_some_and(|s| s.dry_run)
+    }
+}
+
+fn run_inner(
+    db_path: &Path,
+    scan: &ScanConfig,
+    share: Option<&ShareConfig>,
+    progress: &dyn Progress,
+    stop: &AtomicBool,
+) -> Result<Report> {
     let t0 = Instant::now();
-    let fs = cfg.fs.clone().expect("scan has a filesystem");
-    let mut report = Report {
-        report_version: crate::report::REPORT_VERSION,
-        dedupscan_version: env!("CARGO_PKG_VERSION").to_owned(),
-        command: if cfg.action == Action::Run { "run" } else { "scan" }.to_owned(),
-        dry_run: cfg.dry_run,
-        incremental: cfg.incremental,
-        paths: cfg.paths.iter().map(|p| display_path(p)).collect(),
-        filesystem: fs.kind.name().to_owned(),
-        filesystem_uuid: fs.uuid.clone(),
-        database: display_path(&cfg.db_path),
-        block_size: cfg.block_size,
-        ..Default::default()
-    };
-    // The globs were checked by Config; building the policy before the
-    // database is opened keeps any error here from touching it.
-    let mut policy = Policy::new(&cfg.excludes, Some(&cfg.db_path)).context("invalid --exclude glob")?;
-    policy.include_readonly_snapshots = cfg.include_readonly_snapshots;
-    // The starting paths, held open for the whole run: every directory and
-    // file below them is opened relative to these (sys::beneath), never by
-    // resolving a full path again.
-    let tree = Tree::open(&cfg.paths).with_context(|| {
-        format!("cannot open {}", cfg.paths.iter().map(|p| display_path(p)).collect::<Vec<_>>().join(", "))
+    // The globs were compiled by Config, and the policy is built before the
+    // database is opened.
+    let mut policy = Policy::with_excludes(scan.excludes.clone(), Some(db_path));
+    policy.include_readonly_snapshots = scan.include_readonly_snapshots;
+    let tree = Tree::open(&scan.paths).with_context(|| {
+        format!("cannot open {}", scan.paths.iter().map(|p| display_path(p)).collect::<Vec<_>>().join(", "))
     })?;
-    let db = Db::open(&cfg.db_path, &fs.uuid)?;
-    let run_id = db.begin_run(&report.command, cfg.dry_run)?;
-    if db.meta("block_size")?.as_deref() != Some(&cfg.block_size.to_string()) {
-        if db.meta("block_size")?.is_some() {
-            progress.warn(&format!(
-                "{}: block size differs from the database's: every file is hashed again",
-                display_path(&cfg.db_path)
-            ));
-        }
-        db.forget_all_hashes()?;
-        db.set_meta("block_size", &cfg.block_size.to_string())?;
-    }
+    let job = Job { db_path, scan, share, policy, tree };
+    let db = Db::open(db_path, &scan.fs.uuid)?;
+    let run_id = db.begin_run(job.command(), job.dry_run())?;
+    check_block_size(&job, &db, progress)?;
 
-    // 1+2. crawl and hash, overlapped: the crawler thread sorts every file
-    // it finds into known-unchanged or to-hash, and the hashing pool starts
-    // on the first one found, the way `find | xargs cat` keeps the disk busy.
-    let index = db.load_index()?;
-    let t = Instant::now();
-    progress.phase("1/3 scan", None, true);
-    let (tx, rx) = sync_channel::<WriteOp>(CHANNEL_CAP);
-    let writer = std::thread::Builder::new()
-        .name("db-writer".into())
-        .spawn(move || writer::run(db, run_id, rx))
-        .context("cannot start the database writer")?;
-    let (hash_tx, hash_rx) = sync_channel::<(Candidate, Option<FileId>)>(HASH_QUEUE);
-    let (walked, cls, stats) = std::thread::scope(|s| -> Result<_> {
-        let (policy, index, writes, tree) = (&policy, &index, tx.clone(), &tree);
-        let crawler = std::thread::Builder::new()
-            .name("crawl".into())
-            .spawn_scoped(s, move || {
-                let t = Instant::now();
-                let mut cls = Classifier::new(cfg, policy, index, tree);
-                let walked = walk::walk(tree, fs.kind, policy, progress, stop, |c| {
-                    if let Some(item) = cls.sort(c, &writes) {
-                        let _ = hash_tx.send(item);
-                    }
-                });
-                // The crawl is over: from here the scan has a total and an ETA.
-                progress.set_total(cls.queued_bytes, Some(cls.queued_files));
-                cls.walk_ms = ms(t);
-                (walked, cls)
-            })
-            .context("cannot start the crawler")?;
-        let stats = hash_all(cfg, policy, tree, hash_rx, tx.clone(), progress, stop);
-        let (walked, cls) = crawler.join().map_err(|_| anyhow::anyhow!("crawler panicked"))?;
-        Ok((walked, cls, stats?))
-    })?;
-    for (r, n) in &walked.skipped {
-        report.skip(*r, *n);
-    }
-    for (k, n) in &walked.errors {
-        report.error(k, *n);
-    }
-    report.timings.walk_ms = cls.walk_ms;
-    report.interrupted = stop.load(Ordering::Relaxed);
-    if !report.interrupted {
-        for g in policy.unmatched_excludes() {
-            progress.warn(&format!("--exclude '{g}' matched nothing under {}", report.paths.join(", ")));
+    let (db, scanned) = scan_phase(&job, db, run_id, progress, stop)?;
+    let mut planned = None;
+    let mut shared = None;
+    if let Some(cfg) = share.filter(|_| !scanned.interrupted) {
+        let (plan, free_before) = plan_phase(&job, cfg, &db, &scanned, progress)?;
+        if let Some(p) = plan.planned.as_ref() {
+            shared = Some(share_phase(&job, cfg, &db, run_id, p, free_before, progress, stop)?);
         }
-        // Known files under the scanned paths that were not seen are gone
-        // (or no longer eligible). A stopped crawl did not see everything:
-        // it prunes nothing.
-        let removed = cls.removed();
-        report.files_removed = removed.len() as u64;
-        for id in removed {
-            tx.send(WriteOp::Removed { id }).ok();
-        }
+        planned = Some(plan);
     }
-    drop(tx);
-    report.files_scanned = cls.files;
-    report.logical_bytes = cls.logical_bytes;
-    report.files_unchanged = cls.unchanged;
-    report.skip(SkipReason::Nodedup, cls.nodedup);
-    for (r, n) in &walked.skipped_dirs {
-        *report.skipped_dirs.entry(r.name().to_owned()).or_default() += *n;
+    let complete = shared.as_ref().is_some_and(|s| s.completes_a_share_run(job.dry_run(), scanned.interrupted))
+        || planned.as_ref().is_some_and(|p| p.planned.is_none() && !job.dry_run());
+    if complete {
+        db.set_meta(LAST_SHARE_RUN, &run_id.to_string())?;
     }
-    report.files_renamed = cls.renamed;
-    let (db, written) =
-        writer.join().map_err(|_| anyhow::anyhow!("database writer panicked"))?.context("writing the database")?;
-    let mut ids = cls.ids;
-    ids.extend(written.new_ids.iter().copied());
-    // The index of known files (a path per file) is done with: free it
-    // before planning and sharing. An incremental plan keeps which run
-    // hashed each file.
-    let hashed_runs: Vec<(FileId, i64)> =
-        if cfg.incremental { index.values().map(|k| (k.id, k.hashed_run)).collect() } else { Vec::new() };
-    drop(index);
-    report.files_hashed = stats.files.load(Ordering::Relaxed);
-    report.bytes_hashed = stats.bytes.load(Ordering::Relaxed);
-    report.bytes_reused = stats.reused.load(Ordering::Relaxed);
-    let HashTally { skipped, errors, failed, not_reached, left_out_bytes } = stats.tally.into_inner().unwrap();
-    report.logical_bytes -= left_out_bytes;
-    for (r, n) in skipped {
-        report.skip(r, n);
-        report.files_scanned -= n;
-    }
-    for (k, n) in errors {
-        report.error(k, n);
-        report.files_failed += n;
-    }
-    // A stopped run considered only the files it got to.
-    report.files_scanned -= not_reached;
-    report.timings.hash_ms = ms(t);
-    progress.finish_phase(&format!(
-        "1/3 scan: {} files, {} hashed, {} read",
-        report.files_scanned,
-        report.files_hashed,
-        human(report.bytes_hashed)
-    ));
-
-    if cfg.action == Action::Run && !report.interrupted {
-        let scanned = Scanned { hashed_runs: &hashed_runs, ids: &ids, hashed: &written.hashed, failed: &failed };
-        share(cfg, &db, run_id, &fs, &tree, &scanned, &mut report, progress, stop)?;
-        let complete = !cfg.dry_run && !report.interrupted && report.sharing_refused.is_none();
-        if complete {
-            db.set_meta(LAST_SHARE_RUN, &run_id.to_string())?;
-        }
-    }
-    report.timings.total_ms = ms(t0);
+    let report = report(&job, &scanned, planned.as_ref(), shared.as_ref(), ms(t0));
     db.finish_run(run_id, &serde_json::to_string(&report)?)?;
     Ok(report)
 }
@@ -194,351 +126,264 @@ fn run_inner(cfg: &Config, progress: &dyn Progress, stop: &AtomicBool) -> Result
 /// Files hashed before it were matched and shared then.
 const LAST_SHARE_RUN: &str = "last_complete_share_run";
 
-/// Whether a known file can be trusted without reading it.
-///
-/// Size, mtime and ctime equal: unchanged. A rename changes the ctime too
-/// (on XFS and btrfs), so a file found under a *new* path with its size and
-/// mtime intact counts as moved, not rewritten. At the same path any ctime
-/// change means a rehash: that is how a rewrite with its mtime set back is
-/// caught. A wrong belief can only cost a missed match, never data: the
-/// kernel compares every byte before sharing.
-fn unchanged(k: &Known, c: &Candidate) -> bool {
-    k.size == c.size && k.mtime == c.mtime && (k.ctime == c.ctime || k.path != c.path)
+/// A database hashed with another block size is hashed again from scratch.
+fn check_block_size(job: &Job, db: &Db, progress: &dyn Progress) -> Result<()> {
+    let block_size = job.scan.block_size.to_string();
+    if db.meta("block_size")?.as_deref() != Some(&block_size) {
+        if db.meta("block_size")?.is_some() {
+            progress.warn(&format!(
+                "{}: block size differs from the database's: every file is hashed again",
+                display_path(job.db_path)
+            ));
+        }
+        db.forget_all_hashes()?;
+        db.set_meta("block_size", &block_size)?;
+    }
+    Ok(())
 }
 
-/// Whether `path` (a recorded name) still names the inode of `c`.
-/// `st_dev` is the raw device number of `c` (its `dev` is the volume key).
-fn same_inode(path: &Path, st_dev: u64, c: &Candidate) -> bool {
-    std::fs::symlink_metadata(path).is_ok_and(|m| m.dev() == st_dev && m.ino() == c.ino)
-}
-
-/// Files waiting for a hashing thread at most: the crawler runs ahead of
-/// the hashers by this much, no more (bounded memory).
-const HASH_QUEUE: usize = 4096;
-
-/// Change detection, one file at a time as the crawl finds it.
-struct Classifier<'a> {
-    cfg: &'a Config,
-    policy: &'a Policy,
-    index: &'a HashMap<(u64, u64), Known>,
-    tree: &'a Tree,
-    /// Known files seen by this crawl: `(volume key, ino)` → id. Paths live
-    /// once, in the queue being hashed or in the database.
+/// What the scan phase found: its counts, and what planning needs.
+struct ScanOutcome {
+    /// What the crawl skipped and the errors it met.
+    walked: WalkResult,
+    /// What change detection sorted.
+    changes: ChangeCounts,
+    /// What the hashing pool did.
+    hashed: HashOutcome,
+    /// Known files pruned because the crawl no longer found them.
+    removed: u64,
+    /// The scan was stopped before it saw everything.
+    interrupted: bool,
+    walk_ms: u64,
+    scan_ms: u64,
+    /// Files seen by this run: `(volume key, ino)` → id.
     ids: HashMap<(u64, u64), FileId>,
-    /// `st_dev` → volume key (btrfs subvolume id): files are known by
-    /// subvolume and inode, which survive a remount; `st_dev` does not.
-    keys: sys::SubvolIds,
-    files: u64,
-    logical_bytes: u64,
-    unchanged: u64,
-    renamed: u64,
-    /// Moved files found marked `user.nodedup`.
-    nodedup: u64,
-    /// Files and bytes handed to the hashers (the scan's total).
-    queued_files: u64,
-    queued_bytes: u64,
+    /// Which run hashed each file known before this run (incremental runs).
+    hashed_runs: Vec<(FileId, i64)>,
+    /// Files hashed by this run.
+    written: Written,
+}
+
+impl ScanOutcome {
+    /// Files considered: found, minus those left out when opened, minus
+    /// those a stopped run did not get to.
+    fn files_scanned(&self) -> u64 {
+        self.changes.files - self.hashed.skipped.values().sum::<u64>() - self.hashed.not_reached
+    }
+}
+
+/// Phase 1: crawl and hash, overlapped. The crawler thread sorts every
+/// file it finds into known-unchanged, moved or to-hash, and the hashing
+/// pool starts on the first one found, the way `find | xargs cat` keeps the
+/// disk busy. Everything goes to the database writer thread, which hands
+/// the database back at the end.
+fn scan_phase(job: &Job, db: Db, run_id: i64, progress: &dyn Progress, stop: &AtomicBool) -> Result<(Db, ScanOutcome)> {
+    let index = db.load_index()?;
+    let t = Instant::now();
+    progress.phase("1/3 scan", None, true);
+    let (tx, rx) = sync_channel::<WriteOp>(CHANNEL_CAP);
+    let writer = std::thread::Builder::new()
+        .name("db-writer".into())
+        .spawn(move || writer::run(db, run_id, rx))
+        .context("cannot start the database writer")?;
+    let (crawled, hashed) = crawl_and_hash(job, &index, &tx, progress, stop)?;
+    let interrupted = stop.load(Ordering::Relaxed);
+    let mut removed = 0;
+    if !interrupted {
+        for g in job.policy.unmatched_excludes() {
+            progress.warn(&format!("--exclude '{g}' matched nothing under {}", job.paths().join(", ")));
+        }
+        // Known files under the scanned paths that were not seen are gone
+        // (or no longer eligible). A stopped crawl did not see everything:
+        // it prunes nothing.
+        for id in crawled.classifier.removed(&job.scan.paths) {
+            removed += 1;
+            tx.send(WriteOp::Removed { id }).ok();
+        }
+    }
+    drop(tx);
+    let (walked, walk_ms) = (crawled.walked, crawled.walk_ms);
+    let (ids, changes) = crawled.classifier.finish();
+    let (db, written) =
+        writer.join().map_err(|_| anyhow::anyhow!("database writer panicked"))?.context("writing the database")?;
+    let mut ids = ids;
+    ids.extend(written.new_ids.iter().copied());
+    // The index of known files (a path per file) is done with: free it
+    // before planning and sharing. An incremental plan keeps which run
+    // hashed each file.
+    let hashed_runs =
+        if job.scan.incremental { index.values().map(|k| (k.id, k.hashed_run)).collect() } else { vec![] };
+    drop(index);
+    let out = ScanOutcome {
+        walked,
+        changes,
+        hashed,
+        removed,
+        interrupted,
+        walk_ms,
+        scan_ms: ms(t),
+        ids,
+        hashed_runs,
+        written,
+    };
+    progress.finish_phase(&format!(
+        "1/3 scan: {} files, {} hashed, {} read",
+        out.files_scanned(),
+        out.hashed.files,
+        human(out.hashed.bytes_read)
+    ));
+    Ok((db, out))
+}
+
+/// What the crawler thread leaves.
+struct Crawled<'a> {
+    walked: WalkResult,
+    classifier: Classifier<'a>,
     walk_ms: u64,
 }
 
-impl<'a> Classifier<'a> {
-    fn new(cfg: &'a Config, policy: &'a Policy, index: &'a HashMap<(u64, u64), Known>, tree: &'a Tree) -> Self {
-        Classifier {
-            cfg,
-            policy,
-            index,
-            tree,
-            ids: HashMap::new(),
-            keys: sys::SubvolIds::new(),
-            files: 0,
-            logical_bytes: 0,
-            unchanged: 0,
-            renamed: 0,
-            nodedup: 0,
-            queued_files: 0,
-            queued_bytes: 0,
-            walk_ms: 0,
-        }
-    }
+/// Run the crawl (on its own thread, sorting files as found) and the
+/// hashing pool (on this one) together.
+fn crawl_and_hash<'i>(
+    job: &Job,
+    index: &'i HashMap<(u64, u64), Known>,
+    writes: &SyncSender<WriteOp>,
+    progress: &dyn Progress,
+    stop: &AtomicBool,
+) -> Result<(Crawled<'i>, HashOutcome)> {
+    let (hash_tx, hash_rx) = sync_channel::<(Candidate, Option<FileId>)>(HASH_QUEUE);
+    let opts = PoolOptions {
+        threads: job.scan.threads,
+        block_size: job.scan.block_size,
+        drop_cache: job.scan.drop_cache,
+        fs: job.scan.fs.kind,
+    };
+    let sink = |h: Hashed| {
+        let _ = writes.send(match h {
+            Hashed::File { id, file, hash } => WriteOp::Hashed {
+                id,
+                dev: file.dev,
+                ino: file.ino,
+                path: file.path,
+                mtime: file.mtime,
+                ctime: file.ctime,
+                hash,
+            },
+            Hashed::Protected { id } => WriteOp::Removed { id },
+        });
+    };
+    std::thread::scope(|s| -> Result<_> {
+        let writes = writes.clone();
+        let crawler = std::thread::Builder::new()
+            .name("crawl".into())
+            .spawn_scoped(s, move || crawl(job, index, &writes, hash_tx, progress, stop))
+            .context("cannot start the crawler")?;
+        let hashed = pool::hash_all(&opts, &job.policy, &job.tree, hash_rx, &sink, progress, stop);
+        let crawled = crawler.join().map_err(|_| anyhow::anyhow!("crawler panicked"))?;
+        Ok((crawled, hashed?))
+    })
+}
 
-    /// Sort one crawled file: known and unchanged (a move is recorded
-    /// through `writes`), or to be hashed (returned).
-    fn sort(&mut self, mut c: Candidate, writes: &SyncSender<WriteOp>) -> Option<(Candidate, Option<FileId>)> {
+/// The crawl: every file found is sorted by change detection; a move goes
+/// to the database writer, a file to read to the hashing pool.
+fn crawl<'i>(
+    job: &Job,
+    index: &'i HashMap<(u64, u64), Known>,
+    writes: &SyncSender<WriteOp>,
+    to_hash: SyncSender<(Candidate, Option<FileId>)>,
+    progress: &dyn Progress,
+    stop: &AtomicBool,
+) -> Crawled<'i> {
+    let t = Instant::now();
+    let mut classifier = Classifier::new(index, job.scan.incremental);
+    // `st_dev` → volume key (btrfs subvolume id): files are known by
+    // subvolume and inode, which survive a remount; `st_dev` does not.
+    let mut keys = sys::SubvolIds::new();
+    let walked = walk::walk(&job.tree, job.scan.fs.kind, &job.policy, progress, stop, |mut c| {
         // From here on a candidate's `dev` is its volume key. The parent
         // directory is opened below the starting paths, like every open.
         let st_dev = c.dev;
         let parent = c.path.parent().unwrap_or(&c.path);
-        c.dev = self.keys.id_for_dir(c.dev, || self.tree.open_dir(parent));
-        let known = self.index.get(&(c.dev, c.ino));
-        if let Some(k) = known {
-            self.ids.insert((c.dev, c.ino), k.id);
-            if k.path != c.path && same_inode(&k.path, st_dev, &c) {
-                // A hard link: the crawl met the inode under another of its
-                // names first (the parallel crawl's order varies). Nothing
-                // moved; keep the recorded name.
-                c.path = k.path.clone();
+        c.dev = keys.id_for_dir(c.dev, || job.tree.open_dir(parent));
+        let probe = FsProbe { job, st_dev };
+        match classifier.sort(c, &probe) {
+            Sorted::Moved { id, file } => {
+                let _ = writes.send(WriteOp::Renamed { id, dev: file.dev, path: file.path, ctime: file.ctime });
             }
+            Sorted::ToHash { file, id } => {
+                let _ = to_hash.send((file, id));
+            }
+            Sorted::Unchanged | Sorted::Left(_) => {}
         }
-        match known {
-            Some(k) if self.cfg.incremental && unchanged(k, &c) => {
-                if k.path != c.path {
-                    if let Err(r) = self.moved_xattr(&c, st_dev) {
-                        // Moved and marked nodedup (or gone): forgotten
-                        // (pruned as unseen).
-                        self.ids.remove(&(c.dev, c.ino));
-                        self.nodedup += u64::from(r == SkipReason::Nodedup);
-                        return None;
-                    }
-                }
-                self.files += 1;
-                self.logical_bytes += c.size;
-                if k.path != c.path {
-                    self.renamed += 1;
-                    let _ = writes.send(WriteOp::Renamed { id: k.id, dev: c.dev, path: c.path, ctime: c.ctime });
-                } else {
-                    self.unchanged += 1;
-                }
-                None
-            }
-            _ => {
-                self.files += 1;
-                self.logical_bytes += c.size;
-                self.queued_files += 1;
-                self.queued_bytes += c.size;
-                Some((c, known.map(|k| k.id)))
-            }
-        }
+    });
+    // The crawl is over: from here the scan has a total and an ETA.
+    let n = classifier.counts();
+    progress.set_total(n.queued_bytes, Some(n.queued_files));
+    Crawled { walked, classifier, walk_ms: ms(t) }
+}
+
+/// Change detection's questions, answered on the volume: opens go below
+/// the starting paths. `st_dev` is the device number the crawl saw (the
+/// candidate's `dev` is its volume key).
+struct FsProbe<'a, 'j> {
+    job: &'a Job<'j>,
+    st_dev: u64,
+}
+
+impl Probe for FsProbe<'_, '_> {
+    fn same_inode(&self, recorded: &Path, c: &Candidate) -> bool {
+        std::fs::symlink_metadata(recorded).is_ok_and(|m| m.dev() == self.st_dev && m.ino() == c.ino)
     }
 
     /// The `user.nodedup` attribute of a moved file, read on the file the
     /// crawl listed (opened below the starting path, identity checked).
-    /// `st_dev` is the device number the crawl saw (`c.dev` is the volume key).
-    fn moved_xattr(&self, c: &Candidate, st_dev: u64) -> Result<(), SkipReason> {
-        let f = self.tree.open_file(&c.path).map_err(|_| SkipReason::Vanished)?;
+    fn may_move(&self, c: &Candidate) -> Result<(), SkipReason> {
+        let f = self.job.tree.open_file(&c.path).map_err(|_| SkipReason::Vanished)?;
         match f.metadata() {
-            Ok(m) if m.is_file() && (m.dev(), m.ino()) == (st_dev, c.ino) => {}
+            Ok(m) if m.is_file() && (m.dev(), m.ino()) == (self.st_dev, c.ino) => {}
             _ => return Err(SkipReason::Vanished),
         }
-        use std::os::fd::AsFd;
-        self.policy.check_file_xattr_fd(f.as_fd())
-    }
-
-    /// Known files under the scanned paths that the crawl did not see.
-    fn removed(&self) -> Vec<FileId> {
-        let seen: HashSet<FileId> = self.ids.values().copied().collect();
-        self.index
-            .values()
-            .filter(|k| !seen.contains(&k.id) && self.cfg.paths.iter().any(|root| k.path.starts_with(root)))
-            .map(|k| k.id)
-            .collect()
+        self.job.policy.check_file_xattr_fd(f.as_fd())
     }
 }
 
-#[derive(Default)]
-struct HashTally {
-    skipped: HashMap<SkipReason, u64>,
-    errors: HashMap<&'static str, u64>,
-    /// (volume key, ino) of files that could not be hashed this run.
-    failed: HashSet<(u64, u64)>,
-    /// Files left in the queue when the run was stopped.
-    not_reached: u64,
-    /// Sizes of the files skipped or not reached: not considered after all.
-    left_out_bytes: u64,
+/// A row of the `pending` table: destination, why, planned bytes.
+type PendingRow = (FileId, String, u64);
+
+/// What the plan phase found.
+struct PlanOutcome {
+    /// Work earlier runs left pending, as the plan started.
+    pending: Vec<PendingRow>,
+    /// `None` when nothing is new since the last complete run.
+    planned: Option<Planned>,
+    plan_ms: u64,
 }
 
-#[derive(Default)]
-struct HashStats {
-    files: AtomicU64,
-    bytes: AtomicU64,
-    /// Bytes whose fingerprints came from the extent cache, not a read.
-    reused: AtomicU64,
-    tally: Mutex<HashTally>,
+/// A plan and the recorded facts of the files it names.
+struct Planned {
+    plan: Plan,
+    /// The recorded facts of the files the plan names, for the executor's
+    /// identity checks.
+    files: HashMap<FileId, Candidate>,
 }
 
-fn hash_all(
-    cfg: &Config,
-    policy: &Policy,
-    tree: &Tree,
-    to_hash: Receiver<(Candidate, Option<FileId>)>,
-    tx: SyncSender<WriteOp>,
-    progress: &dyn Progress,
-    stop: &AtomicBool,
-) -> Result<HashStats> {
-    let stats = HashStats::default();
-    let fs_kind = cfg.fs.as_ref().map_or(FsKind::Other, |f| f.kind);
-    // Fingerprints of shared physical extents, reused across files (only
-    // btrfs and XFS share extents).
-    let cache = (fs_kind != FsKind::Other).then(|| hash::ExtentCache::new(cfg.block_size));
-    let pool = rayon::ThreadPoolBuilder::new()
-        .num_threads(cfg.threads)
-        .thread_name(|i| format!("hash-{i}"))
-        .build()
-        .context("cannot start hashing threads")?;
-    pool.install(|| {
-        // Files are taken one at a time as threads come free. rayon may run
-        // the init per item, so the read buffer lives in a thread-local (a
-        // 1 MiB buffer per file would cost more than hashing small files).
-        to_hash.into_iter().par_bridge().for_each_init(
-            || tx.clone(),
-            |tx, (cand, id)| {
-                if stop.load(Ordering::Relaxed) {
-                    let mut t = stats.tally.lock().unwrap();
-                    t.not_reached += 1;
-                    t.left_out_bytes += cand.size;
-                    return;
-                }
-                let key = (cand.dev, cand.ino);
-                let hashed =
-                    READ_BUF.with_borrow_mut(|buf| hash_one(&cand, tree, policy, fs_kind, cfg, cache.as_ref(), buf));
-                match hashed {
-                    Ok((now, h)) => {
-                        stats.files.fetch_add(1, Ordering::Relaxed);
-                        stats.bytes.fetch_add(h.bytes_read, Ordering::Relaxed);
-                        stats.reused.fetch_add(h.bytes_reused, Ordering::Relaxed);
-                        progress.inc(cand.size);
-                        progress.inc_files(1);
-                        let op = WriteOp::Hashed {
-                            id,
-                            dev: now.dev,
-                            ino: now.ino,
-                            path: now.path,
-                            mtime: now.mtime,
-                            ctime: now.ctime,
-                            hash: h,
-                        };
-                        let _ = tx.send(op);
-                    }
-                    Err(HashFail::Skip(r)) => {
-                        progress.inc(cand.size);
-                        progress.inc_files(1);
-                        if let (Some(id), true) = (id, r.is_policy()) {
-                            // Now protected: forget what was known of it.
-                            let _ = tx.send(WriteOp::Removed { id });
-                        }
-                        if r == SkipReason::ChangedDuringScan {
-                            progress.warn(&format!(
-                                "{}: changed while it was read; it is hashed again next run",
-                                display_path(&cand.path)
-                            ));
-                        }
-                        let mut t = stats.tally.lock().unwrap();
-                        *t.skipped.entry(r).or_default() += 1;
-                        t.left_out_bytes += cand.size;
-                        t.failed.insert(key);
-                    }
-                    Err(HashFail::Error(kind, e)) => {
-                        progress.inc(cand.size);
-                        progress.inc_files(1);
-                        progress.warn(&format!("{}: {kind}: {e}", display_path(&cand.path)));
-                        let mut t = stats.tally.lock().unwrap();
-                        *t.errors.entry(kind).or_default() += 1;
-                        t.failed.insert(key);
-                    }
-                }
-            },
-        )
-    });
-    drop(tx);
-    Ok(stats)
-}
-
-thread_local! {
-    /// Each hashing thread's read buffer ([`hash::CHUNK`] bytes once grown).
-    static READ_BUF: std::cell::RefCell<Vec<u8>> = const { std::cell::RefCell::new(Vec::new()) };
-    /// Each hashing thread's `st_dev` → volume key cache.
-    static VOL_KEYS: std::cell::RefCell<sys::SubvolIds> = std::cell::RefCell::new(sys::SubvolIds::new());
-}
-
-enum HashFail {
-    Skip(SkipReason),
-    Error(&'static str, std::io::Error),
-}
-
-/// Open, check and hash one file. Returns the facts it was hashed under.
-///
-/// The file is opened below its starting path (`tree`: no symlink, no `..`,
-/// no mount crossed) and must be the inode the crawl listed; the nodedup
-/// attribute and the inode flags are read from that descriptor.
-fn hash_one(
-    c: &Candidate,
-    tree: &Tree,
-    policy: &Policy,
-    fs: FsKind,
-    cfg: &Config,
-    cache: Option<&hash::ExtentCache>,
-    buf: &mut Vec<u8>,
-) -> Result<(Candidate, hash::FileHash), HashFail> {
-    let file = tree.open_file(&c.path).map_err(|e| match e.raw_os_error() {
-        // Gone, or a directory on the way replaced by a symlink or a mount
-        // since the crawl listed it: not the file that was listed.
-        Some(libc::ENOENT | libc::ENOTDIR | libc::ELOOP | libc::EXDEV) => HashFail::Skip(SkipReason::Vanished),
-        Some(libc::EACCES) | Some(libc::EPERM) => HashFail::Error("unreadable", e),
-        _ => HashFail::Error("open", e),
-    })?;
-    let before = file.metadata().map_err(|e| HashFail::Error("stat", e))?;
-    let key = VOL_KEYS.with_borrow_mut(|k| k.id_for(before.dev(), &file));
-    if !before.is_file() || before.ino() != c.ino || key != c.dev {
-        return Err(HashFail::Skip(SkipReason::Vanished));
-    }
-    use std::os::fd::AsFd;
-    policy.check_file_xattr_fd(file.as_fd()).map_err(HashFail::Skip)?;
-    let flags = sys::inode_flags(file.as_fd(), fs).map_err(|e| HashFail::Error("flags", e.into()))?;
-    Policy::check_flags(flags).map_err(HashFail::Skip)?;
-    let now = Candidate { dev: key, ..Candidate::from_metadata(c.path.clone(), &before) };
-    if now.size == 0 {
-        return Err(HashFail::Skip(SkipReason::Empty));
-    }
-    let h = match hash::hash_file_with(&file, now.size, cfg.block_size, buf, cfg.drop_cache, cache) {
-        Ok(h) => h,
-        Err(e) if e.kind() == std::io::ErrorKind::UnexpectedEof => {
-            return Err(HashFail::Skip(SkipReason::ChangedDuringScan))
-        }
-        // Memory is bounded per file: a block map that cannot be held costs
-        // this file (an error, exit code 1), never the run.
-        Err(e) if e.kind() == std::io::ErrorKind::OutOfMemory => return Err(HashFail::Error("out_of_memory", e)),
-        Err(e) if e.kind() == std::io::ErrorKind::FileTooLarge => return Err(HashFail::Error("too_large", e)),
-        Err(e) => return Err(HashFail::Error("read", e)),
-    };
-    let after = file.metadata().map_err(|e| HashFail::Error("stat", e))?;
-    if (Candidate { dev: key, ..Candidate::from_metadata(c.path.clone(), &after) }) != now {
-        // What was read may not be what the shared blocks hold.
-        if let Some(cache) = cache {
-            cache.forget(&h.cached);
-        }
-        return Err(HashFail::Skip(SkipReason::ChangedDuringScan));
-    }
-    Ok((now, h))
-}
-
-/// What the scan phase leaves for planning.
-struct Scanned<'a> {
-    /// Which run hashed each file known before this run (incremental runs).
-    hashed_runs: &'a [(FileId, i64)],
-    /// Files seen by this run: `(volume key, ino)` → id.
-    ids: &'a HashMap<(u64, u64), FileId>,
-    /// Files hashed by this run.
-    hashed: &'a [FileId],
-    /// Files that could not be hashed this run.
-    failed: &'a HashSet<(u64, u64)>,
-}
-
-/// Phases 3 and 4: plan from the database, then share or verify.
-#[allow(clippy::too_many_arguments)]
-fn share(
-    cfg: &Config,
+/// Phase 2: plan from the database. Free space before sharing is measured
+/// meanwhile, on another thread (returned): the two syncfs calls wait on
+/// the disk (~0.2 s on FULL/btrfs) and the plan only reads the database,
+/// so nothing we do changes the volume in between.
+fn plan_phase(
+    job: &Job,
+    cfg: &ShareConfig,
     db: &Db,
-    run_id: i64,
-    fs: &sys::FsInfo,
-    tree: &Tree,
-    scanned: &Scanned,
-    report: &mut Report,
+    scanned: &ScanOutcome,
     progress: &dyn Progress,
-    stop: &AtomicBool,
-) -> Result<()> {
+) -> Result<(PlanOutcome, Option<FreeSpace>)> {
     let t = Instant::now();
     progress.phase("2/3 plan", None, false);
     // Files of this run, as recorded (the facts they were hashed under).
+    let failed = &scanned.hashed.failed;
     let allowed: HashSet<FileId> =
-        scanned.ids.iter().filter(|(key, _)| !scanned.failed.contains(key)).map(|(_, id)| *id).collect();
+        scanned.ids.iter().filter(|(key, _)| !failed.contains(key)).map(|(_, id)| *id).collect();
     // Incremental: everything hashed before the last complete sharing run
     // was matched then; plan only the groups that hold a newer file.
     let last_share: Option<i64> = db.meta(LAST_SHARE_RUN)?.and_then(|v| v.parse().ok());
@@ -549,14 +394,13 @@ fn share(
     // replanning a still-pinned file's group every night would cost a
     // nightly run as much as the group.
     let pending = db.pending()?;
-    pending_into(report, &pending);
     let pinned = dedupe::Pending::Pinned.name();
     let pinned_facts = db.file_facts(pending.iter().filter(|p| p.1 == pinned).map(|p| p.0))?;
-    let retry = |p: &&(FileId, String, u64)| p.1 != pinned || !still_shared(tree, pinned_facts.get(&p.0));
-    let fresh = match (cfg.incremental, last_share) {
+    let retry = |p: &&PendingRow| p.1 != pinned || !still_shared(&job.tree, pinned_facts.get(&p.0));
+    let fresh = match (job.scan.incremental, last_share) {
         (true, Some(last)) => Some(
             (scanned.hashed_runs.iter().filter(|(_, run)| *run > last).map(|(id, _)| *id))
-                .chain(scanned.hashed.iter().copied())
+                .chain(scanned.written.hashed.iter().copied())
                 .chain(pending.iter().filter(retry).map(|p| p.0))
                 .filter(|id| allowed.contains(id))
                 .collect::<HashSet<_>>(),
@@ -565,80 +409,100 @@ fn share(
     };
     if fresh.as_ref().is_some_and(|f| f.is_empty()) {
         progress.finish_phase("2/3 plan: nothing new since the last complete run");
-        report.timings.plan_ms = ms(t);
-        return Ok(());
+        return Ok((PlanOutcome { pending, planned: None, plan_ms: ms(t) }, None));
     }
     let opts = PlanOptions {
-        block_size: cfg.block_size,
-        min_blocks: (cfg.min_range / cfg.block_size).max(1),
+        block_size: job.scan.block_size,
+        min_blocks: (cfg.min_range / job.scan.block_size).max(1),
         ..Default::default()
     };
-    let root = cfg.paths.first().expect("a path");
-    // Free space before sharing, measured while planning: the two syncfs
-    // calls wait on the disk (~0.2 s on FULL/btrfs) and the plan only reads
-    // the database, so nothing we do changes the volume in between.
-    let before = (!cfg.dry_run && fs.kind != FsKind::Other).then(|| {
-        let root = root.clone();
-        std::thread::spawn(move || free_bytes(&root))
-    });
-    let planned = db.plan(&allowed, fresh.as_ref(), opts)?;
-    let (plan, whole_groups) = (planned.plan, planned.whole_groups.len());
-    // The recorded facts of the files the plan names, for the executor's
-    // identity checks.
+    let root = job.scan.paths.first().expect("a path");
+    let free_before = (!cfg.dry_run && job.scan.fs.kind != FsKind::Other).then(|| FreeSpace::start(root.clone()));
+    let from_db = db.plan(&allowed, fresh.as_ref(), opts)?;
+    let (plan, whole_groups) = (from_db.plan, from_db.whole_groups.len());
     let files = db.file_facts(plan.ranges.iter().flat_map(|r| [r.src, r.dest]).collect::<HashSet<_>>())?;
-    report.ranges_planned = plan.ranges.len() as u64;
-    if cfg.list {
-        let name = |id: &FileId| files.get(id).map(|c| display_path(&c.path)).unwrap_or_default();
-        report.ranges = Some(
-            plan.ranges
-                .iter()
-                .map(|r| crate::report::ListedRange {
-                    source: name(&r.src),
-                    source_offset: r.src_off,
-                    destination: name(&r.dest),
-                    destination_offset: r.dest_off,
-                    bytes: r.len,
-                    state: None,
-                    unshared_bytes: None,
-                })
-                .collect(),
-        );
-    }
-    report.timings.plan_ms = ms(t);
     progress.finish_phase(&format!(
         "2/3 plan: {} ranges, {} duplicate ({} whole-file groups)",
         plan.ranges.len(),
         human(plan.bytes()),
         whole_groups
     ));
+    let planned = Some(Planned { plan, files });
+    Ok((PlanOutcome { pending, planned, plan_ms: ms(t) }, free_before))
+}
 
+/// What the share phase did.
+enum ShareOutcome {
+    /// Not on btrfs or XFS: scanned and reported, nothing shared.
+    Refused(String),
+    /// The executor went through the plan (or was stopped).
+    Executed {
+        out: dedupe::Outcome,
+        /// Free space after minus before (real runs).
+        freed_bytes: Option<i64>,
+        /// Pending work after this run (real runs).
+        pending: Option<Vec<PendingRow>>,
+        /// Stopped while sharing.
+        interrupted: bool,
+        share_ms: u64,
+    },
+}
+
+impl ShareOutcome {
+    /// Whether this was a real run that went through all of its plan.
+    fn completes_a_share_run(&self, dry_run: bool, scan_interrupted: bool) -> bool {
+        match self {
+            ShareOutcome::Refused(_) => false,
+            ShareOutcome::Executed { out, interrupted, .. } => {
+                !dry_run && !scan_interrupted && !interrupted && out.refused.is_none()
+            }
+        }
+    }
+}
+
+/// Phase 3: share (or, in a dry run, verify) what `planned` found.
+#[allow(clippy::too_many_arguments)]
+fn share_phase(
+    job: &Job,
+    cfg: &ShareConfig,
+    db: &Db,
+    run_id: i64,
+    planned: &Planned,
+    free_before: Option<FreeSpace>,
+    progress: &dyn Progress,
+    stop: &AtomicBool,
+) -> Result<ShareOutcome> {
     let t = Instant::now();
     let mode = if cfg.dry_run { Mode::DryRun } else { Mode::Share };
+    let fs = &job.scan.fs;
     if mode == Mode::Share && fs.kind == FsKind::Other {
-        report.sharing_refused = Some(format!(
+        let why = format!(
             "{} is not on btrfs or XFS (filesystem magic {:#x}): scanned and reported, nothing shared",
-            report.paths.join(", "),
+            job.paths().join(", "),
             fs.magic
-        ));
-        progress.warn(report.sharing_refused.as_deref().unwrap_or_default());
-        return Ok(());
+        );
+        progress.warn(&why);
+        return Ok(ShareOutcome::Refused(why));
     }
-    let before = before
-        .map(|h| h.join().map_err(|_| anyhow::anyhow!("free space measurement panicked")).and_then(|r| r))
-        .transpose()?;
+    let before = free_before.map(FreeSpace::wait).transpose()?;
+    let plan = &planned.plan;
     progress.phase(if cfg.dry_run { "3/3 verify" } else { "3/3 share" }, Some(plan.bytes()), true);
+    let root = job.scan.paths.first().expect("a path");
     let bookends = (fs.kind == FsKind::Btrfs && cfg.rewrite_ratio > 0.0).then(|| dedupe::Bookends {
         tmp_dir: if root.is_dir() { root.clone() } else { root.parent().unwrap_or(root).to_owned() },
         max_ratio: cfg.rewrite_ratio,
     });
-    let out = dedupe::execute(&plan, &files, tree, cfg.block_size, mode, bookends.as_ref(), progress, stop);
+    let block_size = job.scan.block_size;
+    let out = dedupe::execute(plan, &planned.files, &job.tree, block_size, mode, bookends.as_ref(), progress, stop);
+    let mut freed_bytes = None;
     if let Some(before) = before {
         // Flushing the volume can take seconds after much sharing: say so
         // instead of leaving a full bar at "eta 0s".
         progress.finish_phase("");
         progress.phase("3/3 share: measuring freed space", None, false);
-        report.freed_bytes = free_bytes(root)? as i64 - before as i64;
+        freed_bytes = Some(free_bytes(root)? as i64 - before as i64);
     }
+    let mut pending = None;
     if mode == Mode::Share {
         // A stopped run may not have reached every destination: it only
         // adds to what is pending.
@@ -646,50 +510,129 @@ fn share(
             if stop.load(Ordering::Relaxed) { HashSet::new() } else { plan.ranges.iter().map(|r| r.dest).collect() };
         let now: Vec<(FileId, &str, u64)> = out.pending.iter().map(|(id, (why, b))| (*id, why.name(), *b)).collect();
         db.save_pending(&handled, &now, run_id)?;
-        pending_into(report, &db.pending()?);
+        pending = Some(db.pending()?);
     }
-    report.duplicate_bytes = out.duplicate_bytes;
-    report.deduped_bytes = out.deduped_bytes;
-    report.already_shared_bytes = out.already_shared_bytes;
-    report.rewritten_bytes = out.rewritten_bytes;
-    report.sources_swapped = out.swapped_sources;
-    // Found only now: these files were considered (and hashed or known
-    // unchanged), they stay in files_scanned; they are left out of sharing.
-    report.skip(SkipReason::ChangedDuringScan, out.changed_files);
-    report.skip(SkipReason::Inline, out.inline_files);
-    for (k, n) in &out.errors {
-        report.error(k, *n);
+    if let Some(r) = &out.refused {
+        progress.warn(r);
     }
-    for (k, n) in &out.status.errors {
-        report.error(&format!("dedupe_{}", k.to_lowercase()), *n);
-    }
-    report.dedupe_status = out.status;
-    if let Some(r) = out.refused {
-        progress.warn(&r);
-        report.sharing_refused = Some(r);
-    }
-    report.interrupted |= stop.load(Ordering::Relaxed);
-    report.timings.dedupe_ms = ms(t);
     progress.finish_phase(&format!(
         "3/3 {}: {} {}",
         if cfg.dry_run { "verify" } else { "share" },
-        human(if cfg.dry_run { report.duplicate_bytes } else { report.deduped_bytes }),
+        human(if cfg.dry_run { out.duplicate_bytes } else { out.deduped_bytes }),
         if cfg.dry_run { "verified duplicate" } else { "shared" }
     ));
-    Ok(())
+    let interrupted = stop.load(Ordering::Relaxed);
+    Ok(ShareOutcome::Executed { out, freed_bytes, pending, interrupted, share_ms: ms(t) })
 }
 
-/// Whether the recorded file `c` still has an extent FIEMAP flags shared
-/// (metadata only). A file that cannot be opened or mapped is retried.
-fn still_shared(tree: &Tree, c: Option<&Candidate>) -> bool {
-    use std::os::fd::AsFd;
-    let Some(c) = c else { return false };
-    let Ok(f) = tree.open_file(&c.path) else { return false };
-    sys::fiemap(f.as_fd(), 0, c.size.max(1)).is_ok_and(|ext| ext.iter().any(|e| e.is_shared()))
+/// The run's report, built from what each phase found.
+fn report(
+    job: &Job,
+    scan: &ScanOutcome,
+    plan: Option<&PlanOutcome>,
+    share: Option<&ShareOutcome>,
+    total_ms: u64,
+) -> Report {
+    let fs = &job.scan.fs;
+    let (changes, hashed) = (&scan.changes, &scan.hashed);
+    let mut r = Report {
+        report_version: crate::report::REPORT_VERSION,
+        dedupscan_version: env!("CARGO_PKG_VERSION").to_owned(),
+        command: job.command().to_owned(),
+        dry_run: job.dry_run(),
+        incremental: job.scan.incremental,
+        paths: job.paths(),
+        filesystem: fs.kind.name().to_owned(),
+        filesystem_uuid: fs.uuid.clone(),
+        database: display_path(job.db_path),
+        block_size: job.scan.block_size,
+        files_scanned: scan.files_scanned(),
+        files_hashed: hashed.files,
+        bytes_hashed: hashed.bytes_read,
+        bytes_reused: hashed.bytes_reused,
+        files_unchanged: changes.unchanged,
+        files_renamed: changes.renamed,
+        files_failed: hashed.errors.values().sum(),
+        files_removed: scan.removed,
+        logical_bytes: changes.logical_bytes - hashed.left_out_bytes,
+        interrupted: scan.interrupted,
+        ..Default::default()
+    };
+    let skipped = scan.walked.skipped.iter().map(|(r, n)| (*r, *n)).chain(hashed.skipped.iter().map(|(r, n)| (*r, *n)));
+    for (reason, n) in skipped.chain([(SkipReason::Nodedup, changes.nodedup)]) {
+        r.skip(reason, n);
+    }
+    for (reason, n) in &scan.walked.skipped_dirs {
+        *r.skipped_dirs.entry(reason.name().to_owned()).or_default() += *n;
+    }
+    for (kind, n) in scan.walked.errors.iter().map(|(k, n)| (*k, *n)).chain(hashed.errors.iter().map(|(k, n)| (*k, *n)))
+    {
+        r.error(kind, n);
+    }
+    r.timings.walk_ms = scan.walk_ms;
+    r.timings.hash_ms = scan.scan_ms;
+    r.timings.total_ms = total_ms;
+    if let Some(plan) = plan {
+        r.timings.plan_ms = plan.plan_ms;
+        set_pending(&mut r, &plan.pending);
+        if let Some(p) = &plan.planned {
+            r.ranges_planned = p.plan.ranges.len() as u64;
+            if job.share.is_some_and(|s| s.list) {
+                r.ranges = Some(listed_ranges(p));
+            }
+        }
+    }
+    match share {
+        None => {}
+        Some(ShareOutcome::Refused(why)) => r.sharing_refused = Some(why.clone()),
+        Some(ShareOutcome::Executed { out, freed_bytes, pending, interrupted, share_ms }) => {
+            r.freed_bytes = freed_bytes.unwrap_or(0);
+            if let Some(rows) = pending {
+                set_pending(&mut r, rows);
+            }
+            r.duplicate_bytes = out.duplicate_bytes;
+            r.deduped_bytes = out.deduped_bytes;
+            r.already_shared_bytes = out.already_shared_bytes;
+            r.rewritten_bytes = out.rewritten_bytes;
+            r.sources_swapped = out.swapped_sources;
+            // Found only now: these files were considered (and hashed or
+            // known unchanged), they stay in files_scanned; they are left
+            // out of sharing.
+            r.skip(SkipReason::ChangedDuringScan, out.changed_files);
+            r.skip(SkipReason::Inline, out.inline_files);
+            for (k, n) in &out.errors {
+                r.error(k, *n);
+            }
+            for (k, n) in &out.status.errors {
+                r.error(&format!("dedupe_{}", k.to_lowercase()), *n);
+            }
+            r.dedupe_status = out.status.clone();
+            r.sharing_refused = out.refused.clone();
+            r.interrupted |= interrupted;
+            r.timings.dedupe_ms = *share_ms;
+        }
+    }
+    r
+}
+
+/// Every planned range, for `--list`.
+fn listed_ranges(p: &Planned) -> Vec<ListedRange> {
+    let name = |id: &FileId| p.files.get(id).map(|c| display_path(&c.path)).unwrap_or_default();
+    (p.plan.ranges.iter())
+        .map(|r| ListedRange {
+            source: name(&r.src),
+            source_offset: r.src_off,
+            destination: name(&r.dest),
+            destination_offset: r.dest_off,
+            bytes: r.len,
+            state: None,
+            unshared_bytes: None,
+        })
+        .collect()
 }
 
 /// Put the pending work (database rows) into the report, by reason.
-fn pending_into(report: &mut Report, rows: &[(FileId, String, u64)]) {
+fn set_pending(report: &mut Report, rows: &[PendingRow]) {
     report.pending.clear();
     report.pending_bytes = 0;
     for (_, why, bytes) in rows {
@@ -700,11 +643,33 @@ fn pending_into(report: &mut Report, rows: &[(FileId, String, u64)]) {
     }
 }
 
+/// Whether the recorded file `c` still has an extent FIEMAP flags shared
+/// (metadata only). A file that cannot be opened or mapped is retried.
+fn still_shared(tree: &Tree, c: Option<&Candidate>) -> bool {
+    let Some(c) = c else { return false };
+    let Ok(f) = tree.open_file(&c.path) else { return false };
+    sys::fiemap(f.as_fd(), 0, c.size.max(1)).is_ok_and(|ext| ext.iter().any(|e| e.is_shared()))
+}
+
+/// Free space being measured on another thread.
+struct FreeSpace(JoinHandle<Result<u64>>);
+
+impl FreeSpace {
+    /// Start measuring the free bytes of the filesystem of `path`.
+    fn start(path: PathBuf) -> FreeSpace {
+        FreeSpace(std::thread::spawn(move || free_bytes(&path)))
+    }
+
+    /// The measurement.
+    fn wait(self) -> Result<u64> {
+        self.0.join().map_err(|_| anyhow::anyhow!("free space measurement panicked")).and_then(|r| r)
+    }
+}
+
 /// Free bytes on the filesystem of `path`, after flushing it so that
 /// released extents are counted (btrfs frees them at transaction commit).
 fn free_bytes(path: &Path) -> Result<u64> {
     let f = sys::inode::open_path_readonly(path).with_context(|| format!("{}: cannot open", display_path(path)))?;
-    use std::os::fd::AsFd;
     // Two commits: btrfs may release extents freed by the first one's
     // delayed references only in the next transaction.
     for _ in 0..2 {
