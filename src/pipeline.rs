@@ -10,23 +10,20 @@
 //! [`Report`] is built from those in one place, [`report`]. Each phase
 //! reports through [`Progress`] how much work remains.
 
+mod freespace;
+mod scan;
+
 use std::collections::{HashMap, HashSet};
 use std::os::fd::AsFd;
-use std::os::unix::fs::MetadataExt;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::mpsc::{sync_channel, SyncSender};
-use std::thread::JoinHandle;
 use std::time::Instant;
 
 use anyhow::{Context, Result};
 
-use crate::changes::{ChangeCounts, Classifier, Probe, Sorted};
 use crate::config::{ScanConfig, ShareConfig};
-use crate::db::writer::{self, WriteOp, Written, CHANNEL_CAP};
-use crate::db::{Db, Known};
+use crate::db::Db;
 use crate::dedupe::{self, Mode};
-use crate::hash::pool::{self, HashOutcome, Hashed, PoolOptions, HASH_QUEUE};
 use crate::plan::{Plan, PlanOptions};
 use crate::policy::{Policy, SkipReason};
 use crate::progress::Progress;
@@ -34,7 +31,9 @@ use crate::report::{display_path, human, ListedRange, Report};
 use crate::sys::beneath::Tree;
 use crate::sys::{self, FsKind};
 use crate::types::FileId;
-use crate::walk::{self, Candidate, WalkResult};
+use crate::walk::Candidate;
+use freespace::{free_bytes, FreeSpace};
+use scan::{scan_phase, ScanOutcome};
 
 /// Scan `scan.paths` into the database at `db_path`, then, with `share`,
 /// plan and share (or verify, in a dry run). `stop` is set by
@@ -69,6 +68,7 @@ impl Job<'_> {
         self.scan.paths.iter().map(|p| display_path(p)).collect()
     }
 
+    /// The command, as the report and the run history name it.
     fn command(&self) -> &'static str {
         if self.share.is_some() {
             "run"
@@ -77,11 +77,13 @@ impl Job<'_> {
         }
     }
 
+    /// Whether nothing is to be shared, only verified.
     fn dry_run(&self) -> bool {
         self.share.is_some_and(|s| s.dry_run)
     }
 }
 
+/// [`run`], with database errors not yet explained.
 fn run_inner(
     db_path: &Path,
     scan: &ScanConfig,
@@ -112,8 +114,15 @@ fn run_inner(
         }
         planned = Some(plan);
     }
-    let complete = shared.as_ref().is_some_and(|s| s.completes_a_share_run(job.dry_run(), scanned.interrupted))
-        || planned.as_ref().is_some_and(|p| p.planned.is_none() && !job.dry_run());
+    // A real run that went through all of its plan, or found nothing new
+    // to plan: what it hashed need not be planned again.
+    let complete = !job.dry_run()
+        && !scanned.interrupted
+        && match (&planned, &shared) {
+            (_, Some(s)) => s.went_through(),
+            (Some(p), None) => p.planned.is_none(),
+            (None, None) => false,
+        };
     if complete {
         db.set_meta(LAST_SHARE_RUN, &run_id.to_string())?;
     }
@@ -140,211 +149,6 @@ fn check_block_size(job: &Job, db: &Db, progress: &dyn Progress) -> Result<()> {
         db.set_meta("block_size", &block_size)?;
     }
     Ok(())
-}
-
-/// What the scan phase found: its counts, and what planning needs.
-struct ScanOutcome {
-    /// What the crawl skipped and the errors it met.
-    walked: WalkResult,
-    /// What change detection sorted.
-    changes: ChangeCounts,
-    /// What the hashing pool did.
-    hashed: HashOutcome,
-    /// Known files pruned because the crawl no longer found them.
-    removed: u64,
-    /// The scan was stopped before it saw everything.
-    interrupted: bool,
-    walk_ms: u64,
-    scan_ms: u64,
-    /// Files seen by this run: `(volume key, ino)` → id.
-    ids: HashMap<(u64, u64), FileId>,
-    /// Which run hashed each file known before this run (incremental runs).
-    hashed_runs: Vec<(FileId, i64)>,
-    /// Files hashed by this run.
-    written: Written,
-}
-
-impl ScanOutcome {
-    /// Files considered: found, minus those left out when opened, minus
-    /// those a stopped run did not get to.
-    fn files_scanned(&self) -> u64 {
-        self.changes.files - self.hashed.skipped.values().sum::<u64>() - self.hashed.not_reached
-    }
-}
-
-/// Phase 1: crawl and hash, overlapped. The crawler thread sorts every
-/// file it finds into known-unchanged, moved or to-hash, and the hashing
-/// pool starts on the first one found, the way `find | xargs cat` keeps the
-/// disk busy. Everything goes to the database writer thread, which hands
-/// the database back at the end.
-fn scan_phase(job: &Job, db: Db, run_id: i64, progress: &dyn Progress, stop: &AtomicBool) -> Result<(Db, ScanOutcome)> {
-    let index = db.load_index()?;
-    let t = Instant::now();
-    progress.phase("1/3 scan", None, true);
-    let (tx, rx) = sync_channel::<WriteOp>(CHANNEL_CAP);
-    let writer = std::thread::Builder::new()
-        .name("db-writer".into())
-        .spawn(move || writer::run(db, run_id, rx))
-        .context("cannot start the database writer")?;
-    let (crawled, hashed) = crawl_and_hash(job, &index, &tx, progress, stop)?;
-    let interrupted = stop.load(Ordering::Relaxed);
-    let mut removed = 0;
-    if !interrupted {
-        for g in job.policy.unmatched_excludes() {
-            progress.warn(&format!("--exclude '{g}' matched nothing under {}", job.paths().join(", ")));
-        }
-        // Known files under the scanned paths that were not seen are gone
-        // (or no longer eligible). A stopped crawl did not see everything:
-        // it prunes nothing.
-        for id in crawled.classifier.removed(&job.scan.paths) {
-            removed += 1;
-            tx.send(WriteOp::Removed { id }).ok();
-        }
-    }
-    drop(tx);
-    let (walked, walk_ms) = (crawled.walked, crawled.walk_ms);
-    let (ids, changes) = crawled.classifier.finish();
-    let (db, written) =
-        writer.join().map_err(|_| anyhow::anyhow!("database writer panicked"))?.context("writing the database")?;
-    let mut ids = ids;
-    ids.extend(written.new_ids.iter().copied());
-    // The index of known files (a path per file) is done with: free it
-    // before planning and sharing. An incremental plan keeps which run
-    // hashed each file.
-    let hashed_runs =
-        if job.scan.incremental { index.values().map(|k| (k.id, k.hashed_run)).collect() } else { vec![] };
-    drop(index);
-    let out = ScanOutcome {
-        walked,
-        changes,
-        hashed,
-        removed,
-        interrupted,
-        walk_ms,
-        scan_ms: ms(t),
-        ids,
-        hashed_runs,
-        written,
-    };
-    progress.finish_phase(&format!(
-        "1/3 scan: {} files, {} hashed, {} read",
-        out.files_scanned(),
-        out.hashed.files,
-        human(out.hashed.bytes_read)
-    ));
-    Ok((db, out))
-}
-
-/// What the crawler thread leaves.
-struct Crawled<'a> {
-    walked: WalkResult,
-    classifier: Classifier<'a>,
-    walk_ms: u64,
-}
-
-/// Run the crawl (on its own thread, sorting files as found) and the
-/// hashing pool (on this one) together.
-fn crawl_and_hash<'i>(
-    job: &Job,
-    index: &'i HashMap<(u64, u64), Known>,
-    writes: &SyncSender<WriteOp>,
-    progress: &dyn Progress,
-    stop: &AtomicBool,
-) -> Result<(Crawled<'i>, HashOutcome)> {
-    let (hash_tx, hash_rx) = sync_channel::<(Candidate, Option<FileId>)>(HASH_QUEUE);
-    let opts = PoolOptions {
-        threads: job.scan.threads,
-        block_size: job.scan.block_size,
-        drop_cache: job.scan.drop_cache,
-        fs: job.scan.fs.kind,
-    };
-    let sink = |h: Hashed| {
-        let _ = writes.send(match h {
-            Hashed::File { id, file, hash } => WriteOp::Hashed {
-                id,
-                dev: file.dev,
-                ino: file.ino,
-                path: file.path,
-                mtime: file.mtime,
-                ctime: file.ctime,
-                hash,
-            },
-            Hashed::Protected { id } => WriteOp::Removed { id },
-        });
-    };
-    std::thread::scope(|s| -> Result<_> {
-        let writes = writes.clone();
-        let crawler = std::thread::Builder::new()
-            .name("crawl".into())
-            .spawn_scoped(s, move || crawl(job, index, &writes, hash_tx, progress, stop))
-            .context("cannot start the crawler")?;
-        let hashed = pool::hash_all(&opts, &job.policy, &job.tree, hash_rx, &sink, progress, stop);
-        let crawled = crawler.join().map_err(|_| anyhow::anyhow!("crawler panicked"))?;
-        Ok((crawled, hashed?))
-    })
-}
-
-/// The crawl: every file found is sorted by change detection; a move goes
-/// to the database writer, a file to read to the hashing pool.
-fn crawl<'i>(
-    job: &Job,
-    index: &'i HashMap<(u64, u64), Known>,
-    writes: &SyncSender<WriteOp>,
-    to_hash: SyncSender<(Candidate, Option<FileId>)>,
-    progress: &dyn Progress,
-    stop: &AtomicBool,
-) -> Crawled<'i> {
-    let t = Instant::now();
-    let mut classifier = Classifier::new(index, job.scan.incremental);
-    // `st_dev` → volume key (btrfs subvolume id): files are known by
-    // subvolume and inode, which survive a remount; `st_dev` does not.
-    let mut keys = sys::SubvolIds::new();
-    let walked = walk::walk(&job.tree, job.scan.fs.kind, &job.policy, progress, stop, |mut c| {
-        // From here on a candidate's `dev` is its volume key. The parent
-        // directory is opened below the starting paths, like every open.
-        let st_dev = c.dev;
-        let parent = c.path.parent().unwrap_or(&c.path);
-        c.dev = keys.id_for_dir(c.dev, || job.tree.open_dir(parent));
-        let probe = FsProbe { job, st_dev };
-        match classifier.sort(c, &probe) {
-            Sorted::Moved { id, file } => {
-                let _ = writes.send(WriteOp::Renamed { id, dev: file.dev, path: file.path, ctime: file.ctime });
-            }
-            Sorted::ToHash { file, id } => {
-                let _ = to_hash.send((file, id));
-            }
-            Sorted::Unchanged | Sorted::Left(_) => {}
-        }
-    });
-    // The crawl is over: from here the scan has a total and an ETA.
-    let n = classifier.counts();
-    progress.set_total(n.queued_bytes, Some(n.queued_files));
-    Crawled { walked, classifier, walk_ms: ms(t) }
-}
-
-/// Change detection's questions, answered on the volume: opens go below
-/// the starting paths. `st_dev` is the device number the crawl saw (the
-/// candidate's `dev` is its volume key).
-struct FsProbe<'a, 'j> {
-    job: &'a Job<'j>,
-    st_dev: u64,
-}
-
-impl Probe for FsProbe<'_, '_> {
-    fn same_inode(&self, recorded: &Path, c: &Candidate) -> bool {
-        std::fs::symlink_metadata(recorded).is_ok_and(|m| m.dev() == self.st_dev && m.ino() == c.ino)
-    }
-
-    /// The `user.nodedup` attribute of a moved file, read on the file the
-    /// crawl listed (opened below the starting path, identity checked).
-    fn may_move(&self, c: &Candidate) -> Result<(), SkipReason> {
-        let f = self.job.tree.open_file(&c.path).map_err(|_| SkipReason::Vanished)?;
-        match f.metadata() {
-            Ok(m) if m.is_file() && (m.dev(), m.ino()) == (self.st_dev, c.ino) => {}
-            _ => return Err(SkipReason::Vanished),
-        }
-        self.job.policy.check_file_xattr_fd(f.as_fd())
-    }
 }
 
 /// A row of the `pending` table: destination, why, planned bytes.
@@ -436,26 +240,28 @@ enum ShareOutcome {
     /// Not on btrfs or XFS: scanned and reported, nothing shared.
     Refused(String),
     /// The executor went through the plan (or was stopped).
-    Executed {
-        out: dedupe::Outcome,
-        /// Free space after minus before (real runs).
-        freed_bytes: Option<i64>,
-        /// Pending work after this run (real runs).
-        pending: Option<Vec<PendingRow>>,
-        /// Stopped while sharing.
-        interrupted: bool,
-        share_ms: u64,
-    },
+    Executed(Executed),
+}
+
+/// What the executor did, and what the share phase measured around it.
+struct Executed {
+    out: dedupe::Outcome,
+    /// Free space after minus before (real runs).
+    freed_bytes: Option<i64>,
+    /// Pending work after this run (real runs).
+    pending: Option<Vec<PendingRow>>,
+    /// Stopped while sharing.
+    interrupted: bool,
+    share_ms: u64,
 }
 
 impl ShareOutcome {
-    /// Whether this was a real run that went through all of its plan.
-    fn completes_a_share_run(&self, dry_run: bool, scan_interrupted: bool) -> bool {
+    /// Whether the executor went through all of the plan: not stopped, and
+    /// the filesystem did not refuse sharing.
+    fn went_through(&self) -> bool {
         match self {
             ShareOutcome::Refused(_) => false,
-            ShareOutcome::Executed { out, interrupted, .. } => {
-                !dry_run && !scan_interrupted && !interrupted && out.refused.is_none()
-            }
+            ShareOutcome::Executed(e) => !e.interrupted && e.out.refused.is_none(),
         }
     }
 }
@@ -522,7 +328,7 @@ fn share_phase(
         if cfg.dry_run { "verified duplicate" } else { "shared" }
     ));
     let interrupted = stop.load(Ordering::Relaxed);
-    Ok(ShareOutcome::Executed { out, freed_bytes, pending, interrupted, share_ms: ms(t) })
+    Ok(ShareOutcome::Executed(Executed { out, freed_bytes, pending, interrupted, share_ms: ms(t) }))
 }
 
 /// The run's report, built from what each phase found.
@@ -585,34 +391,37 @@ fn report(
     match share {
         None => {}
         Some(ShareOutcome::Refused(why)) => r.sharing_refused = Some(why.clone()),
-        Some(ShareOutcome::Executed { out, freed_bytes, pending, interrupted, share_ms }) => {
-            r.freed_bytes = freed_bytes.unwrap_or(0);
-            if let Some(rows) = pending {
-                set_pending(&mut r, rows);
-            }
-            r.duplicate_bytes = out.duplicate_bytes;
-            r.deduped_bytes = out.deduped_bytes;
-            r.already_shared_bytes = out.already_shared_bytes;
-            r.rewritten_bytes = out.rewritten_bytes;
-            r.sources_swapped = out.swapped_sources;
-            // Found only now: these files were considered (and hashed or
-            // known unchanged), they stay in files_scanned; they are left
-            // out of sharing.
-            r.skip(SkipReason::ChangedDuringScan, out.changed_files);
-            r.skip(SkipReason::Inline, out.inline_files);
-            for (k, n) in &out.errors {
-                r.error(k, *n);
-            }
-            for (k, n) in &out.status.errors {
-                r.error(&format!("dedupe_{}", k.to_lowercase()), *n);
-            }
-            r.dedupe_status = out.status.clone();
-            r.sharing_refused = out.refused.clone();
-            r.interrupted |= interrupted;
-            r.timings.dedupe_ms = *share_ms;
-        }
+        Some(ShareOutcome::Executed(e)) => add_shared(&mut r, e),
     }
     r
+}
+
+/// The share phase's part of the report.
+fn add_shared(r: &mut Report, e: &Executed) {
+    let out = &e.out;
+    r.freed_bytes = e.freed_bytes.unwrap_or(0);
+    if let Some(rows) = &e.pending {
+        set_pending(r, rows);
+    }
+    r.duplicate_bytes = out.duplicate_bytes;
+    r.deduped_bytes = out.deduped_bytes;
+    r.already_shared_bytes = out.already_shared_bytes;
+    r.rewritten_bytes = out.rewritten_bytes;
+    r.sources_swapped = out.swapped_sources;
+    // Found only now: these files were considered (and hashed or known
+    // unchanged), they stay in files_scanned; they are left out of sharing.
+    r.skip(SkipReason::ChangedDuringScan, out.changed_files);
+    r.skip(SkipReason::Inline, out.inline_files);
+    for (k, n) in &out.errors {
+        r.error(k, *n);
+    }
+    for (k, n) in &out.status.errors {
+        r.error(&format!("dedupe_{}", k.to_lowercase()), *n);
+    }
+    r.dedupe_status = out.status.clone();
+    r.sharing_refused = out.refused.clone();
+    r.interrupted |= e.interrupted;
+    r.timings.dedupe_ms = e.share_ms;
 }
 
 /// Every planned range, for `--list`.
@@ -651,33 +460,7 @@ fn still_shared(tree: &Tree, c: Option<&Candidate>) -> bool {
     sys::fiemap(f.as_fd(), 0, c.size.max(1)).is_ok_and(|ext| ext.iter().any(|e| e.is_shared()))
 }
 
-/// Free space being measured on another thread.
-struct FreeSpace(JoinHandle<Result<u64>>);
-
-impl FreeSpace {
-    /// Start measuring the free bytes of the filesystem of `path`.
-    fn start(path: PathBuf) -> FreeSpace {
-        FreeSpace(std::thread::spawn(move || free_bytes(&path)))
-    }
-
-    /// The measurement.
-    fn wait(self) -> Result<u64> {
-        self.0.join().map_err(|_| anyhow::anyhow!("free space measurement panicked")).and_then(|r| r)
-    }
-}
-
-/// Free bytes on the filesystem of `path`, after flushing it so that
-/// released extents are counted (btrfs frees them at transaction commit).
-fn free_bytes(path: &Path) -> Result<u64> {
-    let f = sys::inode::open_path_readonly(path).with_context(|| format!("{}: cannot open", display_path(path)))?;
-    // Two commits: btrfs may release extents freed by the first one's
-    // delayed references only in the next transaction.
-    for _ in 0..2 {
-        sys::syncfs(&f).with_context(|| format!("{}: syncfs", display_path(path)))?;
-    }
-    Ok(sys::fs_info(f.as_fd())?.free_bytes)
-}
-
+/// Milliseconds since `t`.
 fn ms(t: Instant) -> u64 {
     t.elapsed().as_millis() as u64
 }

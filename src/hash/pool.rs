@@ -48,12 +48,21 @@ pub struct PoolOptions {
 /// A file the pool is done with, for the database.
 #[derive(Debug)]
 pub enum Hashed {
-    /// Hashed: the facts it was read under (`dev` is its volume key) and
-    /// its fingerprints; `id` is its row when it was known.
-    File { id: Option<FileId>, file: Candidate, hash: FileHash },
+    /// Hashed (the file's `dev` is its volume key).
+    File {
+        /// Its row, when it was known.
+        id: Option<FileId>,
+        /// The facts it was read under.
+        file: Candidate,
+        /// Its fingerprints.
+        hash: FileHash,
+    },
     /// A known file now protected by the policy (a marker, a flag): what
     /// was known of it is to be forgotten.
-    Protected { id: FileId },
+    Protected {
+        /// Its row.
+        id: FileId,
+    },
 }
 
 /// The counts of one hashing pass.
