@@ -106,11 +106,11 @@ fn run_inner(
 
     let (db, scanned) = scan_phase(&job, db, run_id, progress, stop)?;
     let mut planned = None;
-    let mut shared = None;
+    let mut sharing = None;
     if let Some(cfg) = share.filter(|_| !scanned.interrupted) {
         let (plan, free_before) = plan_phase(&job, cfg, &db, &scanned, progress)?;
         if let Some(p) = plan.planned.as_ref() {
-            shared = Some(share_phase(&job, cfg, &db, run_id, p, free_before, progress, stop)?);
+            sharing = Some(share_phase(&job, cfg, &db, run_id, p, free_before, progress, stop)?);
         }
         planned = Some(plan);
     }
@@ -118,7 +118,7 @@ fn run_inner(
     // to plan: what it hashed need not be planned again.
     let complete = !job.dry_run()
         && !scanned.interrupted
-        && match (&planned, &shared) {
+        && match (&planned, &sharing) {
             (_, Some(s)) => s.went_through(),
             (Some(p), None) => p.planned.is_none(),
             (None, None) => false,
@@ -126,7 +126,7 @@ fn run_inner(
     if complete {
         db.set_meta(LAST_SHARE_RUN, &run_id.to_string())?;
     }
-    let report = report(&job, &scanned, planned.as_ref(), shared.as_ref(), ms(t0));
+    let report = report(&job, &scanned, planned.as_ref(), sharing.as_ref(), ms(t0));
     db.finish_run(run_id, &serde_json::to_string(&report)?)?;
     Ok(report)
 }
@@ -391,13 +391,13 @@ fn report(
     match share {
         None => {}
         Some(ShareOutcome::Refused(why)) => r.sharing_refused = Some(why.clone()),
-        Some(ShareOutcome::Executed(e)) => add_shared(&mut r, e),
+        Some(ShareOutcome::Executed(e)) => add_sharing(&mut r, e),
     }
     r
 }
 
 /// The share phase's part of the report.
-fn add_shared(r: &mut Report, e: &Executed) {
+fn add_sharing(r: &mut Report, e: &Executed) {
     let out = &e.out;
     r.freed_bytes = e.freed_bytes.unwrap_or(0);
     if let Some(rows) = &e.pending {
