@@ -1,6 +1,6 @@
 //! Block hashing throughput: `dedupscan::hash::hash_file` on a 64 MiB file
 //! that sits in the page cache, so the number is CPU cost (SHA-256 per 4 KiB
-//! block, the zero-block check, the whole-file digest and the `pread` copy),
+//! block, the zero-block check and the `pread` copy),
 //! not disk speed. Compare it with the cold raw-read speed that
 //! `benches/compare.sh` measures: when hashing is slower than the disk, the
 //! scan is CPU-bound.

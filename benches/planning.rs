@@ -29,7 +29,7 @@ use dedupscan::plan::{anchors, plan, PlanFile, PlanOptions};
 
 const BS: u64 = 4096;
 
-/// The planner's input, as `run::share` assembles it from the database.
+/// The planner's input, as `Db::plan` assembles it from the database.
 struct Input {
     files: Vec<PlanFile>,
     whole: Vec<Vec<FileId>>,

@@ -25,12 +25,15 @@ use clap::{Args, Parser, Subcommand, ValueEnum};
     after_help = "Exit codes: 0 success, 1 finished but some paths or ranges had errors, 2 usage error (nothing done), 3 fatal error, 4 database locked by another run, 5 stopped before finishing (signal or --max-runtime; the next run carries on), 6 not btrfs or XFS with reflink (refused, nothing done)."
 )]
 pub struct Cli {
+    /// The command; none is the default one (scan, then share).
     #[command(subcommand)]
     pub command: Option<Command>,
 
+    /// Options of the default command.
     #[command(flatten)]
     pub run: RunArgs,
 
+    /// Options every command takes.
     #[command(flatten)]
     pub global: GlobalArgs,
 }
@@ -113,8 +116,11 @@ pub enum LogLevel {
 /// When to draw progress bars.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
 pub enum ProgressMode {
+    /// Bars on a terminal, log lines elsewhere.
     Auto,
+    /// Bars, even when stderr is not a terminal.
     Always,
+    /// Plain log lines with a rate and, once known, an ETA.
     Never,
 }
 
@@ -180,6 +186,7 @@ pub struct ScanArgs {
 /// Options of the default command: scan, then share.
 #[derive(Debug, Args, Clone)]
 pub struct RunArgs {
+    /// The options of a scan.
     #[command(flatten)]
     pub scan: ScanArgs,
 
@@ -205,6 +212,7 @@ pub struct RunArgs {
     pub list: bool,
 }
 
+/// The commands other than the default one.
 #[derive(Debug, Subcommand)]
 pub enum Command {
     /// Only crawl and hash into the database; share nothing.
@@ -213,6 +221,7 @@ pub enum Command {
     Report(ReportArgs),
 }
 
+/// Options of `report`.
 #[derive(Debug, Args, Clone)]
 pub struct ReportArgs {
     /// A path on the filesystem whose database to read (when --db is not given).

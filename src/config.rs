@@ -10,6 +10,7 @@ use anyhow::{bail, Context, Result};
 
 use crate::cli::{Cli, Command, LogLevel, ProgressMode, ScanArgs};
 use crate::display::display_path;
+use crate::policy::Excludes;
 use crate::progress::Verbosity;
 use crate::sys::{self, FsInfo, FsKind};
 
@@ -24,43 +25,44 @@ use crate::sys::{self, FsInfo, FsKind};
      read, no database created); `dedupscan scan {path}` records its files anyway"
 )]
 pub struct Unsupported {
+    /// The first starting path, escaped.
     pub path: String,
     /// Name of the filesystem (`ext4`, `tmpfs`, `XFS made with reflink=0`,
     /// or its magic number).
     pub fs: String,
 }
 
-/// What to do.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+/// What to do, with what only that action needs.
+#[derive(Debug, Clone)]
 pub enum Action {
-    /// Scan, plan and share (or preview with `dry_run`).
-    Run,
+    /// Scan, plan and share (or preview with [`ShareConfig::dry_run`]).
+    Run {
+        /// How to scan.
+        scan: ScanConfig,
+        /// How to plan and share.
+        share: ShareConfig,
+    },
     /// Scan into the database only.
-    Scan,
+    Scan(ScanConfig),
     /// Print what the database knows.
-    Report,
+    Report(ReportConfig),
 }
 
-/// Everything a run needs, resolved.
+/// How to scan (the default command and `scan`).
 #[derive(Debug, Clone)]
-pub struct Config {
-    pub action: Action,
-    /// Canonical starting paths (empty for `report`).
+pub struct ScanConfig {
+    /// Canonical starting paths, all on one filesystem.
     pub paths: Vec<PathBuf>,
-    /// Filesystem of the paths (for `report` without a path: None).
-    pub fs: Option<FsInfo>,
-    pub db_path: PathBuf,
+    /// Filesystem of the paths.
+    pub fs: FsInfo,
+    /// Bytes per fingerprinted block (`--block-size`).
     pub block_size: u64,
+    /// Hashing threads (`--threads`, or 8 per CPU).
     pub threads: usize,
-    pub excludes: Vec<String>,
+    /// `--exclude` and `--exclude-from` globs, compiled.
+    pub excludes: Excludes,
+    /// Trust files whose size, mtime and ctime did not change (not `--rehash`).
     pub incremental: bool,
-    pub dry_run: bool,
-    pub min_range: u64,
-    /// See `--rewrite-ratio`.
-    pub rewrite_ratio: f64,
-    pub json: bool,
-    pub verbosity: Verbosity,
-    pub bars: bool,
     /// Share into read-only btrfs snapshots too.
     pub include_readonly_snapshots: bool,
     /// Drop hashed data from the page cache (`--drop-cache`).
@@ -69,13 +71,50 @@ pub struct Config {
     pub max_runtime: Option<std::time::Duration>,
     /// Where to write the run's figures for Prometheus (`--metrics-file`).
     pub metrics_file: Option<PathBuf>,
-    /// `report --html FILE`.
-    pub html: Option<PathBuf>,
+}
+
+/// How to plan and share (the default command).
+#[derive(Debug, Clone)]
+pub struct ShareConfig {
+    /// Verify byte for byte instead of sharing (`--dry-run`).
+    pub dry_run: bool,
+    /// Shortest range worth sharing, in bytes (`--min-range`).
+    pub min_range: u64,
+    /// See `--rewrite-ratio`.
+    pub rewrite_ratio: f64,
     /// `--list`: include every planned range in the report.
     pub list: bool,
 }
 
+/// What `report` reads and writes.
+#[derive(Debug, Clone)]
+pub struct ReportConfig {
+    /// `report --html FILE`.
+    pub html: Option<PathBuf>,
+    /// `report --list`: every duplicate range and its state.
+    pub list: bool,
+}
+
+/// Everything an invocation needs, resolved.
+#[derive(Debug, Clone)]
+pub struct Config {
+    /// What to do.
+    pub action: Action,
+    /// The database of the filesystem (or `--db`).
+    pub db_path: PathBuf,
+    /// Print the report as JSON (`--json`).
+    pub json: bool,
+    /// How chatty stderr is.
+    pub verbosity: Verbosity,
+    /// Draw progress bars (else log lines).
+    pub bars: bool,
+}
+
 impl Config {
+    /// Resolve the parsed command line: check the globs, find the
+    /// filesystem and the database. Every usage error is found here,
+    /// before any database is opened (`main` maps it to exit code 2; an
+    /// [`Unsupported`] filesystem to 6).
     pub fn from_cli(cli: Cli) -> Result<Config> {
         let g = cli.global;
         let verbosity = match (g.quiet, g.verbose, g.log_level) {
@@ -95,10 +134,24 @@ impl Config {
                     && verbosity > Verbosity::Quiet
             }
         };
-        let list = cli.run.list || matches!(&cli.command, Some(Command::Report(r)) if r.list);
-        let (action, scan, dry_run, min_range, rewrite_ratio) = match cli.command {
-            None => (Action::Run, cli.run.scan, cli.run.dry_run, cli.run.min_range, cli.run.rewrite_ratio),
-            Some(Command::Scan(s)) => (Action::Scan, s, false, 0, 0.0),
+        let (action, db_path) = match cli.command {
+            None => {
+                let r = cli.run;
+                let scan = scan_config(r.scan, true)?;
+                let share = ShareConfig {
+                    dry_run: r.dry_run,
+                    min_range: r.min_range,
+                    rewrite_ratio: r.rewrite_ratio,
+                    list: r.list,
+                };
+                let db_path = db_path(g.db, &scan.fs)?;
+                (Action::Run { scan, share }, db_path)
+            }
+            Some(Command::Scan(s)) => {
+                let scan = scan_config(s, false)?;
+                let db_path = db_path(g.db, &scan.fs)?;
+                (Action::Scan(scan), db_path)
+            }
             Some(Command::Report(r)) => {
                 let fs = r.path.as_deref().map(resolve_fs).transpose()?;
                 let db_path = match (g.db, &fs) {
@@ -106,127 +159,121 @@ impl Config {
                     (None, Some((_, fs))) => default_db_path(&fs.uuid)?,
                     (None, None) => bail!("report needs a path on the filesystem, or --db FILE"),
                 };
-                return Ok(Config {
-                    action: Action::Report,
-                    paths: fs.iter().map(|(p, _)| p.clone()).collect(),
-                    fs: fs.map(|(_, f)| f),
-                    db_path,
-                    block_size: 4096,
-                    threads: 1,
-                    excludes: vec![],
-                    incremental: false,
-                    dry_run: false,
-                    min_range: 0,
-                    rewrite_ratio: 0.0,
-                    json: g.json,
-                    verbosity,
-                    bars,
-                    include_readonly_snapshots: false,
-                    drop_cache: false,
-                    max_runtime: None,
-                    metrics_file: None,
-                    html: r.html,
-                    list,
-                });
+                (Action::Report(ReportConfig { html: r.html, list: r.list }), db_path)
             }
         };
-        let ScanArgs {
-            paths,
-            incremental: _,
-            rehash,
-            block_size,
-            threads,
-            mut exclude,
-            exclude_from,
-            include_readonly_snapshots,
-            drop_cache,
-            max_runtime,
-            metrics_file,
-        } = scan;
-        for g in &exclude {
-            check_exclude(g).map_err(|e| anyhow::anyhow!("--exclude '{g}': {e}"))?;
-        }
-        for f in &exclude_from {
-            let text = std::fs::read_to_string(f).with_context(|| format!("--exclude-from {}", display_path(f)))?;
-            for (n, line) in text.lines().enumerate() {
-                let g = line.trim();
-                if g.is_empty() || g.starts_with('#') {
-                    continue;
-                }
-                check_exclude(g).map_err(|e| anyhow::anyhow!("{}:{}: '{g}': {e}", display_path(f), n + 1))?;
-                exclude.push(g.to_owned());
-            }
-        }
-        if paths.is_empty() {
-            bail!("no path given: name the directories to scan, e.g. `dedupscan /srv`");
-        }
-        let mut canon = Vec::new();
-        let mut fs: Option<FsInfo> = None;
-        for p in &paths {
-            let (c, info) = resolve_fs(p)?;
-            match &fs {
-                Some(f) if f.uuid != info.uuid => bail!(
-                    "{} is on another filesystem ({}) than {} ({}); run dedupscan once per filesystem",
-                    display_path(p),
-                    info.uuid,
-                    display_path(&paths[0]),
-                    f.uuid
-                ),
-                _ => fs = Some(info),
-            }
-            canon.push(c);
-        }
-        let fs = fs.expect("at least one path");
-        if action == Action::Run {
-            let fs_name = match fs.kind {
-                FsKind::Other => Some(fs_name(fs.magic)),
-                FsKind::Xfs if sys::fs::xfs_has_reflink(&canon[0]) == Some(false) => {
-                    Some("XFS made with reflink=0".to_owned())
-                }
-                _ => None,
-            };
-            if let Some(fs) = fs_name {
-                return Err(Unsupported { path: display_path(&paths[0]), fs }.into());
-            }
-        }
-        let db_path = match g.db {
-            Some(db) => db,
-            None => default_db_path(&fs.uuid)?,
-        };
-        // Hashing threads also keep reads in flight: on a cold disk most of
-        // them wait for I/O, so more threads than CPUs keep both busy
-        // (measured in docs/BENCHMARKS.md: 2 → 8 threads, 2.98 s → 2.49 s
-        // on SMALL; 8 → 16 threads on FULL, btrfs, 0.90/0.74× → 0.80/0.68×
-        // of a cold raw read). Each costs a 1 MiB read buffer.
-        let threads = threads.unwrap_or_else(|| {
-            let cpus = std::thread::available_parallelism().map_or(2, |n| n.get());
-            (cpus * 8).clamp(8, 64)
-        });
-        Ok(Config {
-            action,
-            paths: canon,
-            fs: Some(fs),
-            db_path,
-            block_size,
-            threads: threads.max(1),
-            excludes: exclude,
-            // A rerun carries on from what the database knows; --rehash
-            // starts over.
-            incremental: !rehash,
-            dry_run,
-            min_range,
-            rewrite_ratio,
-            json: g.json,
-            verbosity,
-            bars,
-            include_readonly_snapshots,
-            drop_cache,
-            max_runtime,
-            metrics_file,
-            html: None,
-            list,
-        })
+        Ok(Config { action, db_path, json: g.json, verbosity, bars })
     }
+
+    /// How to scan, for the actions that scan.
+    pub fn scan(&self) -> Option<&ScanConfig> {
+        match &self.action {
+            Action::Run { scan, .. } | Action::Scan(scan) => Some(scan),
+            Action::Report(_) => None,
+        }
+    }
+}
+
+/// `--db`, or the default database of filesystem `fs`.
+fn db_path(db: Option<PathBuf>, fs: &FsInfo) -> Result<PathBuf> {
+    match db {
+        Some(db) => Ok(db),
+        None => default_db_path(&fs.uuid),
+    }
+}
+
+/// Resolve the options of a scan: globs compiled, paths made canonical and
+/// checked to be on one filesystem; with `shares`, one dedupscan can share on.
+fn scan_config(scan: ScanArgs, shares: bool) -> Result<ScanConfig> {
+    let ScanArgs {
+        paths,
+        incremental: _,
+        rehash,
+        block_size,
+        threads,
+        exclude,
+        exclude_from,
+        include_readonly_snapshots,
+        drop_cache,
+        max_runtime,
+        metrics_file,
+    } = scan;
+    let excludes = excludes(exclude, &exclude_from)?;
+    if paths.is_empty() {
+        bail!("no path given: name the directories to scan, e.g. `dedupscan /srv`");
+    }
+    let mut canon = Vec::new();
+    let mut fs: Option<FsInfo> = None;
+    for p in &paths {
+        let (c, info) = resolve_fs(p)?;
+        match &fs {
+            Some(f) if f.uuid != info.uuid => bail!(
+                "{} is on another filesystem ({}) than {} ({}); run dedupscan once per filesystem",
+                display_path(p),
+                info.uuid,
+                display_path(&paths[0]),
+                f.uuid
+            ),
+            _ => fs = Some(info),
+        }
+        canon.push(c);
+    }
+    let fs = fs.expect("at least one path");
+    if shares {
+        let fs_name = match fs.kind {
+            FsKind::Other => Some(fs_name(fs.magic)),
+            FsKind::Xfs if sys::fs::xfs_has_reflink(&canon[0]) == Some(false) => {
+                Some("XFS made with reflink=0".to_owned())
+            }
+            _ => None,
+        };
+        if let Some(fs) = fs_name {
+            return Err(Unsupported { path: display_path(&paths[0]), fs }.into());
+        }
+    }
+    // Hashing threads also keep reads in flight: on a cold disk most of
+    // them wait for I/O, so more threads than CPUs keep both busy
+    // (measured in docs/BENCHMARKS.md: 2 → 8 threads, 2.98 s → 2.49 s
+    // on SMALL; 8 → 16 threads on FULL, btrfs, 0.90/0.74× → 0.80/0.68×
+    // of a cold raw read). Each costs a 1 MiB read buffer.
+    let threads = threads.unwrap_or_else(|| {
+        let cpus = std::thread::available_parallelism().map_or(2, |n| n.get());
+        (cpus * 8).clamp(8, 64)
+    });
+    Ok(ScanConfig {
+        paths: canon,
+        fs,
+        block_size,
+        threads: threads.max(1),
+        excludes,
+        // A rerun carries on from what the database knows; --rehash
+        // starts over.
+        incremental: !rehash,
+        include_readonly_snapshots,
+        drop_cache,
+        max_runtime,
+        metrics_file,
+    })
+}
+
+/// The `--exclude` globs and those of the `--exclude-from` files, checked
+/// one by one (so the message names the culprit) and compiled.
+fn excludes(mut globs: Vec<String>, files: &[PathBuf]) -> Result<Excludes> {
+    for g in &globs {
+        check_exclude(g).map_err(|e| anyhow::anyhow!("--exclude '{g}': {e}"))?;
+    }
+    for f in files {
+        let text = std::fs::read_to_string(f).with_context(|| format!("--exclude-from {}", display_path(f)))?;
+        for (n, line) in text.lines().enumerate() {
+            let g = line.trim();
+            if g.is_empty() || g.starts_with('#') {
+                continue;
+            }
+            check_exclude(g).map_err(|e| anyhow::anyhow!("{}:{}: '{g}': {e}", display_path(f), n + 1))?;
+            globs.push(g.to_owned());
+        }
+    }
+    Excludes::new(globs).context("invalid --exclude glob")
 }
 
 /// Usage errors of one exclude glob, found before the database is opened:

@@ -2,10 +2,12 @@
 //! share it with `FIDEDUPERANGE`.
 //!
 //! The pipeline, one module per stage (see `docs/ARCHITECTURE.md`):
-//! [`walk`] (with [`policy`]) → [`hash`] → [`db`] → [`plan`] → [`dedupe`] →
-//! [`report`], driven by [`run`]. All ioctls and `unsafe` live in [`sys`].
+//! [`walk`] (with [`policy`]) → [`hash`] → [`changes`] → [`db`] → [`plan`] →
+//! [`dedupe`] → [`report`], driven by [`pipeline`] (configured once by
+//! [`config`]). All ioctls and `unsafe` live in [`sys`].
 
 pub mod blockmap;
+pub mod changes;
 pub mod cli;
 pub mod config;
 pub mod corpus;
@@ -18,11 +20,11 @@ pub mod file;
 pub mod hash;
 pub mod html;
 pub mod metrics;
+pub mod pipeline;
 pub mod plan;
 pub mod policy;
 pub mod progress;
 pub mod report;
-pub mod run;
 pub mod summary;
 pub mod sys;
 pub mod walk;

@@ -4,11 +4,11 @@ use std::sync::atomic::AtomicBool;
 use std::sync::Arc;
 
 use dedupscan::cli::Cli;
-use dedupscan::config::{Action, Config, Unsupported};
+use dedupscan::config::{Action, Config, ReportConfig, ScanConfig, Unsupported};
 use dedupscan::db::DbError;
 use dedupscan::exit::ExitCode;
 use dedupscan::progress::{Bars, LogLines, Progress};
-use dedupscan::{run, summary};
+use dedupscan::{pipeline, summary};
 
 fn main() {
     let cli = Cli::parse_args(); // usage errors exit with 2
@@ -35,7 +35,7 @@ fn dispatch(cfg: &Config) -> ExitCode {
         let _ = signal_hook::flag::register_conditional_shutdown(sig, dedupscan::exit::KILLED, Arc::clone(&stop));
         let _ = signal_hook::flag::register(sig, Arc::clone(&stop));
     }
-    if let Some(budget) = cfg.max_runtime {
+    if let Some(budget) = cfg.scan().and_then(|s| s.max_runtime) {
         // The time budget stops the run the same clean way a signal does.
         let stop = Arc::clone(&stop);
         std::thread::spawn(move || {
@@ -47,36 +47,12 @@ fn dispatch(cfg: &Config) -> ExitCode {
         if cfg.bars { Box::new(Bars::new(cfg.verbosity)) } else { Box::new(LogLines::new(cfg.verbosity)) };
     // The run's report, when it finished: for the metrics file.
     let mut finished = None;
-    let result = match cfg.action {
-        Action::Report => summary::summarize_with(&cfg.db_path, progress.as_ref(), cfg.list).and_then(|s| {
-            if let Some(html) = &cfg.html {
-                std::fs::write(html, s.to_html())
-                    .map_err(|e| anyhow::anyhow!("cannot write {}: {e}", dedupscan::display::display_path(html)))?;
-            }
-            print_out(cfg.json, &s, || s.to_text())?;
-            Ok(ExitCode::Success)
-        }),
-        Action::Run | Action::Scan => run::run(cfg, progress.as_ref(), &stop).and_then(|r| {
-            print_out(cfg.json, &r, || r.to_text())?;
-            let code = if r.interrupted {
-                // Not 0: a timer or script must see that the volume was not
-                // fully processed (the report says how far it got).
-                if cfg.verbosity > dedupscan::progress::Verbosity::Quiet {
-                    dedupscan::progress::emit(
-                        dedupscan::progress::Level::Warning,
-                        "dedupscan: warning: stopped before finishing (signal or --max-runtime): the work done is \
-                         kept; the next run carries on (exit status 5)",
-                    );
-                }
-                ExitCode::Interrupted
-            } else if r.errors > 0 {
-                ExitCode::PartialErrors
-            } else {
-                ExitCode::Success
-            };
-            finished = Some(r);
-            Ok(code)
-        }),
+    let result = match &cfg.action {
+        Action::Report(r) => report_command(cfg, r, progress.as_ref()),
+        Action::Run { scan, share } => pipeline::run(&cfg.db_path, scan, Some(share), progress.as_ref(), &stop)
+            .and_then(|r| run_finished(cfg, r, &mut finished)),
+        Action::Scan(scan) => pipeline::run(&cfg.db_path, scan, None, progress.as_ref(), &stop)
+            .and_then(|r| run_finished(cfg, r, &mut finished)),
     };
     let code = match result {
         Ok(code) => code,
@@ -89,21 +65,63 @@ fn dispatch(cfg: &Config) -> ExitCode {
         }
     };
     // Metrics on every exit path of a run, locked and fatal included.
-    if cfg.action != Action::Report && !write_metrics(cfg, code, finished.as_ref()) && code == ExitCode::Success {
-        return ExitCode::PartialErrors;
+    if let Some(scan) = cfg.scan() {
+        if !write_metrics(cfg, scan, code, finished.as_ref()) && code == ExitCode::Success {
+            return ExitCode::PartialErrors;
+        }
     }
     code
 }
 
+/// `dedupscan report`: print (and with `--html` write) what the database
+/// knows.
+fn report_command(cfg: &Config, r: &ReportConfig, progress: &dyn Progress) -> anyhow::Result<ExitCode> {
+    let s = summary::summarize_with(&cfg.db_path, progress, r.list)?;
+    if let Some(html) = &r.html {
+        std::fs::write(html, s.to_html())
+            .map_err(|e| anyhow::anyhow!("cannot write {}: {e}", dedupscan::display::display_path(html)))?;
+    }
+    print_out(cfg.json, &s, || s.to_text())?;
+    Ok(ExitCode::Success)
+}
+
+/// Print the report of a run that finished (or stopped cleanly), keep it for
+/// the metrics file, and say which exit code it earns.
+fn run_finished(
+    cfg: &Config,
+    r: dedupscan::report::Report,
+    finished: &mut Option<dedupscan::report::Report>,
+) -> anyhow::Result<ExitCode> {
+    print_out(cfg.json, &r, || r.to_text())?;
+    let code = if r.interrupted {
+        // Not 0: a timer or script must see that the volume was not
+        // fully processed (the report says how far it got).
+        if cfg.verbosity > dedupscan::progress::Verbosity::Quiet {
+            dedupscan::progress::emit(
+                dedupscan::progress::Level::Warning,
+                "dedupscan: warning: stopped before finishing (signal or --max-runtime): the work done is \
+                 kept; the next run carries on (exit status 5)",
+            );
+        }
+        ExitCode::Interrupted
+    } else if r.errors > 0 {
+        ExitCode::PartialErrors
+    } else {
+        ExitCode::Success
+    };
+    *finished = Some(r);
+    Ok(code)
+}
+
 /// `--metrics-file`: a failure to write it is a warning and exit code 1,
 /// never a reason to lose the run's report.
-fn write_metrics(cfg: &Config, code: ExitCode, report: Option<&dedupscan::report::Report>) -> bool {
-    let Some(path) = &cfg.metrics_file else { return true };
+fn write_metrics(cfg: &Config, scan: &ScanConfig, code: ExitCode, report: Option<&dedupscan::report::Report>) -> bool {
+    let Some(path) = &scan.metrics_file else { return true };
     let outcome = dedupscan::metrics::Outcome {
         exit_code: code.code(),
-        fs_uuid: cfg.fs.as_ref().map(|f| f.uuid.clone()).unwrap_or_default(),
-        filesystem: cfg.fs.as_ref().map(|f| f.kind.name().to_owned()).unwrap_or_default(),
-        paths: cfg.paths.iter().map(|p| dedupscan::display::display_path(p)).collect(),
+        fs_uuid: scan.fs.uuid.clone(),
+        filesystem: scan.fs.kind.name().to_owned(),
+        paths: scan.paths.iter().map(|p| dedupscan::display::display_path(p)).collect(),
         report,
     };
     match dedupscan::metrics::write_atomic(path, &cfg.db_path, &outcome) {

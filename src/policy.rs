@@ -130,14 +130,35 @@ pub struct Policy {
     pub include_readonly_snapshots: bool,
 }
 
+/// Exclude globs compiled once (by `Config`, before the database is
+/// opened), with their text for messages.
+#[derive(Debug, Clone, Default)]
+pub struct Excludes {
+    set: GlobSet,
+    globs: Vec<String>,
+}
+
+impl Excludes {
+    /// Compile `globs` (matched against full paths).
+    pub fn new(globs: Vec<String>) -> Result<Excludes, globset::Error> {
+        let mut b = GlobSetBuilder::new();
+        for g in &globs {
+            b.add(Glob::new(g)?);
+        }
+        Ok(Excludes { set: b.build()?, globs })
+    }
+}
+
 impl Policy {
     /// Build from exclude globs (matched against the full path) and the
     /// database path.
     pub fn new(excludes: &[String], db_path: Option<&Path>) -> Result<Policy, globset::Error> {
-        let mut b = GlobSetBuilder::new();
-        for g in excludes {
-            b.add(Glob::new(g)?);
-        }
+        Ok(Policy::with_excludes(Excludes::new(excludes.to_vec())?, db_path))
+    }
+
+    /// Build from compiled exclude globs and the database path.
+    pub fn with_excludes(excludes: Excludes, db_path: Option<&Path>) -> Policy {
+        let Excludes { set, globs } = excludes;
         let mut own_files = HashSet::new();
         if let Some(db) = db_path {
             for suffix in ["", "-wal", "-shm", ".lock", "-journal"] {
@@ -153,14 +174,14 @@ impl Policy {
             .filter_map(|p| std::fs::symlink_metadata(p).ok())
             .map(|m| (m.dev(), m.ino()))
             .collect();
-        Ok(Policy {
-            excludes: b.build()?,
-            exclude_globs: excludes.to_vec(),
-            exclude_hits: excludes.iter().map(|_| Default::default()).collect(),
+        Policy {
+            excludes: set,
+            exclude_hits: globs.iter().map(|_| Default::default()).collect(),
+            exclude_globs: globs,
             own_files,
             swap_files,
             include_readonly_snapshots: false,
-        })
+        }
     }
 
     /// Whether `path` matches an exclude glob (remembering which matched).

@@ -36,9 +36,9 @@ complete -c dedupscan -n "__fish_dedupscan_needs_command" -l db -d 'Database fil
 complete -c dedupscan -n "__fish_dedupscan_needs_command" -l log-level -d 'How chatty stderr is when neither -v nor -q is given' -r -f -a "quiet\t'The final report and fatal errors only'
 normal\t'Also a warning per problem path and a line per phase (default)'
 verbose\t'Also details of every phase'"
-complete -c dedupscan -n "__fish_dedupscan_needs_command" -l progress -d 'Progress display on stderr: bars on a terminal (auto), always, or never' -r -f -a "auto\t''
-always\t''
-never\t''"
+complete -c dedupscan -n "__fish_dedupscan_needs_command" -l progress -d 'Progress display on stderr: bars on a terminal (auto), always, or never' -r -f -a "auto\t'Bars on a terminal, log lines elsewhere'
+always\t'Bars, even when stderr is not a terminal'
+never\t'Plain log lines with a rate and, once known, an ETA'"
 complete -c dedupscan -n "__fish_dedupscan_needs_command" -l incremental -d 'Rehash only files whose size, mtime or ctime changed since the last run (the default: a rerun, also after an interrupted run, carries on where the database stands). Kept for scripts that say so'
 complete -c dedupscan -n "__fish_dedupscan_needs_command" -l rehash -d 'Rehash every file, even those unchanged since the last run, and plan every duplicate again (not only those involving new files)'
 complete -c dedupscan -n "__fish_dedupscan_needs_command" -l include-readonly-snapshots -d 'Also share into read-only btrfs snapshots (left alone by default: sharing into many snapshots can grow metadata instead of freeing space)'
@@ -63,9 +63,9 @@ complete -c dedupscan -n "__fish_dedupscan_using_subcommand scan" -l db -d 'Data
 complete -c dedupscan -n "__fish_dedupscan_using_subcommand scan" -l log-level -d 'How chatty stderr is when neither -v nor -q is given' -r -f -a "quiet\t'The final report and fatal errors only'
 normal\t'Also a warning per problem path and a line per phase (default)'
 verbose\t'Also details of every phase'"
-complete -c dedupscan -n "__fish_dedupscan_using_subcommand scan" -l progress -d 'Progress display on stderr: bars on a terminal (auto), always, or never' -r -f -a "auto\t''
-always\t''
-never\t''"
+complete -c dedupscan -n "__fish_dedupscan_using_subcommand scan" -l progress -d 'Progress display on stderr: bars on a terminal (auto), always, or never' -r -f -a "auto\t'Bars on a terminal, log lines elsewhere'
+always\t'Bars, even when stderr is not a terminal'
+never\t'Plain log lines with a rate and, once known, an ETA'"
 complete -c dedupscan -n "__fish_dedupscan_using_subcommand scan" -l incremental -d 'Rehash only files whose size, mtime or ctime changed since the last run (the default: a rerun, also after an interrupted run, carries on where the database stands). Kept for scripts that say so'
 complete -c dedupscan -n "__fish_dedupscan_using_subcommand scan" -l rehash -d 'Rehash every file, even those unchanged since the last run, and plan every duplicate again (not only those involving new files)'
 complete -c dedupscan -n "__fish_dedupscan_using_subcommand scan" -l include-readonly-snapshots -d 'Also share into read-only btrfs snapshots (left alone by default: sharing into many snapshots can grow metadata instead of freeing space)'
@@ -79,9 +79,9 @@ complete -c dedupscan -n "__fish_dedupscan_using_subcommand report" -l db -d 'Da
 complete -c dedupscan -n "__fish_dedupscan_using_subcommand report" -l log-level -d 'How chatty stderr is when neither -v nor -q is given' -r -f -a "quiet\t'The final report and fatal errors only'
 normal\t'Also a warning per problem path and a line per phase (default)'
 verbose\t'Also details of every phase'"
-complete -c dedupscan -n "__fish_dedupscan_using_subcommand report" -l progress -d 'Progress display on stderr: bars on a terminal (auto), always, or never' -r -f -a "auto\t''
-always\t''
-never\t''"
+complete -c dedupscan -n "__fish_dedupscan_using_subcommand report" -l progress -d 'Progress display on stderr: bars on a terminal (auto), always, or never' -r -f -a "auto\t'Bars on a terminal, log lines elsewhere'
+always\t'Bars, even when stderr is not a terminal'
+never\t'Plain log lines with a rate and, once known, an ETA'"
 complete -c dedupscan -n "__fish_dedupscan_using_subcommand report" -l list -d 'Also list every duplicate range the database knows (source, destination, offsets, bytes) and whether it is shared now'
 complete -c dedupscan -n "__fish_dedupscan_using_subcommand report" -l json -d 'Print the report as one JSON document on stdout'
 complete -c dedupscan -n "__fish_dedupscan_using_subcommand report" -s v -l verbose -d 'More detail (repeatable)'

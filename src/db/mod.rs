@@ -9,8 +9,8 @@
 //! thread during the scan; reads happen before and after it on the main
 //! thread.
 
-pub mod maps;
 pub mod explain;
+pub mod maps;
 pub mod migrate;
 pub mod summary;
 pub mod writer;

@@ -24,9 +24,9 @@ use super::executor::Executor;
 use super::workers::locked;
 use super::{no_space, Bookends, Mode, Pending};
 use crate::display::display_path;
-use crate::sys::{self, dedupe::MAX_REQUEST_LEN, DedupeStatus, DestResult};
 use crate::errors::ErrorKind;
 use crate::file::FileId;
+use crate::sys::{self, dedupe::MAX_REQUEST_LEN, DedupeStatus, DestResult};
 
 /// One extent of a destination file, as FIEMAP shows it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -36,15 +36,15 @@ use nix::fcntl::{posix_fadvise, PosixFadviseAdvice};
 use super::extents::{unshared_parts, Mapped};
 use super::workers::{locked, same_source, WorkerContext};
 use super::{no_space, Mode, Outcome, Pending};
+use crate::display::display_path;
+use crate::errors::ErrorKind;
+use crate::file::FileFacts;
+use crate::file::FileId;
 use crate::plan::Range;
 use crate::progress::Progress;
-use crate::display::display_path;
 use crate::sys::beneath::Tree;
 use crate::sys::fiemap::physical_map;
 use crate::sys::{self, dedupe::MAX_DESTS, dedupe::MAX_REQUEST_LEN, DedupeStatus};
-use crate::errors::ErrorKind;
-use crate::file::FileId;
-use crate::file::FileFacts;
 
 /// One destination of a source range, maybe split into the sub-ranges that
 /// are not shared yet (offsets relative to the range start).

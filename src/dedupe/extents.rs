@@ -7,12 +7,12 @@ use std::collections::HashMap;
 use std::os::fd::AsFd;
 use std::os::unix::fs::MetadataExt;
 
+use crate::file::FileFacts;
+use crate::file::FileId;
 use crate::plan::Plan;
 use crate::sys::beneath::Tree;
 use crate::sys::fiemap::physical_map;
 use crate::sys::{self, Extent};
-use crate::file::FileId;
-use crate::file::FileFacts;
 
 /// A range's block addresses (see [`physical_map`]), and whether any of its
 /// extents is shared with another file or offset.

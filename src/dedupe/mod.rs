@@ -33,12 +33,12 @@ use std::sync::{Mutex, OnceLock};
 use nix::errno::Errno;
 use serde::Serialize;
 
+use crate::errors::ErrorKind;
+use crate::file::FileFacts;
+use crate::file::FileId;
 use crate::plan::Plan;
 use crate::progress::Progress;
 use crate::sys::beneath::Tree;
-use crate::errors::ErrorKind;
-use crate::file::FileId;
-use crate::file::FileFacts;
 
 pub mod bookend;
 mod executor;

@@ -18,11 +18,11 @@ use std::sync::{Mutex, MutexGuard, OnceLock, PoisonError};
 use super::bookend;
 use super::executor::Executor;
 use super::{Mode, Outcome};
+use crate::file::FileFacts;
+use crate::file::FileId;
 use crate::plan::{Plan, Range};
 use crate::progress::Progress;
 use crate::sys::beneath::Tree;
-use crate::file::FileId;
-use crate::file::FileFacts;
 
 /// Most worker threads of the share phase. On cached data the phase is
 /// kernel CPU (on XFS four fifths of it inside `FIDEDUPERANGE`), so workers

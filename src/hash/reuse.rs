@@ -1,21 +1,6 @@
-//! Block fingerprints.
+//! Extent reuse (issue 14): each physical extent is hashed once per run.
 //!
-//! In: an open file and its expected size. Out: a [`FileHash`] whose
-//! [`BlockMap`] holds one fingerprint per block (the first 8 bytes of the
-//! block's SHA-256, kept as the 4-byte block-map fingerprint). Runs on the
-//! rayon hashing threads; one call reads one file sequentially in large
-//! chunks.
-//!
-//! Memory follows the file's *data*, never its apparent size: holes are
-//! found with `SEEK_DATA`/`SEEK_HOLE` and appended to the map as one zero run
-//! (8 bytes, however long), never read and never expanded, and every
-//! allocation sized from the file is fallible ([`MapError`] →
-//! `ErrorKind::OutOfMemory` / `FileTooLarge`), so a hostile sparse file costs
-//! a per-file error at worst, not the run (issue 12). Holes and all-zero
-//! blocks get the fingerprint [`ZERO_FP`] and are never used as matches:
-//! sharing zeros frees nothing that a hole would not.
-//!
-//! **Physical extents (issue 14).** With an [`ExtentCache`], a file is mapped
+//! With an [`ExtentCache`], a file is mapped
 //! with FIEMAP before it is read; an extent that FIEMAP flags `SHARED` and
 //! whose logical↔physical mapping is provably linear block for block (no
 //! `UNKNOWN`, `DELALLOC`, `ENCODED`, inline, tail-packed, unaligned or
@@ -24,89 +9,16 @@
 //! by physical block address, and a reflinked copy, a writable snapshot or
 //! a file already deduplicated costs one FIEMAP call instead of a read.
 //! Everything else is read as before.
-//!
-//! I/O: `POSIX_FADV_SEQUENTIAL` on open, `WILLNEED` on the next chunk before
-//! hashing the current one (reading overlaps hashing), and with `--drop-cache`
-//! `DONTNEED` on chunks already hashed, so a nightly scan does not evict the
-//! server's working set. Off by default: the share phase rereads every
-//! duplicate range (the kernel compares both sides), and finds it cached.
 
-use std::fs::File;
 use std::io;
 use std::os::fd::AsFd;
-use std::os::unix::fs::FileExt;
 use std::sync::{Condvar, Mutex};
 
-use nix::errno::Errno;
-use nix::fcntl::{posix_fadvise, PosixFadviseAdvice};
-use nix::unistd::{lseek, Whence};
 use rustc_hash::FxHashMap;
 
-use sha2::{Digest, Sha256};
-
-pub use crate::blockmap::ZERO_FP;
-use crate::blockmap::{short_fp, BlockMap, Fp, MapError};
+use super::{block_fp, map_err, Hasher, CHUNK};
+use crate::blockmap::Fp;
 use crate::sys::fiemap::{self, Extent};
-
-/// Bytes read per `pread`: large enough that the disk streams.
-pub const CHUNK: usize = 1 << 20;
-
-/// The block fingerprints of one file.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct FileHash {
-    /// Size the file had while it was read.
-    pub size: u64,
-    /// One fingerprint per block (the last block may be partial), holes as
-    /// zero runs.
-    pub map: BlockMap,
-    /// Bytes actually read from disk (holes of files larger than one read
-    /// are not read).
-    pub bytes_read: u64,
-    /// Bytes whose fingerprints were taken from the [`ExtentCache`] instead
-    /// of being read: the same physical blocks were hashed earlier in the run.
-    pub bytes_reused: u64,
-    /// Physical block ranges this call put into the cache, so that the
-    /// caller can take them back if the file turns out to have changed
-    /// while it was read.
-    pub cached: Vec<(u64, u64)>,
-}
-
-/// Fingerprint of a block digest: its first 8 bytes, never [`ZERO_FP`].
-pub fn fingerprint(digest: &[u8; 32]) -> u64 {
-    let fp = u64::from_le_bytes(digest[..8].try_into().expect("8 bytes"));
-    if fp == ZERO_FP {
-        1
-    } else {
-        fp
-    }
-}
-
-fn is_zero(b: &[u8]) -> bool {
-    // OR-fold 64-byte lanes: vectorises well and stops at the first
-    // non-zero lane.
-    let mut lanes = b.chunks_exact(64);
-    let lanes_zero = lanes.all(|lane| lane.iter().fold(0u8, |acc, &x| acc | x) == 0);
-    lanes_zero && b.chunks_exact(64).remainder().iter().all(|&x| x == 0)
-}
-
-/// The block-map fingerprint of one block's bytes.
-fn block_fp(blk: &[u8]) -> Fp {
-    if is_zero(blk) {
-        0
-    } else {
-        let d: [u8; 32] = Sha256::digest(blk).into();
-        short_fp(fingerprint(&d))
-    }
-}
-
-/// Hash `file`, expected to be `size` bytes long, in blocks of `block_size`.
-///
-/// `buf` is a reusable read buffer (grown to [`CHUNK`]). A file that turns
-/// out shorter than `size` yields an `UnexpectedEof` error: the caller treats
-/// it as changed during the scan.
-pub fn hash_file(file: &File, size: u64, block_size: u64, buf: &mut Vec<u8>) -> io::Result<FileHash> {
-    hash_file_with(file, size, block_size, buf, false, None)
-}
 
 /// Whether a file of `size` bytes is mapped (FIEMAP) before it is read:
 /// when it has more than one block. A one-block file is one `pread`, about
@@ -114,7 +26,7 @@ pub fn hash_file(file: &File, size: u64, block_size: u64, buf: &mut Vec<u8>) -> 
 /// reads (on the SMALL benchmark corpus, mapping from 64 KiB up left a full
 /// rerun after a dedupe reading 67% of the first run's bytes, from two
 /// blocks up 59%, at no measurable cost in scan time).
-fn worth_mapping(size: u64, block_size: u64) -> bool {
+pub(super) fn worth_mapping(size: u64, block_size: u64) -> bool {
     size > block_size
 }
 
@@ -122,89 +34,11 @@ fn worth_mapping(size: u64, block_size: u64) -> bool {
 /// (a fragmented file is mapped window by window as it is read).
 const MAP_WINDOW: u64 = 256 << 20;
 
-/// [`hash_file`], optionally dropping every chunk from the page cache once
-/// it is hashed (`drop_behind`, see `--drop-cache`) and reusing the
-/// fingerprints of physical extents hashed earlier in the run (`cache`).
-pub fn hash_file_with(
-    file: &File,
-    size: u64,
-    block_size: u64,
-    buf: &mut Vec<u8>,
-    drop_behind: bool,
-    cache: Option<&ExtentCache>,
-) -> io::Result<FileHash> {
-    assert!(block_size.is_power_of_two() && block_size as usize <= CHUNK);
-    if buf.len() < CHUNK {
-        buf.try_reserve_exact(CHUNK - buf.len()).map_err(|_| map_err(MapError::OutOfMemory { blocks: 0 }))?;
-        buf.resize(CHUNK, 0);
-    }
-    let mut h = Hasher {
-        file,
-        size,
-        bs: block_size,
-        buf,
-        drop_behind,
-        cache: cache.filter(|c| c.block_size == block_size && worth_mapping(size, block_size)),
-        out: FileHash { size, map: BlockMap::new(), bytes_read: 0, bytes_reused: 0, cached: Vec::new() },
-    };
-    // A file that fits in one read is read in one `pread`: no hole search,
-    // no read-ahead advice (four system calls fewer per small file; a hole
-    // reads as zeros, which is what a hole hashes as anyway).
-    let small = size <= CHUNK as u64;
-    if !small {
-        // Sequential: the kernel doubles its read-ahead window.
-        advise(file, 0, 0, PosixFadviseAdvice::POSIX_FADV_SEQUENTIAL);
-    }
-    let mut pos = 0u64; // next block-aligned offset to account for
-    while pos < size {
-        // Find the next data region; everything before it is a hole.
-        let next = if small { Some((0, size)) } else { next_data(file, pos, size)? };
-        let (data_start, data_end) = match next {
-            Some((s, e)) => (s - s % block_size, e.min(size)),
-            None => (size, size),
-        };
-        let data_start = data_start.max(pos);
-        if data_start > pos {
-            // A hole: one zero run, never expanded.
-            h.out.map.push_zeros((data_start - pos).div_ceil(block_size)).map_err(map_err)?;
-            pos = data_start;
-        }
-        // A region ends on a block boundary or at EOF.
-        let data_end = if data_end < size { data_end.div_ceil(block_size) * block_size } else { size }.min(size);
-        if pos < data_end {
-            h.region(pos, data_end)?;
-            pos = data_end;
-        }
-    }
-    debug_assert_eq!(h.out.map.len(), size.div_ceil(block_size));
-    Ok(h.out)
-}
-
-/// An error of the block map as an I/O error the caller can sort.
-fn map_err(e: MapError) -> io::Error {
-    let kind = match e {
-        MapError::OutOfMemory { .. } => io::ErrorKind::OutOfMemory,
-        MapError::TooLarge { .. } => io::ErrorKind::FileTooLarge,
-    };
-    io::Error::new(kind, e)
-}
-
-/// One file being hashed.
-struct Hasher<'a> {
-    file: &'a File,
-    size: u64,
-    bs: u64,
-    buf: &'a mut Vec<u8>,
-    drop_behind: bool,
-    cache: Option<&'a ExtentCache>,
-    out: FileHash,
-}
-
 impl Hasher<'_> {
     /// Hash the data region `[start, end)` (`start` block-aligned, `end`
     /// block-aligned or EOF): through the cache where FIEMAP proves a
     /// shared extent, by reading elsewhere.
-    fn region(&mut self, start: u64, end: u64) -> io::Result<()> {
+    pub(super) fn region(&mut self, start: u64, end: u64) -> io::Result<()> {
         let Some(cache) = self.cache else { return self.read(start, end) };
         let mut pos = start;
         while pos < end {
@@ -229,44 +63,6 @@ impl Hasher<'_> {
             pos = win_end;
         }
         Ok(())
-    }
-
-    /// Read and hash `[start, end)` in chunks.
-    fn read(&mut self, start: u64, end: u64) -> io::Result<()> {
-        let mut pos = start;
-        while pos < end {
-            let got = self.read_chunk(pos, end)?;
-            for blk in self.buf[..got].chunks(self.bs as usize) {
-                let fp = block_fp(blk);
-                self.out.map.push_short(fp).map_err(map_err)?;
-            }
-            self.after_chunk(pos, got as u64);
-            pos += got as u64;
-        }
-        Ok(())
-    }
-
-    /// Read the next chunk of `[pos, end)` into the buffer; returns its length.
-    fn read_chunk(&mut self, pos: u64, end: u64) -> io::Result<usize> {
-        let want = (end - pos).min(CHUNK as u64) as usize;
-        let got = read_full_at(self.file, &mut self.buf[..want], pos)?;
-        // Ask for the next chunk now, so the disk reads it while this
-        // one is hashed.
-        if pos + (got as u64) < self.size {
-            advise(self.file, pos + got as u64, CHUNK as u64, PosixFadviseAdvice::POSIX_FADV_WILLNEED);
-        }
-        if got < want {
-            return Err(io::Error::new(io::ErrorKind::UnexpectedEof, "file shrank while it was read"));
-        }
-        self.out.bytes_read += got as u64;
-        Ok(got)
-    }
-
-    fn after_chunk(&self, pos: u64, len: u64) {
-        if self.drop_behind {
-            // A nightly scan must not evict the server's working set.
-            advise(self.file, pos, len, PosixFadviseAdvice::POSIX_FADV_DONTNEED);
-        }
     }
 
     /// `[start, end)` (whole blocks) lies in a shared extent at physical
@@ -405,12 +201,14 @@ fn segments(extents: &[Extent], start: u64, end: u64, bs: u64, size: u64) -> Vec
 /// hit is copied into the young generation, so what is in use survives).
 /// At the default cap this is at most ~40 MB.
 ///
-/// Parallel hashers of copies usually start together (files are hashed
-/// largest first, and copies have the same size). A thread that finds a
-/// chunk's blocks being read by another one waits for it rather than read
-/// them too: the copies then advance in step behind one reader.
+/// Files are hashed in the order the crawl finds them, so copies are often
+/// hashed at the same time. A thread that finds a chunk's blocks being read
+/// by another one waits for it rather than read them too: the copies then
+/// advance in step behind one reader.
 pub struct ExtentCache {
-    block_size: u64,
+    /// Block size the fingerprints are of: a file hashed with another one
+    /// does not use the cache.
+    pub(super) block_size: u64,
     cap: usize,
     inner: Mutex<CacheInner>,
     filled: Condvar,
@@ -446,10 +244,13 @@ pub struct ClaimGuard<'c> {
 }
 
 impl ExtentCache {
+    /// An empty cache of [`CACHE_BLOCKS`] blocks per generation, for
+    /// fingerprints of `block_size` blocks.
     pub fn new(block_size: u64) -> ExtentCache {
         ExtentCache::with_capacity(block_size, CACHE_BLOCKS)
     }
 
+    /// An empty cache of `cap` blocks per generation (tests use a small one).
     pub fn with_capacity(block_size: u64, cap: usize) -> ExtentCache {
         ExtentCache { block_size, cap, inner: Mutex::new(CacheInner::default()), filled: Condvar::new() }
     }
@@ -504,6 +305,9 @@ impl ExtentCache {
         g.tails.get(&(pb, len)).copied()
     }
 
+    /// Remember the fingerprint of the first `len` bytes of physical block
+    /// `pb` (bounded: the tails are dropped together when a quarter of the
+    /// capacity is reached).
     pub fn fill_tail(&self, pb: u64, len: u64, fp: Fp) {
         let mut g = self.inner.lock().unwrap_or_else(|e| e.into_inner());
         if g.tails.len() >= self.cap / 4 {
@@ -561,125 +365,10 @@ impl Drop for ClaimGuard<'_> {
     }
 }
 
-/// Next data region at or after `pos`: `(start, end)` or `None` when the rest
-/// of the file is a hole. Filesystems without `SEEK_DATA` report all data.
-fn next_data(file: &File, pos: u64, size: u64) -> io::Result<Option<(u64, u64)>> {
-    let start = match lseek(file, pos as i64, Whence::SeekData) {
-        Ok(s) => s as u64,
-        Err(Errno::ENXIO) => return Ok(None),
-        Err(Errno::EINVAL | Errno::EOPNOTSUPP) => return Ok(Some((pos, size))),
-        Err(e) => return Err(e.into()),
-    };
-    let end = lseek(file, start as i64, Whence::SeekHole).map_or(size, |e| e as u64);
-    Ok(Some((start, end)))
-}
-
-/// Page-cache courtesy and read-ahead. Advice is only advice: errors are
-/// ignored.
-fn advise(file: &File, off: u64, len: u64, advice: PosixFadviseAdvice) {
-    let _ = posix_fadvise(file, off as i64, len as i64, advice);
-}
-
-/// `pread` until `buf` is full or EOF; returns the bytes read.
-fn read_full_at(file: &File, buf: &mut [u8], off: u64) -> io::Result<usize> {
-    let mut done = 0;
-    while done < buf.len() {
-        match file.read_at(&mut buf[done..], off + done as u64) {
-            Ok(0) => break,
-            Ok(n) => done += n,
-            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
-            Err(e) => return Err(e),
-        }
-    }
-    Ok(done)
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
     use crate::sys::fiemap::flags;
-    use std::io::{Seek, SeekFrom, Write};
-
-    fn file_with(parts: &[(u64, &[u8])], size: u64) -> File {
-        let mut f = tempfile::tempfile().unwrap();
-        f.set_len(size).unwrap();
-        for (off, data) in parts {
-            f.seek(SeekFrom::Start(*off)).unwrap();
-            f.write_all(data).unwrap();
-        }
-        f
-    }
-
-    fn h(f: &File, size: u64) -> FileHash {
-        hash_file(f, size, 4096, &mut Vec::new()).unwrap()
-    }
-
-    fn dense(h: &FileHash) -> Vec<Fp> {
-        h.map.to_dense(u64::MAX).unwrap()
-    }
-
-    #[test]
-    fn identical_content_same_blocks() {
-        let data: Vec<u8> = (0..20000u32).map(|i| (i * 7 % 251) as u8).collect();
-        let a = file_with(&[(0, &data)], data.len() as u64);
-        let b = file_with(&[(0, &data)], data.len() as u64);
-        let (ha, hb) = (h(&a, 20000), h(&b, 20000));
-        assert_eq!(ha, hb);
-        assert_eq!(ha.map.len(), 5);
-        assert!(dense(&ha).iter().all(|&fp| fp != 0));
-    }
-
-    #[test]
-    fn hole_and_written_zeros_are_the_same_content() {
-        let x = vec![9u8; 4096];
-        let sparse = file_with(&[(0, &x), (3 * 4096, &x)], 4 * 4096);
-        let dense_zeros = file_with(&[(0, &x), (4096, &[0u8; 8192]), (3 * 4096, &x)], 4 * 4096);
-        let (hs, hd) = (h(&sparse, 4 * 4096), h(&dense_zeros, 4 * 4096));
-        assert_eq!(hs.map, hd.map);
-        let d = dense(&hs);
-        assert_eq!(d[1], 0);
-        assert_eq!(d[0], d[3]);
-    }
-
-    #[test]
-    fn one_byte_changes_one_block() {
-        let mut data = vec![5u8; 3 * 4096];
-        let a = file_with(&[(0, &data)], data.len() as u64);
-        data[4096 + 17] = 6;
-        let b = file_with(&[(0, &data)], data.len() as u64);
-        let (ha, hb) = (dense(&h(&a, 12288)), dense(&h(&b, 12288)));
-        assert_eq!(ha[0], hb[0]);
-        assert_ne!(ha[1], hb[1]);
-    }
-
-    #[test]
-    fn partial_tail_block_is_hashed() {
-        let a = file_with(&[(0, &[1u8; 5000])], 5000);
-        let ha = h(&a, 5000);
-        assert_eq!(ha.map.len(), 2);
-        assert_eq!(ha.bytes_read, 5000);
-    }
-
-    #[test]
-    fn shrunk_file_is_an_error() {
-        let a = file_with(&[(0, &[1u8; 5000])], 5000);
-        let e = hash_file(&a, 9000, 4096, &mut Vec::new()).unwrap_err();
-        assert_eq!(e.kind(), io::ErrorKind::UnexpectedEof);
-    }
-
-    #[test]
-    fn a_huge_hole_costs_one_zero_run() {
-        // 4 TiB apparent, one block of data near the end (tmpfs and most
-        // filesystems allow this much sparse size).
-        let size = 4u64 << 40;
-        let off = size - (1 << 30);
-        let f = file_with(&[(off, &[3u8; 4096])], size);
-        let hf = h(&f, size);
-        assert_eq!(hf.map.len(), size / 4096);
-        assert!(hf.map.as_bytes().len() <= 32, "{:?}", hf.map);
-        assert_eq!(hf.map.data_blocks().map(|(b, _)| b).collect::<Vec<_>>(), vec![off / 4096]);
-        assert_eq!(hf.bytes_read, 4096);
-    }
 
     #[test]
     fn segments_reuse_only_whole_blocks_of_provable_shared_extents() {

@@ -1,0 +1,471 @@
+//! The pipeline of one run, phase by phase:
+//!
+//! ```text
+//! 1/3 scan: crawl ══► hash (rayon) ──► db writer   2/3 plan   3/3 share   ──► report
+//!        (the crawler thread feeds the hashing pool as it finds files)
+//! ```
+//!
+//! [`run`] reads top to bottom: each phase is a function returning what it
+//! found ([`ScanOutcome`], [`PlanOutcome`], [`ShareOutcome`]); the run's
+//! [`Report`] is built from those in one place, [`report`]. Each phase
+//! reports through [`Progress`] how much work remains.
+
+mod freespace;
+mod scan;
+
+use std::collections::{HashMap, HashSet};
+use std::os::fd::AsFd;
+use std::path::Path;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Instant;
+
+use anyhow::{Context, Result};
+
+use crate::config::{ScanConfig, ShareConfig};
+use crate::db::Db;
+use crate::dedupe::{self, Mode};
+use crate::display::{display_path, human};
+use crate::plan::{Plan, PlanOptions};
+use crate::policy::{Policy, SkipReason};
+use crate::progress::Progress;
+
+use crate::file::{FileFacts, FileId};
+use crate::report::{ListedRange, Report};
+use crate::sys::beneath::Tree;
+use crate::sys::{self, FsKind};
+use freespace::{free_bytes, FreeSpace};
+use scan::{scan_phase, ScanOutcome};
+
+/// Scan `scan.paths` into the database at `db_path`, then, with `share`,
+/// plan and share (or verify, in a dry run). `stop` is set by
+/// SIGINT/SIGTERM or `--max-runtime`: the run finishes its current batch,
+/// commits and reports.
+pub fn run(
+    db_path: &Path,
+    scan: &ScanConfig,
+    share: Option<&ShareConfig>,
+    progress: &dyn Progress,
+    stop: &AtomicBool,
+) -> Result<Report> {
+    // A database error says which database and what to do about it.
+    run_inner(db_path, scan, share, progress, stop).map_err(|e| crate::db::explain::explain_db_error(db_path, e))
+}
+
+/// What every phase of one run reads.
+struct Job<'a> {
+    db_path: &'a Path,
+    scan: &'a ScanConfig,
+    share: Option<&'a ShareConfig>,
+    policy: Policy,
+    /// The starting paths, held open for the whole run: every directory
+    /// and file below them is opened relative to these (sys::beneath),
+    /// never by resolving a full path again.
+    tree: Tree,
+}
+
+impl Job<'_> {
+    /// The starting paths, escaped, for messages and the report.
+    fn paths(&self) -> Vec<String> {
+        self.scan.paths.iter().map(|p| display_path(p)).collect()
+    }
+
+    /// The command, as the report and the run history name it.
+    fn command(&self) -> &'static str {
+        if self.share.is_some() {
+            "run"
+        } else {
+            "scan"
+        }
+    }
+
+    /// Whether nothing is to be shared, only verified.
+    fn dry_run(&self) -> bool {
+        self.share.is_some_and(|s| s.dry_run)
+    }
+}
+
+/// [`run`], with database errors not yet explained.
+fn run_inner(
+    db_path: &Path,
+    scan: &ScanConfig,
+    share: Option<&ShareConfig>,
+    progress: &dyn Progress,
+    stop: &AtomicBool,
+) -> Result<Report> {
+    let t0 = Instant::now();
+    // The globs were compiled by Config, and the policy is built before the
+    // database is opened.
+    let mut policy = Policy::with_excludes(scan.excludes.clone(), Some(db_path));
+    policy.include_readonly_snapshots = scan.include_readonly_snapshots;
+    let tree = Tree::open(&scan.paths).with_context(|| {
+        format!("cannot open {}", scan.paths.iter().map(|p| display_path(p)).collect::<Vec<_>>().join(", "))
+    })?;
+    let job = Job { db_path, scan, share, policy, tree };
+    let db = Db::open(db_path, &scan.fs.uuid)?;
+    let run_id = db.begin_run(job.command(), job.dry_run())?;
+    check_block_size(&job, &db, progress)?;
+
+    let (db, scanned) = scan_phase(&job, db, run_id, progress, stop)?;
+    let mut planned = None;
+    let mut sharing = None;
+    if let Some(cfg) = share.filter(|_| !scanned.interrupted) {
+        let (plan, free_before) = plan_phase(&job, cfg, &db, &scanned, progress)?;
+        if let Some(p) = plan.planned.as_ref() {
+            sharing = Some(share_phase(&job, cfg, &db, run_id, p, free_before, progress, stop)?);
+        }
+        planned = Some(plan);
+    }
+    // A real run that went through all of its plan, or found nothing new
+    // to plan: what it hashed need not be planned again.
+    let complete = !job.dry_run()
+        && !scanned.interrupted
+        && match (&planned, &sharing) {
+            (_, Some(s)) => s.went_through(),
+            (Some(p), None) => p.planned.is_none(),
+            (None, None) => false,
+        };
+    if complete {
+        db.set_meta(LAST_SHARE_RUN, &run_id.to_string())?;
+    }
+    let report = report(&job, &scanned, planned.as_ref(), sharing.as_ref(), ms(t0));
+    db.finish_run(run_id, &serde_json::to_string(&report)?)?;
+    Ok(report)
+}
+
+/// Meta key: id of the last real run that went through all of its plan.
+/// Files hashed before it were matched and shared then.
+const LAST_SHARE_RUN: &str = "last_complete_share_run";
+
+/// A database hashed with another block size is hashed again from scratch.
+fn check_block_size(job: &Job, db: &Db, progress: &dyn Progress) -> Result<()> {
+    let block_size = job.scan.block_size.to_string();
+    if db.meta("block_size")?.as_deref() != Some(&block_size) {
+        if db.meta("block_size")?.is_some() {
+            progress.warn(&format!(
+                "{}: block size differs from the database's: every file is hashed again",
+                display_path(job.db_path)
+            ));
+        }
+        db.forget_all_hashes()?;
+        db.set_meta("block_size", &block_size)?;
+    }
+    Ok(())
+}
+
+/// A row of the `pending` table: destination, why, planned bytes.
+type PendingRow = (FileId, String, u64);
+
+/// What the plan phase found.
+struct PlanOutcome {
+    /// Work earlier runs left pending, as the plan started.
+    pending: Vec<PendingRow>,
+    /// `None` when nothing is new since the last complete run.
+    planned: Option<Planned>,
+    plan_ms: u64,
+}
+
+/// A plan and the recorded facts of the files it names.
+struct Planned {
+    plan: Plan,
+    /// The recorded facts of the files the plan names, for the executor's
+    /// identity checks.
+    files: HashMap<FileId, FileFacts>,
+}
+
+/// Phase 2: plan from the database. Free space before sharing is measured
+/// meanwhile, on another thread (returned): the two syncfs calls wait on
+/// the disk (~0.2 s on FULL/btrfs) and the plan only reads the database,
+/// so nothing we do changes the volume in between.
+fn plan_phase(
+    job: &Job,
+    cfg: &ShareConfig,
+    db: &Db,
+    scanned: &ScanOutcome,
+    progress: &dyn Progress,
+) -> Result<(PlanOutcome, Option<FreeSpace>)> {
+    let t = Instant::now();
+    progress.phase("2/3 plan", None, false);
+    // Files of this run, as recorded (the facts they were hashed under).
+    let failed = &scanned.hashed.failed;
+    let allowed: HashSet<FileId> =
+        scanned.ids.iter().filter(|(key, _)| !failed.contains(key)).map(|(_, id)| *id).collect();
+    // Incremental: everything hashed before the last complete sharing run
+    // was matched then; plan only the groups that hold a newer file.
+    let last_share: Option<i64> = db.meta(LAST_SHARE_RUN)?.and_then(|v| v.parse().ok());
+    // Destinations an earlier run left pending are planned again, even when
+    // nothing changed: those that ran out of space every time (the space may
+    // be back), those whose extents a file outside the plan kept only once
+    // FIEMAP no longer flags those extents shared (the snapshot is gone);
+    // replanning a still-pinned file's group every night would cost a
+    // nightly run as much as the group.
+    let pending = db.pending()?;
+    let pinned = dedupe::Pending::Pinned.name();
+    let pinned_facts = db.file_facts(pending.iter().filter(|p| p.1 == pinned).map(|p| p.0))?;
+    let retry = |p: &&PendingRow| p.1 != pinned || !still_shared(&job.tree, pinned_facts.get(&p.0));
+    let fresh = match (job.scan.incremental, last_share) {
+        (true, Some(last)) => Some(
+            (scanned.hashed_runs.iter().filter(|(_, run)| *run > last).map(|(id, _)| *id))
+                .chain(scanned.written.hashed.iter().copied())
+                .chain(pending.iter().filter(retry).map(|p| p.0))
+                .filter(|id| allowed.contains(id))
+                .collect::<HashSet<_>>(),
+        ),
+        _ => None,
+    };
+    if fresh.as_ref().is_some_and(|f| f.is_empty()) {
+        progress.finish_phase("2/3 plan: nothing new since the last complete run");
+        return Ok((PlanOutcome { pending, planned: None, plan_ms: ms(t) }, None));
+    }
+    let opts = PlanOptions {
+        block_size: job.scan.block_size,
+        min_blocks: (cfg.min_range / job.scan.block_size).max(1),
+        ..Default::default()
+    };
+    let root = job.scan.paths.first().expect("a path");
+    let free_before = (!cfg.dry_run && job.scan.fs.kind != FsKind::Other).then(|| FreeSpace::start(root.clone()));
+    let from_db = crate::plan::from_db(db, &allowed, fresh.as_ref(), opts)?;
+    let (plan, whole_groups) = (from_db.plan, from_db.whole_groups.len());
+    let files = db.file_facts(plan.ranges.iter().flat_map(|r| [r.src, r.dest]).collect::<HashSet<_>>())?;
+    progress.finish_phase(&format!(
+        "2/3 plan: {} ranges, {} duplicate ({} whole-file groups)",
+        plan.ranges.len(),
+        human(plan.bytes()),
+        whole_groups
+    ));
+    let planned = Some(Planned { plan, files });
+    Ok((PlanOutcome { pending, planned, plan_ms: ms(t) }, free_before))
+}
+
+/// What the share phase did.
+enum ShareOutcome {
+    /// Not on btrfs or XFS: scanned and reported, nothing shared.
+    Refused(String),
+    /// The executor went through the plan (or was stopped). Boxed: it is
+    /// large and made once per run.
+    Executed(Box<Executed>),
+}
+
+/// What the executor did, and what the share phase measured around it.
+struct Executed {
+    out: dedupe::Outcome,
+    /// Free space after minus before (real runs).
+    freed_bytes: Option<i64>,
+    /// Pending work after this run (real runs).
+    pending: Option<Vec<PendingRow>>,
+    /// Stopped while sharing.
+    interrupted: bool,
+    share_ms: u64,
+}
+
+impl ShareOutcome {
+    /// Whether the executor went through all of the plan: not stopped, and
+    /// the filesystem did not refuse sharing.
+    fn went_through(&self) -> bool {
+        match self {
+            ShareOutcome::Refused(_) => false,
+            ShareOutcome::Executed(e) => !e.interrupted && e.out.refused.is_none(),
+        }
+    }
+}
+
+/// Phase 3: share (or, in a dry run, verify) what `planned` found.
+#[allow(clippy::too_many_arguments)]
+fn share_phase(
+    job: &Job,
+    cfg: &ShareConfig,
+    db: &Db,
+    run_id: i64,
+    planned: &Planned,
+    free_before: Option<FreeSpace>,
+    progress: &dyn Progress,
+    stop: &AtomicBool,
+) -> Result<ShareOutcome> {
+    let t = Instant::now();
+    let mode = if cfg.dry_run { Mode::DryRun } else { Mode::Share };
+    let fs = &job.scan.fs;
+    if mode == Mode::Share && fs.kind == FsKind::Other {
+        let why = format!(
+            "{} is not on btrfs or XFS (filesystem magic {:#x}): scanned and reported, nothing shared",
+            job.paths().join(", "),
+            fs.magic
+        );
+        progress.warn(&why);
+        return Ok(ShareOutcome::Refused(why));
+    }
+    let before = free_before.map(FreeSpace::wait).transpose()?;
+    let plan = &planned.plan;
+    progress.phase(if cfg.dry_run { "3/3 verify" } else { "3/3 share" }, Some(plan.bytes()), true);
+    let root = job.scan.paths.first().expect("a path");
+    // With --rewrite-ratio 0 the pass still runs: it rewrites nothing but
+    // counts what stays pinned.
+    let bookends = (fs.kind == FsKind::Btrfs).then(|| dedupe::Bookends {
+        tmp_dir: if root.is_dir() { root.clone() } else { root.parent().unwrap_or(root).to_owned() },
+        max_ratio: cfg.rewrite_ratio,
+    });
+    let block_size = job.scan.block_size;
+    let out = dedupe::execute(plan, &planned.files, &job.tree, block_size, mode, bookends.as_ref(), progress, stop);
+    let mut freed_bytes = None;
+    if let Some(before) = before {
+        // Flushing the volume can take seconds after much sharing: say so
+        // instead of leaving a full bar at "eta 0s".
+        progress.finish_phase("");
+        progress.phase("3/3 share: measuring freed space", None, false);
+        freed_bytes = Some(free_bytes(root)? as i64 - before as i64);
+    }
+    let mut pending = None;
+    if mode == Mode::Share {
+        // A stopped run may not have reached every destination: it only
+        // adds to what is pending.
+        let handled: HashSet<FileId> =
+            if stop.load(Ordering::Relaxed) { HashSet::new() } else { plan.ranges.iter().map(|r| r.dest).collect() };
+        let now: Vec<(FileId, &str, u64)> = out.pending.iter().map(|(id, (why, b))| (*id, why.name(), *b)).collect();
+        db.save_pending(&handled, &now, run_id)?;
+        pending = Some(db.pending()?);
+    }
+    if let Some(r) = &out.refused {
+        progress.warn(r);
+    }
+    progress.finish_phase(&format!(
+        "3/3 {}: {} {}",
+        if cfg.dry_run { "verify" } else { "share" },
+        human(if cfg.dry_run { out.duplicate_bytes } else { out.deduped_bytes }),
+        if cfg.dry_run { "verified duplicate" } else { "shared" }
+    ));
+    let interrupted = stop.load(Ordering::Relaxed);
+    Ok(ShareOutcome::Executed(Box::new(Executed { out, freed_bytes, pending, interrupted, share_ms: ms(t) })))
+}
+
+/// The run's report, built from what each phase found.
+fn report(
+    job: &Job,
+    scan: &ScanOutcome,
+    plan: Option<&PlanOutcome>,
+    share: Option<&ShareOutcome>,
+    total_ms: u64,
+) -> Report {
+    let fs = &job.scan.fs;
+    let (changes, hashed) = (&scan.changes, &scan.hashed);
+    let mut r = Report {
+        report_version: crate::report::REPORT_VERSION,
+        dedupscan_version: env!("CARGO_PKG_VERSION").to_owned(),
+        command: job.command().to_owned(),
+        dry_run: job.dry_run(),
+        incremental: job.scan.incremental,
+        paths: job.paths(),
+        filesystem: fs.kind.name().to_owned(),
+        filesystem_uuid: fs.uuid.clone(),
+        database: display_path(job.db_path),
+        block_size: job.scan.block_size,
+        files_scanned: scan.files_scanned(),
+        files_hashed: hashed.files,
+        bytes_hashed: hashed.bytes_read,
+        bytes_reused: hashed.bytes_reused,
+        files_unchanged: changes.unchanged,
+        files_renamed: changes.renamed,
+        files_failed: hashed.errors.values().sum(),
+        files_removed: scan.removed,
+        logical_bytes: changes.logical_bytes - hashed.left_out_bytes,
+        interrupted: scan.interrupted,
+        ..Default::default()
+    };
+    let skipped = scan.walked.skipped.iter().map(|(r, n)| (*r, *n)).chain(hashed.skipped.iter().map(|(r, n)| (*r, *n)));
+    for (reason, n) in skipped.chain([(SkipReason::Nodedup, changes.nodedup)]) {
+        r.skip(reason, n);
+    }
+    for (reason, n) in &scan.walked.skipped_dirs {
+        *r.skipped_dirs.entry(reason.name().to_owned()).or_default() += *n;
+    }
+    for (kind, n) in scan.walked.errors.iter().map(|(k, n)| (*k, *n)).chain(hashed.errors.iter().map(|(k, n)| (*k, *n)))
+    {
+        r.error(kind, n);
+    }
+    r.timings.walk_ms = scan.walk_ms;
+    r.timings.hash_ms = scan.scan_ms;
+    r.timings.total_ms = total_ms;
+    if let Some(plan) = plan {
+        r.timings.plan_ms = plan.plan_ms;
+        set_pending(&mut r, &plan.pending);
+        if let Some(p) = &plan.planned {
+            r.ranges_planned = p.plan.ranges.len() as u64;
+            if job.share.is_some_and(|s| s.list) {
+                r.ranges = Some(listed_ranges(p));
+            }
+        }
+    }
+    match share {
+        None => {}
+        Some(ShareOutcome::Refused(why)) => r.sharing_refused = Some(why.clone()),
+        Some(ShareOutcome::Executed(e)) => add_sharing(&mut r, e),
+    }
+    r
+}
+
+/// The share phase's part of the report.
+fn add_sharing(r: &mut Report, e: &Executed) {
+    let out = &e.out;
+    r.freed_bytes = e.freed_bytes.unwrap_or(0);
+    if let Some(rows) = &e.pending {
+        set_pending(r, rows);
+    }
+    r.duplicate_bytes = out.duplicate_bytes;
+    r.deduped_bytes = out.deduped_bytes;
+    r.already_shared_bytes = out.already_shared_bytes;
+    r.rewritten_bytes = out.rewritten_bytes;
+    r.pinned_bytes = out.pinned_bytes;
+    r.sources_swapped = out.swapped_sources;
+    // Found only now: these files were considered (and hashed or known
+    // unchanged), they stay in files_scanned; they are left out of sharing.
+    r.skip(SkipReason::ChangedDuringScan, out.changed_files);
+    r.skip(SkipReason::Inline, out.inline_files);
+    for (k, n) in &out.errors {
+        r.error(*k, *n);
+    }
+    for (k, n) in &out.status.errors {
+        r.share_error(k, *n);
+    }
+    r.dedupe_status = out.status.clone();
+    r.sharing_refused = out.refused.clone();
+    r.interrupted |= e.interrupted;
+    r.timings.dedupe_ms = e.share_ms;
+}
+
+/// Every planned range, for `--list`.
+fn listed_ranges(p: &Planned) -> Vec<ListedRange> {
+    let name = |id: &FileId| p.files.get(id).map(|c| display_path(&c.path)).unwrap_or_default();
+    (p.plan.ranges.iter())
+        .map(|r| ListedRange {
+            source: name(&r.src),
+            source_offset: r.src_off,
+            destination: name(&r.dest),
+            destination_offset: r.dest_off,
+            bytes: r.len,
+            state: None,
+            unshared_bytes: None,
+        })
+        .collect()
+}
+
+/// Put the pending work (database rows) into the report, by reason.
+fn set_pending(report: &mut Report, rows: &[PendingRow]) {
+    report.pending.clear();
+    report.pending_bytes = 0;
+    for (_, why, bytes) in rows {
+        let w = report.pending.entry(why.clone()).or_default();
+        w.files += 1;
+        w.bytes += bytes;
+        report.pending_bytes += bytes;
+    }
+}
+
+/// Whether the recorded file `c` still has an extent FIEMAP flags shared
+/// (metadata only). A file that cannot be opened or mapped is retried.
+fn still_shared(tree: &Tree, c: Option<&FileFacts>) -> bool {
+    let Some(c) = c else { return false };
+    let Ok(f) = tree.open_file(&c.path) else { return false };
+    sys::fiemap(f.as_fd(), 0, c.size.max(1)).is_ok_and(|ext| ext.iter().any(|e| e.is_shared()))
+}
+
+/// Milliseconds since `t`.
+fn ms(t: Instant) -> u64 {
+    t.elapsed().as_millis() as u64
+}

@@ -1,0 +1,239 @@
+//! Phase 1, the scan: the crawler thread, the hashing pool and the
+//! database writer thread, overlapped. Change detection ([`crate::changes`])
+//! sorts each file on the crawler thread as it is found.
+
+use std::collections::HashMap;
+use std::os::fd::AsFd;
+use std::os::unix::fs::MetadataExt;
+use std::path::Path;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::mpsc::{sync_channel, SyncSender};
+use std::time::Instant;
+
+use anyhow::{Context, Result};
+
+use super::{ms, Job};
+use crate::changes::{ChangeCounts, Classifier, Probe, Sorted};
+use crate::db::writer::{self, WriteOp, Written, CHANNEL_CAP};
+use crate::db::{Db, Known};
+use crate::display::human;
+use crate::hash::pool::{self, HashOutcome, Hashed, PoolOptions, HASH_QUEUE};
+use crate::policy::SkipReason;
+use crate::progress::Progress;
+
+use crate::file::{FileFacts, FileId, FileKey};
+use crate::sys;
+use crate::walk::{self, WalkResult};
+
+/// What the scan phase found: its counts, and what planning needs.
+pub(super) struct ScanOutcome {
+    /// What the crawl skipped and the errors it met.
+    pub(super) walked: WalkResult,
+    /// What change detection sorted.
+    pub(super) changes: ChangeCounts,
+    /// What the hashing pool did.
+    pub(super) hashed: HashOutcome,
+    /// Known files pruned because the crawl no longer found them.
+    pub(super) removed: u64,
+    /// The scan was stopped before it saw everything.
+    pub(super) interrupted: bool,
+    /// How long the crawl took.
+    pub(super) walk_ms: u64,
+    /// How long the whole phase took (the report's `hash_ms`).
+    pub(super) scan_ms: u64,
+    /// Files seen by this run: `(volume key, ino)` → id.
+    pub(super) ids: HashMap<FileKey, FileId>,
+    /// Which run hashed each file known before this run (incremental runs).
+    pub(super) hashed_runs: Vec<(FileId, i64)>,
+    /// Files hashed by this run.
+    pub(super) written: Written,
+}
+
+impl ScanOutcome {
+    /// Files considered: found, minus those left out when opened, minus
+    /// those a stopped run did not get to.
+    pub(super) fn files_scanned(&self) -> u64 {
+        self.changes.files - self.hashed.skipped.values().sum::<u64>() - self.hashed.not_reached
+    }
+}
+
+/// Phase 1: crawl and hash, overlapped. The crawler thread sorts every
+/// file it finds into known-unchanged, moved or to-hash, and the hashing
+/// pool starts on the first one found, the way `find | xargs cat` keeps the
+/// disk busy. Everything goes to the database writer thread, which hands
+/// the database back at the end.
+pub(super) fn scan_phase(
+    job: &Job,
+    db: Db,
+    run_id: i64,
+    progress: &dyn Progress,
+    stop: &AtomicBool,
+) -> Result<(Db, ScanOutcome)> {
+    let index = db.load_index()?;
+    let t = Instant::now();
+    progress.phase("1/3 scan", None, true);
+    let (tx, rx) = sync_channel::<WriteOp>(CHANNEL_CAP);
+    let writer = std::thread::Builder::new()
+        .name("db-writer".into())
+        .spawn(move || writer::run(db, run_id, rx))
+        .context("cannot start the database writer")?;
+    let (crawled, hashed) = crawl_and_hash(job, &index, &tx, progress, stop)?;
+    let interrupted = stop.load(Ordering::Relaxed);
+    let mut removed = 0;
+    if !interrupted {
+        for g in job.policy.unmatched_excludes() {
+            progress.warn(&format!("--exclude '{g}' matched nothing under {}", job.paths().join(", ")));
+        }
+        // Known files under the scanned paths that were not seen are gone
+        // (or no longer eligible). A stopped crawl did not see everything:
+        // it prunes nothing.
+        for id in crawled.classifier.removed(&job.scan.paths) {
+            removed += 1;
+            tx.send(WriteOp::Removed { id }).ok();
+        }
+    }
+    drop(tx);
+    let (walked, walk_ms) = (crawled.walked, crawled.walk_ms);
+    let (ids, changes) = crawled.classifier.finish();
+    let (db, written) =
+        writer.join().map_err(|_| anyhow::anyhow!("database writer panicked"))?.context("writing the database")?;
+    let mut ids = ids;
+    ids.extend(written.new_ids.iter().copied());
+    // The index of known files (a path per file) is done with: free it
+    // before planning and sharing. An incremental plan keeps which run
+    // hashed each file.
+    let hashed_runs =
+        if job.scan.incremental { index.values().map(|k| (k.id, k.hashed_run)).collect() } else { vec![] };
+    drop(index);
+    let out = ScanOutcome {
+        walked,
+        changes,
+        hashed,
+        removed,
+        interrupted,
+        walk_ms,
+        scan_ms: ms(t),
+        ids,
+        hashed_runs,
+        written,
+    };
+    progress.finish_phase(&format!(
+        "1/3 scan: {} files, {} hashed, {} read",
+        out.files_scanned(),
+        out.hashed.files,
+        human(out.hashed.bytes_read)
+    ));
+    Ok((db, out))
+}
+
+/// What the crawler thread leaves.
+struct Crawled<'a> {
+    pub(super) walked: WalkResult,
+    classifier: Classifier<'a>,
+    pub(super) walk_ms: u64,
+}
+
+/// Run the crawl (on its own thread, sorting files as found) and the
+/// hashing pool (on this one) together.
+fn crawl_and_hash<'i>(
+    job: &Job,
+    index: &'i HashMap<FileKey, Known>,
+    writes: &SyncSender<WriteOp>,
+    progress: &dyn Progress,
+    stop: &AtomicBool,
+) -> Result<(Crawled<'i>, HashOutcome)> {
+    let (hash_tx, hash_rx) = sync_channel::<(FileFacts, Option<FileId>)>(HASH_QUEUE);
+    let opts = PoolOptions {
+        threads: job.scan.threads,
+        block_size: job.scan.block_size,
+        drop_cache: job.scan.drop_cache,
+        fs: job.scan.fs.kind,
+    };
+    let sink = |h: Hashed| {
+        let _ = writes.send(match h {
+            Hashed::File { id, file, hash } => WriteOp::Hashed {
+                id,
+                dev: file.key.volume,
+                ino: file.key.ino,
+                path: file.path,
+                mtime: file.mtime,
+                ctime: file.ctime,
+                hash,
+            },
+            Hashed::Protected { id } => WriteOp::Removed { id },
+        });
+    };
+    std::thread::scope(|s| -> Result<_> {
+        let writes = writes.clone();
+        let crawler = std::thread::Builder::new()
+            .name("crawl".into())
+            .spawn_scoped(s, move || crawl(job, index, &writes, hash_tx, progress, stop))
+            .context("cannot start the crawler")?;
+        let hashed = pool::hash_all(&opts, &job.policy, &job.tree, hash_rx, &sink, progress, stop);
+        let crawled = crawler.join().map_err(|_| anyhow::anyhow!("crawler panicked"))?;
+        Ok((crawled, hashed?))
+    })
+}
+
+/// The crawl: every file found is sorted by change detection; a move goes
+/// to the database writer, a file to read to the hashing pool.
+fn crawl<'i>(
+    job: &Job,
+    index: &'i HashMap<FileKey, Known>,
+    writes: &SyncSender<WriteOp>,
+    to_hash: SyncSender<(FileFacts, Option<FileId>)>,
+    progress: &dyn Progress,
+    stop: &AtomicBool,
+) -> Crawled<'i> {
+    let t = Instant::now();
+    let mut classifier = Classifier::new(index, job.scan.incremental);
+    // `st_dev` → volume key (btrfs subvolume id): files are known by
+    // subvolume and inode, which survive a remount; `st_dev` does not.
+    let mut keys = sys::SubvolIds::new();
+    let walked = walk::walk(&job.tree, job.scan.fs.kind, &job.policy, progress, stop, |mut c| {
+        // From here on a candidate's `dev` is its volume key. The parent
+        // directory is opened below the starting paths, like every open.
+        let st_dev = c.key.volume;
+        let parent = c.path.parent().unwrap_or(&c.path);
+        c.key.volume = keys.id_for_dir(c.key.volume, || job.tree.open_dir(parent));
+        let probe = FsProbe { job, st_dev };
+        match classifier.sort(c, &probe) {
+            Sorted::Moved { id, file } => {
+                let _ = writes.send(WriteOp::Renamed { id, dev: file.key.volume, path: file.path, ctime: file.ctime });
+            }
+            Sorted::ToHash { file, id } => {
+                let _ = to_hash.send((file, id));
+            }
+            Sorted::Unchanged | Sorted::Left(_) => {}
+        }
+    });
+    // The crawl is over: from here the scan has a total and an ETA.
+    let n = classifier.counts();
+    progress.set_total(n.queued_bytes, Some(n.queued_files));
+    Crawled { walked, classifier, walk_ms: ms(t) }
+}
+
+/// Change detection's questions, answered on the volume: opens go below
+/// the starting paths. `st_dev` is the device number the crawl saw (the
+/// candidate's `dev` is its volume key).
+struct FsProbe<'a, 'j> {
+    job: &'a Job<'j>,
+    st_dev: u64,
+}
+
+impl Probe for FsProbe<'_, '_> {
+    fn same_inode(&self, recorded: &Path, c: &FileFacts) -> bool {
+        std::fs::symlink_metadata(recorded).is_ok_and(|m| m.dev() == self.st_dev && m.ino() == c.key.ino)
+    }
+
+    /// The `user.nodedup` attribute of a moved file, read on the file the
+    /// crawl listed (opened below the starting path, identity checked).
+    fn may_move(&self, c: &FileFacts) -> Result<(), SkipReason> {
+        let f = self.job.tree.open_file(&c.path).map_err(|_| SkipReason::Vanished)?;
+        match f.metadata() {
+            Ok(m) if m.is_file() && (m.dev(), m.ino()) == (self.st_dev, c.key.ino) => {}
+            _ => return Err(SkipReason::Vanished),
+        }
+        self.job.policy.check_file_xattr_fd(f.as_fd())
+    }
+}
