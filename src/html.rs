@@ -167,93 +167,52 @@ fn savings(b: &mut String, s: &Value, runs: &[Run]) {
             (*r, f, cum)
         })
         .collect();
-    let hi = points.iter().flat_map(|p| [p.1, p.2]).max().unwrap_or(0).max(1);
-    let lo = points.iter().flat_map(|p| [p.1, p.2]).min().unwrap_or(0).min(0);
-    let (w, h, left, top, bottom) = (720.0, 220.0, 64.0, 12.0, 30.0);
-    let plot_h = h - top - bottom;
-    let y = |v: i64| top + plot_h * (hi - v) as f64 / (hi - lo) as f64;
-    // Runs sit on a time axis when they span an hour or more (gaps between
-    // runs show), else evenly (runs seconds apart would pile up).
-    let plot_w = w - left - 8.0;
-    let step = plot_w / points.len() as f64;
-    let (t0, span) = (points[0].0.started_at, points[points.len() - 1].0.started_at - points[0].0.started_at);
-    let bar_w = (step * 0.6).clamp(1.0, 24.0);
-    let cx = |i: usize| -> f64 {
-        if span >= 3600 {
-            let pad = bar_w / 2.0 + 2.0;
-            left + pad + (plot_w - 2.0 * pad) * (points[i].0.started_at - t0) as f64 / span as f64
-        } else {
-            left + step * (i as f64 + 0.5)
-        }
-    };
+    let c = Chart::new(&points);
     let _ = writeln!(
         b,
-        "<svg xmlns=\"http://www.w3.org/2000/svg\" class=\"chart\" viewBox=\"0 0 {w} {h}\" role=\"img\" aria-label=\"freed space per run and cumulated\">"
+        "<svg xmlns=\"http://www.w3.org/2000/svg\" class=\"chart\" viewBox=\"0 0 {} {}\" role=\"img\" aria-label=\"freed space per run and cumulated\">",
+        c.w, c.h
     );
-    let mut ticks = vec![hi, 0];
-    if lo < 0 {
-        ticks.push(lo);
+    let mut ticks = vec![c.hi, 0];
+    if c.lo < 0 {
+        ticks.push(c.lo);
     }
     for v in ticks {
         let _ = writeln!(
             b,
             "<line class=\"axis\" x1=\"{left}\" x2=\"{w}\" y1=\"{0:.1}\" y2=\"{0:.1}\"/><text x=\"{1}\" y=\"{2:.1}\" text-anchor=\"end\">{3}</text>",
-            y(v),
-            left - 4.0,
-            y(v) + 4.0,
-            esc(&signed_human(v))
+            c.y(v),
+            c.left - 4.0,
+            c.y(v) + 4.0,
+            esc(&signed_human(v)),
+            left = c.left,
+            w = c.w
         );
     }
     let mut line = String::new();
-    for (i, (r, f, c)) in points.iter().enumerate() {
-        let x = cx(i) - bar_w / 2.0;
-        let (y0, y1) = (y((*f).max(0)), y((*f).min(0)));
+    for (i, (r, f, cum)) in points.iter().enumerate() {
+        let x = c.cx(i) - c.bar_w / 2.0;
+        let (y0, y1) = (c.y((*f).max(0)), c.y((*f).min(0)));
         let class = if *f < 0 { "lost" } else { "freed" };
         let _ = writeln!(
             b,
-            "<rect class=\"{class}\" data-run=\"{}\" data-freed=\"{f}\" data-cumulative=\"{c}\" x=\"{x:.1}\" y=\"{y0:.1}\" width=\"{bar_w:.1}\" height=\"{:.1}\"><title>run {} on {}{}: freed {}, {} in all</title></rect>",
+            "<rect class=\"{class}\" data-run=\"{}\" data-freed=\"{f}\" data-cumulative=\"{cum}\" x=\"{x:.1}\" y=\"{y0:.1}\" width=\"{:.1}\" height=\"{:.1}\"><title>run {} on {}{}: freed {}, {} in all</title></rect>",
             r.id,
+            c.bar_w,
             (y1 - y0).max(0.5),
             r.id,
             date(r.started_at),
             if r.dry_run { " (dry run)" } else { "" },
             esc(&signed_human(*f)),
-            esc(&signed_human(*c))
+            esc(&signed_human(*cum))
         );
-        let _ = write!(line, "{:.1},{:.1} ", x + bar_w / 2.0, y(*c));
+        let _ = write!(line, "{:.1},{:.1} ", x + c.bar_w / 2.0, c.y(*cum));
     }
     let _ = writeln!(b, "<polyline class=\"cum\" points=\"{}\"/>", line.trim_end());
-    for (i, (_, _, c)) in points.iter().enumerate() {
-        let _ = writeln!(b, "<circle class=\"dot\" cx=\"{:.1}\" cy=\"{:.1}\" r=\"2.5\"/>", cx(i), y(*c));
+    for (i, (_, _, cum)) in points.iter().enumerate() {
+        let _ = writeln!(b, "<circle class=\"dot\" cx=\"{:.1}\" cy=\"{:.1}\" r=\"2.5\"/>", c.cx(i), c.y(*cum));
     }
-    // Dates under the first, middle and last run; with the time of day
-    // when the runs span less than two days.
-    let label = |t: i64| if span < 2 * 86400 { date(t) } else { day(t) };
-    let mut shown = vec![0, points.len() / 2, points.len() - 1];
-    shown.dedup();
-    let mut last_label = String::new();
-    for i in shown {
-        let text = label(points[i].0.started_at);
-        if text == last_label {
-            continue;
-        }
-        let anchor = if i == 0 {
-            "start"
-        } else if i == points.len() - 1 {
-            "end"
-        } else {
-            "middle"
-        };
-        let x = if anchor == "start" {
-            left
-        } else if anchor == "end" {
-            w
-        } else {
-            cx(i)
-        };
-        let _ = writeln!(b, "<text x=\"{x:.1}\" y=\"{}\" text-anchor=\"{anchor}\">{text}</text>", h - 10.0);
-        last_label = text;
-    }
+    chart_dates(b, &c);
     b.push_str("</svg>\n");
     let _ = writeln!(
         b,
@@ -262,6 +221,87 @@ fn savings(b: &mut String, s: &Value, runs: &[Run]) {
         signed_human(s["freed_bytes_total"].as_i64().unwrap_or(0))
     );
     b.push_str("</section>\n");
+}
+
+/// Geometry of the savings chart: value and run → coordinates.
+struct Chart {
+    w: f64,
+    h: f64,
+    left: f64,
+    top: f64,
+    plot_w: f64,
+    plot_h: f64,
+    /// Highest and lowest value drawn (the scale includes 0).
+    hi: i64,
+    lo: i64,
+    /// Start of each run, first run's start, and their span in seconds.
+    starts: Vec<i64>,
+    t0: i64,
+    span: i64,
+    step: f64,
+    bar_w: f64,
+}
+
+impl Chart {
+    fn new(points: &[(&Run, i64, i64)]) -> Chart {
+        let hi = points.iter().flat_map(|p| [p.1, p.2]).max().unwrap_or(0).max(1);
+        let lo = points.iter().flat_map(|p| [p.1, p.2]).min().unwrap_or(0).min(0);
+        let (w, h, left, top, bottom) = (720.0, 220.0, 64.0, 12.0, 30.0);
+        let plot_w = w - left - 8.0;
+        let step = plot_w / points.len() as f64;
+        let starts: Vec<i64> = points.iter().map(|p| p.0.started_at).collect();
+        let (t0, span) = (starts[0], starts[starts.len() - 1] - starts[0]);
+        let bar_w = (step * 0.6).clamp(1.0, 24.0);
+        Chart { w, h, left, top, plot_w, plot_h: h - top - bottom, hi, lo, starts, t0, span, step, bar_w }
+    }
+
+    /// Height of value `v`.
+    fn y(&self, v: i64) -> f64 {
+        self.top + self.plot_h * (self.hi - v) as f64 / (self.hi - self.lo) as f64
+    }
+
+    /// Centre of run `i`. Runs sit on a time axis when they span an hour or
+    /// more (gaps between runs show), else evenly (runs seconds apart would
+    /// pile up).
+    fn cx(&self, i: usize) -> f64 {
+        if self.span >= 3600 {
+            let pad = self.bar_w / 2.0 + 2.0;
+            self.left + pad + (self.plot_w - 2.0 * pad) * (self.starts[i] - self.t0) as f64 / self.span as f64
+        } else {
+            self.left + self.step * (i as f64 + 0.5)
+        }
+    }
+}
+
+/// The dates under the savings chart's first, middle and last run.
+fn chart_dates(b: &mut String, c: &Chart) {
+    // With the time of day when the runs span less than two days.
+    let label = |t: i64| if c.span < 2 * 86400 { date(t) } else { day(t) };
+    let mut shown = vec![0, c.starts.len() / 2, c.starts.len() - 1];
+    shown.dedup();
+    let mut last_label = String::new();
+    for i in shown {
+        let text = label(c.starts[i]);
+        if text == last_label {
+            continue;
+        }
+        let anchor = if i == 0 {
+            "start"
+        } else if i == c.starts.len() - 1 {
+            "end"
+        } else {
+            "middle"
+        };
+        let x = if anchor == "start" {
+            c.left
+        } else if anchor == "end" {
+            c.w
+        } else {
+            c.cx(i)
+        };
+        let _ = writeln!(b, "<text x=\"{x:.1}\" y=\"{}\" text-anchor=\"{anchor}\">{text}</text>", c.h - 10.0);
+        last_label = text;
+    }
 }
 
 /// Space now: sizes as a table with bars on one scale.

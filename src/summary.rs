@@ -14,7 +14,6 @@
 //! ISO 8601 in UTC, sizes in binary units.
 
 use std::collections::{HashMap, HashSet};
-use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 
 use anyhow::Result;
@@ -28,6 +27,9 @@ use crate::file::{FileFacts, FileId};
 use crate::plan::{Plan, PlanOptions};
 use crate::progress::{Progress, Silent};
 use crate::report::{list_text, ListedRange, Table};
+
+mod disk;
+use disk::disk_usage;
 
 /// One past run.
 #[derive(Debug, Serialize)]
@@ -219,72 +221,6 @@ struct Live {
 /// Ranges measured per progress step.
 const CHUNK: usize = 1024;
 
-/// Space of `files` on disk: the union of the physical byte intervals their
-/// extents cover, so a block shared by many files counts once. Inline data
-/// lives in metadata and counts by its length. Also returns the sum of
-/// `st_blocks` (what `du` would add up).
-fn disk_usage(files: &HashMap<FileId, FileFacts>, progress: &dyn Progress) -> (u64, u64) {
-    use rayon::prelude::*;
-    use std::os::fd::AsFd;
-    progress.phase("report: measuring files", Some(files.len() as u64), false);
-    // Opened below the top of their mount, never through a symlink (see
-    // dedupe::extents::range_states).
-    let tree = crate::sys::beneath::Tree::over_mounts(files.values().map(|c| c.path.as_path()));
-    // One open, fstat and FIEMAP per file, on every CPU (metadata only).
-    #[derive(Default)]
-    struct Acc {
-        allocated: u64,
-        inline: u64,
-        spans: Vec<(u64, u64)>,
-    }
-    let acc = files
-        .par_iter()
-        .fold(Acc::default, |mut acc, (_, c)| {
-            progress.inc(1);
-            let Ok(f) = tree.open_file(&c.path) else { return acc };
-            let Ok(m) = f.metadata() else { return acc };
-            // `c.key.volume` is the volume key (btrfs subvolume id), not `st_dev`.
-            if m.ino() != c.key.ino || crate::sys::volume_key(f.as_fd()).ok() != Some(c.key.volume) {
-                return acc;
-            }
-            acc.allocated += m.blocks() * 512;
-            let Ok(extents) = crate::sys::fiemap(f.as_fd(), 0, m.size().max(1)) else { return acc };
-            for e in extents {
-                if e.is_inline() {
-                    acc.inline += e.length;
-                } else if e.has_address() && e.length > 0 {
-                    acc.spans.push((e.physical, e.physical + e.length));
-                }
-            }
-            acc
-        })
-        .reduce(Acc::default, |mut a, mut b| {
-            a.allocated += b.allocated;
-            a.inline += b.inline;
-            a.spans.append(&mut b.spans);
-            a
-        });
-    let (allocated, inline, mut spans) = (acc.allocated, acc.inline, acc.spans);
-    spans.sort_unstable();
-    let (mut total, mut cur): (u64, Option<(u64, u64)>) = (0, None);
-    for (s, e) in spans {
-        match &mut cur {
-            Some((_, ce)) if s <= *ce => *ce = (*ce).max(e),
-            _ => {
-                if let Some((cs, ce)) = cur {
-                    total += ce - cs;
-                }
-                cur = Some((s, e));
-            }
-        }
-    }
-    if let Some((cs, ce)) = cur {
-        total += ce - cs;
-    }
-    progress.finish_phase("");
-    (total + inline, allocated)
-}
-
 /// Add each directory's bytes to every directory above it, up to `root`
 /// (the deepest directory holding all the files), like `du`.
 fn roll_up(by_dir: HashMap<PathBuf, u64>, root: &Path) -> HashMap<PathBuf, u64> {
@@ -326,24 +262,7 @@ fn live_status(db: &Db, block_size: u64, progress: &dyn Progress, list: bool) ->
     progress.finish_phase("");
     let plan = planned.plan;
     let (on_disk, allocated) = disk_usage(&files, progress);
-    progress.phase("report: measuring ranges", Some(plan.ranges.len() as u64), false);
-    let status: Vec<RangeState> = {
-        use rayon::prelude::*;
-        let parts: Vec<Vec<RangeState>> = plan
-            .ranges
-            .par_chunks(CHUNK)
-            .map(|chunk| {
-                // `..Default::default()`: the planner may grow fields besides `ranges`.
-                #[allow(clippy::needless_update)]
-                let part = Plan { ranges: chunk.to_vec(), ..Default::default() };
-                let st = range_states(&part, &files, block_size);
-                progress.inc(chunk.len() as u64);
-                st
-            })
-            .collect();
-        parts.into_iter().flatten().collect()
-    };
-    progress.finish_phase("");
+    let status = measure_ranges(&plan, &files, block_size, progress);
     let mut live = Live {
         allocated,
         on_disk,
@@ -355,41 +274,73 @@ fn live_status(db: &Db, block_size: u64, progress: &dyn Progress, list: bool) ->
         whole_dup_bytes: 0,
         groups: vec![],
         dirs: vec![],
-        ranges: None,
+        ranges: list.then(|| listed_ranges(&plan, &status, &files)),
     };
     for g in &planned.whole_groups {
         let copies = g.len() as u64 - 1;
         live.whole_dup_files += copies;
         live.whole_dup_bytes += copies * files[&g[0]].size;
     }
+    tally(&mut live, &plan, status, &files);
+    Ok(live)
+}
+
+/// The state of every range of `plan` now (FIEMAP, on every CPU).
+fn measure_ranges(
+    plan: &Plan,
+    files: &HashMap<FileId, FileFacts>,
+    block_size: u64,
+    progress: &dyn Progress,
+) -> Vec<RangeState> {
+    use rayon::prelude::*;
+    progress.phase("report: measuring ranges", Some(plan.ranges.len() as u64), false);
+    let parts: Vec<Vec<RangeState>> = plan
+        .ranges
+        .par_chunks(CHUNK)
+        .map(|chunk| {
+            // `..Default::default()`: the planner may grow fields besides `ranges`.
+            #[allow(clippy::needless_update)]
+            let part = Plan { ranges: chunk.to_vec(), ..Default::default() };
+            let st = range_states(&part, files, block_size);
+            progress.inc(chunk.len() as u64);
+            st
+        })
+        .collect();
+    progress.finish_phase("");
+    parts.into_iter().flatten().collect()
+}
+
+/// `--list`: every range with its state.
+fn listed_ranges(plan: &Plan, status: &[RangeState], files: &HashMap<FileId, FileFacts>) -> Vec<ListedRange> {
+    plan.ranges
+        .iter()
+        .zip(status)
+        .map(|(r, st)| {
+            let (state, unshared) = match *st {
+                RangeState::Inline => ("inline", None),
+                RangeState::Unknown => ("unknown", None),
+                RangeState::Unshared(0) => ("shared", Some(0)),
+                RangeState::Unshared(u) if u >= r.len => ("unshared", Some(u)),
+                RangeState::Unshared(u) => ("partly_shared", Some(u)),
+            };
+            ListedRange {
+                source: display_path(&files[&r.src].path),
+                source_offset: r.src_off,
+                destination: display_path(&files[&r.dest].path),
+                destination_offset: r.dest_off,
+                bytes: r.len,
+                state: Some(state.to_owned()),
+                unshared_bytes: unshared,
+            }
+        })
+        .collect()
+}
+
+/// Add up the ranges' states into `live`: byte totals, the sources and
+/// directories with the most unshared bytes.
+fn tally(live: &mut Live, plan: &Plan, status: Vec<RangeState>, files: &HashMap<FileId, FileFacts>) {
     let mut by_src: HashMap<FileId, (u64, HashSet<FileId>)> = HashMap::new();
     let mut by_dir: HashMap<PathBuf, u64> = HashMap::new();
-    if list {
-        live.ranges = Some(
-            plan.ranges
-                .iter()
-                .zip(&status)
-                .map(|(r, st)| {
-                    let (state, unshared) = match *st {
-                        RangeState::Inline => ("inline", None),
-                        RangeState::Unknown => ("unknown", None),
-                        RangeState::Unshared(0) => ("shared", Some(0)),
-                        RangeState::Unshared(u) if u >= r.len => ("unshared", Some(u)),
-                        RangeState::Unshared(u) => ("partly_shared", Some(u)),
-                    };
-                    ListedRange {
-                        source: display_path(&files[&r.src].path),
-                        source_offset: r.src_off,
-                        destination: display_path(&files[&r.dest].path),
-                        destination_offset: r.dest_off,
-                        bytes: r.len,
-                        state: Some(state.to_owned()),
-                        unshared_bytes: unshared,
-                    }
-                })
-                .collect(),
-        );
-    }
     for (r, st) in plan.ranges.iter().zip(status) {
         if st != RangeState::Inline {
             live.duplicate += r.len;
@@ -420,6 +371,13 @@ fn live_status(db: &Db, block_size: u64, progress: &dyn Progress, list: bool) ->
         .collect();
     groups.sort_by(|a, b| b.unshared_bytes.cmp(&a.unshared_bytes).then_with(|| a.source.cmp(&b.source)));
     groups.truncate(TOP);
+    live.groups = groups;
+    live.dirs = top_dirs(by_dir, files);
+}
+
+/// The [`TOP`] directories holding the most unshared bytes, everything
+/// below each counted (like `du`).
+fn top_dirs(by_dir: HashMap<PathBuf, u64>, files: &HashMap<FileId, FileFacts>) -> Vec<RemainingDir> {
     let root = common_dir(files.values().map(|c| c.path.as_path()));
     let mut dirs: Vec<RemainingDir> = roll_up(by_dir, &root)
         .into_iter()
@@ -434,9 +392,7 @@ fn live_status(db: &Db, block_size: u64, progress: &dyn Progress, list: bool) ->
             .then_with(|| a.directory.cmp(&b.directory))
     });
     dirs.truncate(TOP);
-    live.groups = groups;
-    live.dirs = dirs;
-    Ok(live)
+    dirs
 }
 
 /// How many groups and directories the report lists.
@@ -465,7 +421,45 @@ impl Summary {
         ]);
         s.push('\n');
         s.push_str(&t.render());
+        s.push('\n');
+        s.push_str(&self.space_table().render());
 
+        if !self.largest_remaining_groups.is_empty() {
+            let mut t = Table::new(&["not yet shared", "copies", "source"]).left(2);
+            for g in &self.largest_remaining_groups {
+                t.row([human(g.unshared_bytes), g.destinations.to_string(), g.source.clone()]);
+            }
+            s.push('\n');
+            s.push_str(&t.render());
+        }
+        if !self.top_directories.is_empty() {
+            let mut t = Table::new(&["not yet shared", "directory (with everything below, like du)"]).left(1);
+            for d in &self.top_directories {
+                t.row([human(d.unshared_bytes), format!("{}/", d.directory.trim_end_matches('/'))]);
+            }
+            s.push('\n');
+            s.push_str(&t.render());
+        }
+        if !self.runs.is_empty() {
+            let shown = self.runs.len().min(RUNS_SHOWN);
+            s.push('\n');
+            if shown < self.runs.len() {
+                let _ = std::fmt::Write::write_fmt(
+                    &mut s,
+                    format_args!("  last {shown} of {} runs (all of them with --json):\n", self.runs.len()),
+                );
+            }
+            s.push_str(&self.runs_table().render());
+        }
+        if let Some(ranges) = &self.ranges {
+            s.push('\n');
+            s.push_str(&list_text(ranges));
+        }
+        s
+    }
+
+    /// The "space" table of [`Summary::to_text`].
+    fn space_table(&self) -> Table {
         let mut t = Table::new(&["space", "size", ""]).left(2);
         t.row(["logical (file sizes)".to_owned(), human(self.logical_bytes), String::new()]);
         t.row(["on disk".to_owned(), human(self.on_disk_bytes), "each extent once, like compsize".to_owned()]);
@@ -494,74 +488,45 @@ impl Summary {
             human_signed(self.freed_bytes_total),
             format!("measured with statfs over {} run{}", self.runs.len(), if self.runs.len() == 1 { "" } else { "s" }),
         ]);
-        s.push('\n');
-        s.push_str(&t.render());
+        t
+    }
 
-        if !self.largest_remaining_groups.is_empty() {
-            let mut t = Table::new(&["not yet shared", "copies", "source"]).left(2);
-            for g in &self.largest_remaining_groups {
-                t.row([human(g.unshared_bytes), g.destinations.to_string(), g.source.clone()]);
-            }
-            s.push('\n');
-            s.push_str(&t.render());
+    /// The table of the last [`RUNS_SHOWN`] runs, newest first.
+    fn runs_table(&self) -> Table {
+        let mut t = Table::new(&[
+            "run",
+            "started (UTC)",
+            "took",
+            "command",
+            "status",
+            "hashed",
+            "duplicate",
+            "shared",
+            "freed",
+        ])
+        .left(1)
+        .left(3)
+        .left(4);
+        for r in self.runs.iter().rev().take(RUNS_SHOWN) {
+            let get = |k: &str| r.report.as_ref().and_then(|v| v.get(k)).and_then(|v| v.as_i64()).unwrap_or(0);
+            let took = r
+                .finished_at
+                .map_or(String::new(), |f| crate::display::human_duration_ms((f - r.started_at).max(0) as u64 * 1000));
+            let command = if r.dry_run { format!("{} --dry-run", r.command) } else { r.command.clone() };
+            let status = if r.status == "finished" { String::new() } else { r.status.to_uppercase() };
+            t.row([
+                r.id.to_string(),
+                r.started.clone(),
+                took,
+                command,
+                status,
+                human(get("bytes_hashed") as u64),
+                human(get("duplicate_bytes") as u64),
+                human(get("deduped_bytes") as u64),
+                human_signed(get("freed_bytes")),
+            ]);
         }
-        if !self.top_directories.is_empty() {
-            let mut t = Table::new(&["not yet shared", "directory (with everything below, like du)"]).left(1);
-            for d in &self.top_directories {
-                t.row([human(d.unshared_bytes), format!("{}/", d.directory.trim_end_matches('/'))]);
-            }
-            s.push('\n');
-            s.push_str(&t.render());
-        }
-        if !self.runs.is_empty() {
-            let mut t = Table::new(&[
-                "run",
-                "started (UTC)",
-                "took",
-                "command",
-                "status",
-                "hashed",
-                "duplicate",
-                "shared",
-                "freed",
-            ])
-            .left(1)
-            .left(3)
-            .left(4);
-            let shown = self.runs.len().min(RUNS_SHOWN);
-            for r in self.runs.iter().rev().take(RUNS_SHOWN) {
-                let get = |k: &str| r.report.as_ref().and_then(|v| v.get(k)).and_then(|v| v.as_i64()).unwrap_or(0);
-                let took = r.finished_at.map_or(String::new(), |f| {
-                    crate::display::human_duration_ms((f - r.started_at).max(0) as u64 * 1000)
-                });
-                let command = if r.dry_run { format!("{} --dry-run", r.command) } else { r.command.clone() };
-                let status = if r.status == "finished" { String::new() } else { r.status.to_uppercase() };
-                t.row([
-                    r.id.to_string(),
-                    r.started.clone(),
-                    took,
-                    command,
-                    status,
-                    human(get("bytes_hashed") as u64),
-                    human(get("duplicate_bytes") as u64),
-                    human(get("deduped_bytes") as u64),
-                    human_signed(get("freed_bytes")),
-                ]);
-            }
-            s.push('\n');
-            if shown < self.runs.len() {
-                let _ = std::fmt::Write::write_fmt(
-                    &mut s,
-                    format_args!("  last {shown} of {} runs (all of them with --json):\n", self.runs.len()),
-                );
-            }
-            s.push_str(&t.render());
-        }
-        if let Some(ranges) = &self.ranges {
-            s.push('\n');
-            s.push_str(&list_text(ranges));
-        }
-        s
+        t
     }
 }
 
@@ -569,21 +534,4 @@ impl Summary {
 const RUNS_SHOWN: usize = 10;
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn directories_roll_up_like_du() {
-        let mut by = HashMap::new();
-        by.insert(PathBuf::from("/v/a/b"), 10);
-        by.insert(PathBuf::from("/v/a/c"), 5);
-        by.insert(PathBuf::from("/v/d"), 1);
-        let root = common_dir([Path::new("/v/a/b/f"), Path::new("/v/a/c/g"), Path::new("/v/d/h")].into_iter());
-        assert_eq!(root, PathBuf::from("/v"));
-        let r = roll_up(by, &root);
-        assert_eq!(r[Path::new("/v")], 16);
-        assert_eq!(r[Path::new("/v/a")], 15);
-        assert_eq!(r[Path::new("/v/a/b")], 10);
-        assert!(!r.contains_key(Path::new("/")));
-    }
-}
+mod tests;

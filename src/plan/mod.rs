@@ -70,7 +70,7 @@ pub struct PlanOptions {
     /// destination file is always kept).
     pub min_blocks: u64,
     /// The anchor groups hold every block with a given fingerprint (as
-    /// `Db::plan` builds them), not a sample: their members are joined
+    /// [`from_db`] builds them), not a sample: their members are joined
     /// directly, without walking diagonals (which could find nothing more).
     pub exact_groups: bool,
 }

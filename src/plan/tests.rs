@@ -194,7 +194,7 @@ fn every_file_with_data_has_an_anchor() {
     assert!((800..1300).contains(&n), "{n} anchors of 16000");
 }
 
-/// Anchor groups the way `Db::plan` builds them: sampled anchors, each
+/// Anchor groups the way the database built them when it sampled: sampled anchors, each
 /// file's smallest anchor, and every block equal to a smallest anchor.
 fn db_like_groups(files: &[PlanFile]) -> Vec<Vec<(FileId, u64)>> {
     let mut by_fp: HashMap<Fp, Vec<(FileId, u64)>> = HashMap::new();
