@@ -13,8 +13,7 @@
 use std::collections::{HashMap, HashSet};
 use std::path::{Path, PathBuf};
 
-use crate::db::Known;
-use crate::file::{FileFacts, FileId, FileKey};
+use crate::file::{FileFacts, FileId, FileKey, Known};
 use crate::policy::SkipReason;
 
 /// Whether a known file can be trusted without reading it.

@@ -17,10 +17,12 @@ const BLOCK: usize = 4096;
 pub struct Rng(u64);
 
 impl Rng {
+    /// A generator whose stream is fixed by `seed` (same seed, same corpus).
     pub fn new(seed: u64) -> Rng {
         Rng(seed)
     }
 
+    /// The next 64 random bits.
     pub fn next_u64(&mut self) -> u64 {
         self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
         let mut z = self.0;
@@ -29,6 +31,7 @@ impl Rng {
         z ^ (z >> 31)
     }
 
+    /// A number in `0..n` (`0` when `n` is 0).
     pub fn below(&mut self, n: u64) -> u64 {
         self.next_u64() % n.max(1)
     }

@@ -110,6 +110,20 @@ impl FileFacts {
     }
 }
 
+/// A file as the database recorded it, for change detection: its row, its
+/// facts as recorded, and the run that hashed it. Defined here, below both
+/// `changes` (which compares) and `db` (which reads it), so that neither
+/// imports the other.
+#[derive(Debug, Clone)]
+pub struct Known {
+    /// Its row.
+    pub id: FileId,
+    /// Path, key, size and time tags as recorded.
+    pub file: FileFacts,
+    /// The run that hashed it.
+    pub hashed_run: i64,
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -5,6 +5,7 @@
 //! [`walk`] (with [`policy`]) → [`hash`] → [`changes`] → [`db`] → [`plan`] →
 //! [`dedupe`] → [`report`], driven by [`pipeline`] (configured once by
 //! [`config`]). All ioctls and `unsafe` live in [`sys`].
+#![warn(missing_docs)]
 
 pub mod blockmap;
 pub mod changes;

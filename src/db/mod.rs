@@ -29,6 +29,7 @@ use rusqlite::types::ValueRef;
 use rusqlite::{params, Connection, OpenFlags, OptionalExtension};
 
 use crate::blockmap::{BlockMap, Fp};
+pub use crate::file::Known;
 use crate::file::{FileFacts, FileId, FileKey};
 
 /// Why a database could not be used. Each message says what to do.
@@ -55,18 +56,6 @@ pub enum DbError {
     /// Any other SQLite error.
     #[error(transparent)]
     Sqlite(#[from] rusqlite::Error),
-}
-
-/// What the database knows about one file, for change detection: its row,
-/// its facts as recorded, and the run that hashed it.
-#[derive(Debug, Clone)]
-pub struct Known {
-    /// Its row.
-    pub id: FileId,
-    /// Path, key, size and time tags as recorded.
-    pub file: FileFacts,
-    /// The run that hashed it.
-    pub hashed_run: i64,
 }
 
 /// An open database plus the lock that keeps other runs out.
