@@ -142,6 +142,7 @@ impl Executor<'_> {
         }
         let Some(file) = self.open(id) else { return };
         let Ok(extents) = sys::fiemap(file.as_fd(), 0, size) else { return };
+        self.ctx.note_solo(&extents);
         let extents: Vec<DestExtent> = extents
             .iter()
             .map(|e| DestExtent {

@@ -379,11 +379,14 @@ impl<'a> Executor<'a> {
                 }
                 return None;
             }
-            Ok(ext) => Mapped {
-                blocks: physical_map(&ext, off, len, self.block_size),
-                shared: ext.iter().any(|e| e.is_shared()),
-                extents: ext,
-            },
+            Ok(ext) => {
+                self.ctx.note_solo(&ext);
+                Mapped {
+                    blocks: physical_map(&ext, off, len, self.block_size),
+                    shared: ext.iter().any(|e| e.is_shared()),
+                    extents: ext,
+                }
+            }
             Err(e) => {
                 if e != Errno::EOPNOTSUPP {
                     let path = self.files.get(&id).map(|c| display_path(&c.path)).unwrap_or_default();

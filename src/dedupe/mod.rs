@@ -194,6 +194,7 @@ pub fn execute_with_workers(
         deferred: Mutex::new(HashSet::new()),
         in_plan: files.values().map(|c| (c.key.volume, c.key.ino)).collect(),
         used_once: used_once(plan),
+        solo: Mutex::new(BTreeMap::new()),
     };
     let mut out = Outcome::default();
     if let Some(b) = bookends {

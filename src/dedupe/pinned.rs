@@ -24,7 +24,9 @@ impl Executor<'_> {
     /// parts are dropped and the destination counted pending
     /// ([`Pending::Pinned`]), so a later run shares it once the snapshot
     /// is gone. Asked only of extents FIEMAP flags `SHARED` whose blocks
-    /// do not already share the source's, once per extent per worker.
+    /// do not already share the source's and that were not seen unshared
+    /// earlier in this phase ([`super::workers::WorkerContext::seen_solo`]),
+    /// once per extent per worker.
     pub(super) fn drop_pinned(
         &mut self,
         fd: BorrowedFd<'_>,
@@ -42,7 +44,7 @@ impl Executor<'_> {
             let mut pos = start;
             for e in extents.iter().filter(|e| e.is_shared() && e.logical < end && e.logical + e.length > start) {
                 let (es, ee) = (e.logical.max(start), (e.logical + e.length).min(end));
-                if !self.is_pinned(fd, e.physical) {
+                if self.ctx.seen_solo(e) || !self.is_pinned(fd, e.physical) {
                     continue;
                 }
                 if es > pos {
