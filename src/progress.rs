@@ -415,14 +415,16 @@ fn status_line(label: &str, bytes: bool, done: u64, total: u64, files: (u64, u64
         }
     }
     let secs = elapsed.as_secs_f64();
-    if secs > 0.0 && done > 0 {
+    // The rate even when it is 0 (a heartbeat before the first byte, or a
+    // phase that is stuck): a status line always says how fast it goes.
+    if secs > 0.0 {
         let rate = done as f64 / secs;
         if bytes {
             let _ = write!(s, ", {}/s", human(rate as u64));
         } else {
             let _ = write!(s, ", {rate:.0}/s");
         }
-        if total > done {
+        if total > done && done > 0 {
             let left = Duration::from_secs(((total - done) as f64 / rate).ceil() as u64);
             let _ = write!(s, ", about {} left", humantime::format_duration(left));
         }
@@ -523,6 +525,9 @@ mod tests {
         let s = status_line("1/3 scan", true, 879254300, 0, (5, 0), Duration::from_secs(1));
         assert_eq!(s, "1/3 scan: 838.5 MiB, 5 files, 838.5 MiB/s");
         assert_eq!(status_line("report", false, 0, 10, (0, 0), Duration::ZERO), "report: 0 of 10 (0%)");
+        // A heartbeat before the first byte: a rate of 0, no ETA.
+        let s = status_line("1/3 scan", true, 0, 30 << 20, (0, 30), Duration::from_millis(20));
+        assert_eq!(s, "1/3 scan: 0 B of 30.0 MiB (0%), 0 of 30 files, 0 B/s");
         let s = status_line("2/3 plan", false, 0, 0, (0, 0), Duration::from_millis(75_400));
         assert_eq!(s, "2/3 plan: working, 1m 15s so far");
     }
