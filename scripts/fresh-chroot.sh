@@ -89,6 +89,9 @@ fi
 inside() {
   unshare --mount --propagation private -- bash -euo pipefail -c '
     root=$1; shift
+    # The new root a mount point of its own, as / is on a real machine
+    # (unshare --propagation and findmnt / need one: check-deb.sh does).
+    mount --bind "$root" "$root"
     mount -t proc proc "$root/proc"
     mount --rbind /sys "$root/sys"
     mount --rbind /dev "$root/dev"
@@ -113,6 +116,7 @@ grep -q 'nothing shared' "$work/path.log" || { echo "fresh-chroot: quickstart.sh
 
 if [ $full = 1 ]; then
   step "README: scripts/test.sh"
-  inside scripts/test.sh 2>&1 | tail -40
+  # The whole output stays in /var/tmp/fresh-chroot-test.log (the root goes).
+  inside scripts/test.sh 2>&1 | tee /var/tmp/fresh-chroot-test.log | tail -40
 fi
 step "fresh-chroot: passed in $(($(date +%s) - t0)) s"
