@@ -289,7 +289,7 @@ tool_step() { # FS NAME CMD...
     step "$@"
     after=$(free_bytes "$fs")
     record fs="$fs" step="$name" free_before="$before" free_after="$after" freed="$((after - before))"
-    log "$fs $name: freed $(numfmt --to=iec $((after - before))) (statfs)"
+    log "$fs $name: freed $(numfmt --to=iec -- $((after - before))) (statfs)"
 }
 
 db_bytes() { # FILE: the database and its WAL
