@@ -82,11 +82,19 @@ umount "$MNT"
 ideal=$(python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))["dup_block_bytes_4k"])' "$WORK/ideal.json")
 log "ideal duplicate bytes: $ideal"
 
+# Free bytes (statfs f_bfree, as compare.sh) after committing everything:
+# btrfs releases freed extents at transaction commit.
 free_bytes() {
-    sync
-    local a s
-    read -r a s < <(stat -f -c '%a %S' "$MNT")
-    echo $((a * s))
+    sync -f "$MNT"
+    if [[ $fs == btrfs ]]; then
+        btrfs filesystem sync "$MNT" >/dev/null
+        sleep 1
+        btrfs filesystem sync "$MNT" >/dev/null
+    fi
+    sync -f "$MNT"
+    local free size
+    read -r free size < <(stat -f -c '%f %S' "$MNT")
+    echo $((free * size))
 }
 
 n=0
