@@ -251,6 +251,36 @@ impl Executor<'_> {
 mod tests {
     use super::*;
 
+    fn entry(used: u64, extents: usize) -> Entry {
+        let file = Rc::new(File::open("/dev/null").unwrap());
+        let ext = Extent { logical: 0, physical: 0, length: 4096, flags: 0 };
+        let window = (extents > 0).then(|| Window { start: 0, end: 4096, extents: vec![ext; extents] });
+        Entry { file, window, used }
+    }
+
+    #[test]
+    fn trim_drops_the_least_recently_used_files_then_maps() {
+        let mut c = FileCache::default();
+        for k in 0..MAX_FILES as u64 + 3 {
+            c.entries.insert(FileId(k as i64), entry(k, 0));
+        }
+        c.trim();
+        assert_eq!(c.entries.len(), MAX_FILES);
+        assert!((0..3).all(|k| !c.entries.contains_key(&FileId(k))), "the oldest files go first");
+        // Maps over the extent budget: the oldest maps go, the files stay.
+        c.entries.clear();
+        for k in 0..4 {
+            c.entries.insert(FileId(k), entry(k as u64, MAX_EXTENTS / 3));
+            c.extents += MAX_EXTENTS / 3;
+        }
+        c.trim();
+        assert_eq!(c.entries.len(), 4);
+        assert!(c.entries[&FileId(0)].window.is_none() && c.entries[&FileId(3)].window.is_some());
+        assert_eq!(c.extents, 3 * (MAX_EXTENTS / 3));
+        c.forget(FileId(3));
+        assert_eq!(c.extents, 2 * (MAX_EXTENTS / 3));
+    }
+
     #[test]
     fn windows_cover_the_range_within_the_span() {
         let mb = 1 << 20;
