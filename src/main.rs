@@ -29,6 +29,8 @@ fn main() {
 }
 
 fn dispatch(cfg: &Config) -> ExitCode {
+    // Many files open at once in the share phase: see raise_fd_limit.
+    dedupscan::sys::limits::raise_fd_limit();
     let stop = Arc::new(AtomicBool::new(false));
     for sig in [signal_hook::consts::SIGINT, signal_hook::consts::SIGTERM] {
         // A first signal asks for a clean stop; a second one kills at once.

@@ -10,6 +10,7 @@ pub mod dedupe;
 pub mod fiemap;
 pub mod fs;
 pub mod inode;
+pub mod limits;
 
 pub use dedupe::{dedupe_range, DedupeStatus, DestResult};
 pub use fiemap::{fiemap, Extent};
