@@ -205,7 +205,7 @@ pub struct RunArgs {
     /// remainder is at most RATIO times the shared part. 0 turns it off.
     // 3, not 1: on the SMALL benchmark corpus (btrfs) 1 frees 95.9 % of the
     // ideal, the rest pinned in tarball and image extents; 3 frees 100.8 %
-    // for 39.5 MB rewritten instead of 7.8 MB (docs/BENCHMARKS.md,
+    // for 39.5 MiB rewritten instead of 7.8 MiB (docs/BENCHMARKS.md,
     // 2026-11-23). Never more than 3 bytes written per byte freed.
     #[arg(long, value_name = "RATIO", default_value_t = 3.0, value_parser = parse_ratio)]
     pub rewrite_ratio: f64,
