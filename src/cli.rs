@@ -203,11 +203,10 @@ pub struct RunArgs {
     /// btrfs: where a destination extent is only partly shared, copy its
     /// remainder into a fresh extent so the old one is freed — when the
     /// remainder is at most RATIO times the shared part. 0 turns it off.
-    // 3, not 1: on the SMALL benchmark corpus (btrfs) 1 frees 95.9 % of the
-    // ideal, the rest pinned in tarball and image extents; 3 frees 100.8 %
-    // for 39.5 MiB rewritten instead of 7.8 MiB (docs/BENCHMARKS.md,
-    // 2026-11-23). Never more than 3 bytes written per byte freed.
-    #[arg(long, value_name = "RATIO", default_value_t = 3.0, value_parser = parse_ratio)]
+    // 1, not 3: on SMALL/btrfs 3 freed 100.8 % of the ideal instead of
+    // 95.9 %, but on FULL (copied with cp -a: 128 MiB extents) 60.9 %
+    // instead of 88.3 % (docs/BENCHMARKS.md, 2026-11-23, issue 13).
+    #[arg(long, value_name = "RATIO", default_value_t = 1.0, value_parser = parse_ratio)]
     pub rewrite_ratio: f64,
 
     /// Also list every planned range (source, destination, offsets, bytes):

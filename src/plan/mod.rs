@@ -84,7 +84,7 @@ pub struct PlanOptions {
 
 impl Default for PlanOptions {
     fn default() -> Self {
-        PlanOptions { block_size: 4096, gap_blocks: 32, min_blocks: 1, exact_groups: false, rewrite_ratio: 3.0 }
+        PlanOptions { block_size: 4096, gap_blocks: 32, min_blocks: 1, exact_groups: false, rewrite_ratio: 1.0 }
     }
 }
 
