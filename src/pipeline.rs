@@ -219,6 +219,7 @@ fn plan_phase(
     let opts = PlanOptions {
         block_size: job.scan.block_size,
         min_blocks: (cfg.min_range / job.scan.block_size).max(1),
+        rewrite_ratio: cfg.rewrite_ratio,
         ..Default::default()
     };
     let root = job.scan.paths.first().expect("a path");

@@ -99,3 +99,42 @@ fn btrfs_shared_is_freed_plus_pinned() {
     let off = (shared - freed - pinned).abs();
     assert!(off * 50 <= shared, "shared {shared} != freed {freed} + pinned {pinned} (off by {off}): {r:#}");
 }
+
+/// Source choice by what stays on disk anyway (issue 13): a tarball, mostly
+/// data of its own, holds x at an aligned member; a slightly larger disk
+/// image holds x, a whole file g and a little metadata; x and g are files
+/// too. Before, the image (larger, with a block of its own) was the source
+/// of x, so the tarball's copy of x was shared into an extent that stays
+/// for the tarball's own data: pinned, nothing freed. Now the tarball is
+/// x's source, the image a destination everywhere but its metadata (which
+/// the bookend pass rewrites), and every shared byte frees space.
+#[test]
+fn btrfs_tarball_is_the_source_and_the_image_extent_is_freed() {
+    let Some(vol) = Volume::new(Fs::Btrfs, 512) else { return };
+    let d = vol.path("t");
+    std::fs::create_dir(&d).unwrap();
+    let mut rng = Rng::new(13);
+    let (x, g, meta) = (rng.bytes(1 << 20), rng.bytes(8 << 20), rng.bytes(64 << 10));
+    let tar = [rng.bytes(3 << 20), x.clone(), rng.bytes(5 << 20)].concat();
+    let img = [meta, x.clone(), g.clone()].concat();
+    for (name, data) in [("a.tar", &tar), ("b.img", &img), ("x", &x), ("g", &g)] {
+        std::fs::write(d.join(name), data).unwrap();
+    }
+    free_bytes(&vol.mnt);
+    let f = std::fs::File::open(d.join("a.tar")).unwrap();
+    let ext = dedupscan::sys::fiemap(std::os::fd::AsFd::as_fd(&f), 3 << 20, 1 << 20).unwrap();
+    assert!(ext.iter().any(|e| e.length > 2 << 20), "setup: the tarball holds x in a small extent: {ext:?}");
+    let before = Snapshot::take(&d);
+    let free0 = free_bytes(&vol.mnt);
+    let r = run_json(&vol, &[d.to_str().unwrap()]);
+    let freed = free_bytes(&vol.mnt) as i64 - free0 as i64;
+    before.assert_same(&Snapshot::take(&d));
+    let shared = num(&r, "deduped_bytes") as i64;
+    assert_eq!(shared, 10 << 20, "{r:#}");
+    assert_eq!(num(&r, "pinned_bytes"), 0, "{r:#}");
+    assert!(freed >= shared * 98 / 100, "freed {freed} of {shared}: {r:#}");
+    // Every copy of x is the tarball's.
+    for (name, off) in [("x", 0), ("b.img", 64 << 10)] {
+        assert!(same_physical(&d.join("a.tar"), 3 << 20, &d.join(name), off, 1 << 20), "{name}: {r:#}");
+    }
+}

@@ -73,11 +73,18 @@ pub struct PlanOptions {
     /// [`from_db`] builds them), not a sample: their members are joined
     /// directly, without walking diagonals (which could find nothing more).
     pub exact_groups: bool,
+    /// The executor's `--rewrite-ratio`: a destination extent is freed by
+    /// rewriting its uncovered rest when that rest is at most this many
+    /// times the part shared into it. The planner uses it to tell which
+    /// copies stay on disk anyway when choosing sources (see
+    /// `planner::Planner::sources`); it never changes which blocks are
+    /// shared.
+    pub rewrite_ratio: f64,
 }
 
 impl Default for PlanOptions {
     fn default() -> Self {
-        PlanOptions { block_size: 4096, gap_blocks: 32, min_blocks: 1, exact_groups: false }
+        PlanOptions { block_size: 4096, gap_blocks: 32, min_blocks: 1, exact_groups: false, rewrite_ratio: 1.0 }
     }
 }
 

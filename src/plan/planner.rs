@@ -25,12 +25,10 @@ pub fn content_digest(size: u64, map: &BlockMap) -> u64 {
 /// Position of a block: (file in canonical order, block index).
 pub(super) type Loc = (u32, u64);
 
-/// Where a file stands as a source; smaller is preferred. Files with blocks
-/// that no other copy has keep their extents referenced whatever we do
-/// (images, tarballs, archives), so their copy of a shared block is the one
-/// to keep; among those, and among wholly duplicate files, the larger
-/// file, then the content order (which ends on the inode number).
-type Preference = (bool, std::cmp::Reverse<u32>, u32);
+/// Where a file stands as a source; smaller is preferred: a tier (see
+/// [`Planner::sources`]), then the larger file, then the content order
+/// (which ends on the inode number).
+type Preference = (u8, std::cmp::Reverse<u32>, u32);
 
 /// The state of one planning: see [`super::plan`].
 pub(super) struct Planner<'a> {
@@ -226,43 +224,148 @@ impl<'a> Planner<'a> {
     }
 
     /// Flatten the union-find and choose each class's source: class root →
-    /// the block number of its source (see [`Preference`]).
+    /// the block number of its source.
+    ///
+    /// On btrfs an extent is freed only when no block of it is referenced,
+    /// so the copy to keep is the one whose extent stays referenced anyway.
+    /// Two rules, modelling each file as one extent, and the one leaving
+    /// fewer shared blocks pinned ([`Planner::pinned_estimate`]) wins (ties:
+    /// the first):
+    /// 1. files with a block no other copy has first (they keep an extent
+    ///    whatever we do);
+    /// 2. files that stay even as destinations first: more blocks of their
+    ///    own than `rewrite_ratio` times their duplicates (a tarball whose
+    ///    members are rarely 4 KiB-aligned); then wholly duplicate files;
+    ///    then the rest (a disk image mostly made of files found elsewhere:
+    ///    as a destination it is covered enough for its own blocks to be
+    ///    rewritten and its extents freed, where as a source it would pin
+    ///    the copies a tarball keeps too).
+    ///
+    /// Both depend on the contents alone, never on names or row ids.
     fn sources(&mut self) -> Vec<u32> {
         let total = self.parent.len() as u32;
         for g in 0..total {
             let r = self.find(g);
             self.parent[g as usize] = r;
         }
-        // Class sizes, then which files have blocks nobody else has.
+        // Class sizes, then how many blocks of each file nobody else has.
         let mut count = vec![0u32; total as usize];
         for g in 0..total as usize {
             count[self.parent[g] as usize] += 1;
         }
         let n = self.files.len();
-        let mut has_unique = vec![false; n];
-        for (f, u) in has_unique.iter_mut().enumerate() {
-            let (b, len) = (self.base[f] as usize, self.maps[f].data_len() as usize);
-            *u = (b..b + len).any(|g| count[self.parent[g] as usize] == 1);
+        let unique: Vec<u32> = (0..n)
+            .map(|f| {
+                let (b, len) = (self.base[f] as usize, self.maps[f].data_len() as usize);
+                (b..b + len).filter(|&g| count[self.parent[g] as usize] == 1).count() as u32
+            })
+            .collect();
+        drop(count);
+        let len = |f: usize| self.maps[f].data_len();
+        let by_unique: Vec<Preference> =
+            (0..n).map(|f| (u8::from(unique[f] == 0), std::cmp::Reverse(len(f)), f as u32)).collect();
+        let first = self.pick(&by_unique);
+        let second = self.by_what_stays(&unique);
+        let (a, b) = (self.pinned_estimate(&first), self.pinned_estimate(&second));
+        if b < a {
+            second
+        } else {
+            first
         }
-        let pref = |f: usize| -> Preference { (!has_unique[f], std::cmp::Reverse(self.maps[f].data_len()), f as u32) };
-        // The source of each class: the best file's first block in it.
-        // Blocks are numbered in file order, then block order, so the first
-        // member seen of the best file is its lowest block.
-        let mut best = count; // reused: class root → chosen block number
-        best.fill(u32::MAX);
-        let mut best_file = vec![0u32; total as usize]; // class root → its file
-        for f in 0..n {
+    }
+
+    /// Rule 2 of [`Planner::sources`]: the files that stay on disk anyway
+    /// (`kept`) are preferred as sources. A file stays when it has more
+    /// blocks of its own than `rewrite_ratio` times its duplicates, or when
+    /// a plan leaves it a source of blocks with too little shared into it
+    /// to be freed by a rewrite (one disk image of two identical ones must
+    /// keep its extents for the other). The kept set only grows, so this
+    /// ends; a few rounds settle it on the corpora measured.
+    fn by_what_stays(&self, unique: &[u32]) -> Vec<u32> {
+        const ROUNDS: usize = 4;
+        let ratio = self.opts.rewrite_ratio;
+        let n = self.files.len();
+        let len = |f: usize| self.maps[f].data_len();
+        let mut kept: Vec<bool> = (0..n).map(|f| unique[f] as f64 > ratio * (len(f) - unique[f]) as f64).collect();
+        let mut round = 0;
+        loop {
+            let pref: Vec<Preference> = (0..n)
+                .map(|f| {
+                    let tier = if kept[f] {
+                        0
+                    } else if unique[f] == 0 {
+                        1
+                    } else {
+                        2
+                    };
+                    (tier, std::cmp::Reverse(len(f)), f as u32)
+                })
+                .collect();
+            let best = self.pick(&pref);
+            round += 1;
+            let mut grew = false;
+            for f in 0..n {
+                let covered = self.covered(&best, f);
+                let sources = u64::from(len(f) - unique[f]) - covered;
+                if !kept[f] && sources > 0 && self.stays(len(f), covered) {
+                    kept[f] = true;
+                    grew = true;
+                }
+            }
+            if !grew || round == ROUNDS {
+                return best;
+            }
+        }
+    }
+
+    /// Blocks of file `f` that sources `best` share into it.
+    fn covered(&self, best: &[u32], f: usize) -> u64 {
+        let (b, len) = (self.base[f], self.maps[f].data_len());
+        (b..b + len).filter(|&g| best[self.parent[g as usize] as usize] != g).count() as u64
+    }
+
+    /// Whether a file of `len` data blocks, `covered` of them shared into
+    /// it, keeps its extent (taken as one): its other blocks are more than
+    /// `rewrite_ratio` times the covered ones (the executor's bookend rule).
+    fn stays(&self, len: u32, covered: u64) -> bool {
+        let rest = u64::from(len) - covered;
+        covered == 0 || rest as f64 > self.opts.rewrite_ratio * covered as f64
+    }
+
+    /// The source of each class under preference `pref` (per file): the
+    /// best file's first block in it. Blocks are numbered in file order,
+    /// then block order, so the first member seen of the best file is its
+    /// lowest block.
+    fn pick(&self, pref: &[Preference]) -> Vec<u32> {
+        let total = self.parent.len();
+        let mut best = vec![u32::MAX; total]; // class root → chosen block number
+        let mut best_file = vec![0u32; total]; // class root → its file
+        for (f, p) in pref.iter().enumerate() {
             let (b, len) = (self.base[f], self.maps[f].data_len());
-            let p = pref(f);
             for g in b..b + len {
                 let r = self.parent[g as usize] as usize;
-                if best[r] == u32::MAX || p < pref(best_file[r] as usize) {
+                if best[r] == u32::MAX || *p < pref[best_file[r] as usize] {
                     best[r] = g;
                     best_file[r] = f as u32;
                 }
             }
         }
         best
+    }
+
+    /// Blocks that sources `best` would share but leave stored, each file
+    /// taken as one extent ([`Planner::stays`]).
+    fn pinned_estimate(&self, best: &[u32]) -> u64 {
+        (0..self.files.len())
+            .map(|f| {
+                let covered = self.covered(best, f);
+                if covered > 0 && self.stays(self.maps[f].data_len(), covered) {
+                    covered
+                } else {
+                    0
+                }
+            })
+            .sum()
     }
 
     /// Every block that is not its class's source, as ranges of

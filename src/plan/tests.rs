@@ -112,6 +112,37 @@ fn a_partly_matched_copy_is_the_source() {
 }
 
 #[test]
+fn a_tarball_keeps_its_blocks_and_an_image_of_files_found_elsewhere_is_freed() {
+    // T: a tarball, mostly blocks of its own, holding X (2 blocks) at a
+    // 4 KiB-aligned member. I: a larger disk image made of X, of a whole
+    // file G and one metadata block. X and G are files too. By size and
+    // "has a block of its own", I would be the source of X and T's copy of
+    // X a destination inside an extent that stays for T's own blocks
+    // (pinned on btrfs). By what stays anyway, T is X's source and G its
+    // own: I is a destination everywhere but its metadata block, which the
+    // bookend pass rewrites, and its extent is freed.
+    let x: Vec<Fp> = vec![0x1001, 0x2001];
+    let g: Vec<Fp> = fps(31, 10).into_iter().map(|f| f | 1).collect();
+    let mut t: Vec<Fp> = fps(32, 8).into_iter().map(|f| f | 1).collect();
+    t.splice(3..3, x.iter().copied());
+    let mut i = vec![0x7001];
+    i.extend(&x);
+    i.extend(&g);
+    for (it, ii, ix, ig) in [(1, 2, 3, 4), (4, 3, 2, 1)] {
+        let files = vec![file(it, &t), file(ii, &i), file(ix, &x), file(ig, &g)];
+        let got = plan(&files, &[], &all_blocks_groups(&files), PlanOptions::default());
+        let src = sources(&got);
+        for k in 0..2 {
+            assert_eq!(src[&(FileId(ii), 1 + k)], (FileId(it), 3 + k), "{got:?}");
+            assert_eq!(src[&(FileId(ix), k)], (FileId(it), 3 + k), "{got:?}");
+            assert!(!src.contains_key(&(FileId(it), 3 + k)), "{got:?}");
+        }
+        assert!((0..10).all(|k| src[&(FileId(ii), 3 + k)] == (FileId(ig), k)), "{got:?}");
+        assert_eq!(shared_blocks(&got), 2 + 2 + 10);
+    }
+}
+
+#[test]
 fn whole_file_group_maps_every_copy_to_the_oldest() {
     let files = vec![file(3, &[1, 2, 3]), file(1, &[1, 2, 3]), file(2, &[1, 2, 3])];
     let got = plan(&files, &[vec![FileId(3), FileId(1), FileId(2)]], &[], PlanOptions::default());
