@@ -1,0 +1,136 @@
+//! Reads that stream, so that memory stays flat in the number of files
+//! (issue 14): the crawl's per-file lookups on a read connection of its own
+//! ([`Reader`], beside the writer thread's connection: WAL readers never
+//! block it), and whole-table passes that hand rows to a callback instead
+//! of collecting them.
+
+use std::path::{Path, PathBuf};
+
+use rusqlite::{params, Connection};
+
+use super::{join_path, Db, DbError, FROM_FILES, PATH_COLS};
+use crate::changes::{Index, IndexError};
+use crate::file::{FileFacts, FileId, FileKey, IdSet, Known};
+
+/// A read-only connection for change detection during a scan: files are
+/// looked up one at a time by `(volume key, inode)` (indexed), never loaded
+/// all at once.
+pub struct Reader {
+    conn: Connection,
+    /// The run scanning: rows it writes meanwhile are not "known before".
+    run: i64,
+}
+
+impl Reader {
+    /// A second, read-only connection to the database at `path`, for run
+    /// `run`.
+    pub fn open(path: &Path, run: i64) -> Result<Reader, DbError> {
+        let conn = Db::open_readonly(path)?;
+        // A bounded page cache (16 MiB): lookups follow the crawl, which
+        // meets files in about the order their rows were written.
+        conn.pragma_update(None, "cache_size", -16384)?;
+        Ok(Reader { conn, run })
+    }
+
+    fn known(&self, key: FileKey) -> rusqlite::Result<Option<Known>> {
+        let mut st = self.conn.prepare_cached(&format!(
+            "SELECT f.id, {PATH_COLS}, f.size, f.mtime, f.ctime, f.hashed_run {FROM_FILES}
+             WHERE f.ino = ?1 AND d.dev = ?2 ORDER BY f.id LIMIT 1"
+        ))?;
+        let mut rows = st.query(params![key.ino as i64, key.volume as i64])?;
+        let Some(r) = rows.next()? else { return Ok(None) };
+        let file = FileFacts {
+            path: join_path(r.get_ref(1)?.as_blob()?, r.get_ref(2)?.as_blob()?),
+            key,
+            size: r.get::<_, i64>(3)? as u64,
+            mtime: r.get(4)?,
+            ctime: r.get(5)?,
+        };
+        Ok(Some(Known { id: r.get(0)?, file, hashed_run: r.get(6)? }))
+    }
+}
+
+impl Index for Reader {
+    fn get(&self, key: FileKey) -> Result<Option<Known>, IndexError> {
+        Ok(self.known(key)?)
+    }
+
+    fn each_known(&self, f: &mut dyn FnMut(FileId, &Path)) -> Result<(), IndexError> {
+        let mut st = self.conn.prepare(&format!("SELECT f.id, {PATH_COLS} {FROM_FILES} WHERE f.hashed_run != ?1"))?;
+        let mut rows = st.query([self.run])?;
+        while let Some(r) = rows.next()? {
+            f(r.get(0)?, &join_path(r.get_ref(1)?.as_blob()?, r.get_ref(2)?.as_blob()?));
+        }
+        Ok(())
+    }
+}
+
+impl Db {
+    /// Add to `set` every file hashed by run `run`, and return how many.
+    pub fn add_run_files(&self, run: i64, set: &mut IdSet) -> rusqlite::Result<u64> {
+        let mut st = self.conn.prepare("SELECT id FROM files WHERE hashed_run = ?1")?;
+        let mut rows = st.query([run])?;
+        let mut n = 0;
+        while let Some(r) = rows.next()? {
+            set.insert(r.get(0)?);
+            n += 1;
+        }
+        Ok(n)
+    }
+
+    /// Files hashed after run `run` (this run's included).
+    pub fn hashed_after(&self, run: i64) -> rusqlite::Result<Vec<FileId>> {
+        let mut st = self.conn.prepare("SELECT id FROM files WHERE hashed_run > ?1")?;
+        let rows = st.query_map([run], |r| r.get(0))?;
+        rows.collect()
+    }
+
+    /// The row of the file with this `(volume key, inode)`, if known.
+    pub fn id_of(&self, key: FileKey) -> rusqlite::Result<Option<FileId>> {
+        let mut st = self
+            .conn
+            .prepare_cached("SELECT f.id FROM files f JOIN dirs d ON d.id = f.dir WHERE f.ino = ?1 AND d.dev = ?2")?;
+        let mut rows = st.query(params![key.ino as i64, key.volume as i64])?;
+        rows.next()?.map(|r| r.get(0)).transpose()
+    }
+
+    /// Every known file's id.
+    pub fn all_ids(&self) -> rusqlite::Result<IdSet> {
+        let mut st = self.conn.prepare("SELECT id FROM files")?;
+        let rows = st.query_map([], |r| r.get(0))?;
+        rows.collect()
+    }
+
+    /// Every known file's recorded facts, `chunk` at a time, in row order
+    /// (about the order the crawl found them: a chunk shares few
+    /// directories).
+    pub fn for_each_facts(&self, chunk: usize, mut f: impl FnMut(Vec<FileFacts>)) -> rusqlite::Result<()> {
+        let mut st =
+            self.conn.prepare(&format!("SELECT {PATH_COLS}, d.dev, f.ino, f.size, f.mtime, f.ctime {FROM_FILES}"))?;
+        let mut rows = st.query([])?;
+        let mut batch = Vec::with_capacity(chunk);
+        while let Some(r) = rows.next()? {
+            batch.push(FileFacts {
+                path: join_path(r.get_ref(0)?.as_blob()?, r.get_ref(1)?.as_blob()?),
+                key: FileKey { volume: r.get::<_, i64>(2)? as u64, ino: r.get::<_, i64>(3)? as u64 },
+                size: r.get::<_, i64>(4)? as u64,
+                mtime: r.get(5)?,
+                ctime: r.get(6)?,
+            });
+            if batch.len() == chunk {
+                f(std::mem::replace(&mut batch, Vec::with_capacity(chunk)));
+            }
+        }
+        if !batch.is_empty() {
+            f(batch);
+        }
+        Ok(())
+    }
+
+    /// The directory paths of the known files, once each.
+    pub fn dir_paths(&self) -> rusqlite::Result<Vec<PathBuf>> {
+        let mut st = self.conn.prepare("SELECT path FROM dirs")?;
+        let rows = st.query_map([], |r| Ok(join_path(r.get_ref(0)?.as_blob()?, b"")))?;
+        rows.collect()
+    }
+}
