@@ -134,3 +134,51 @@ impl Db {
         rows.collect()
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::db::writer::{self, WriteOp};
+    use crate::hash::FileHash;
+
+    fn hashed(dev: u64, ino: u64, path: &str) -> WriteOp {
+        let map = crate::blockmap::BlockMap::from_fps(&[ino << 36 | 1 << 32]);
+        let hash = FileHash { size: 4096, map, bytes_read: 0, bytes_reused: 0, cached: Vec::new() };
+        WriteOp::Hashed { id: None, dev, ino, path: path.into(), mtime: 3, ctime: 4, hash }
+    }
+
+    fn write(db: Db, run: i64, ops: Vec<WriteOp>) -> Db {
+        let (tx, rx) = std::sync::mpsc::sync_channel(ops.len() + 1);
+        ops.into_iter().for_each(|op| tx.send(op).unwrap());
+        drop(tx);
+        writer::run(db, run, rx).unwrap().0
+    }
+
+    #[test]
+    fn files_are_found_by_volume_and_inode_and_this_runs_rows_are_not_known_before() {
+        let dir = tempfile::tempdir().unwrap();
+        let db = Db::open(&dir.path().join("db"), "fs").unwrap();
+        let db = write(db, 1, vec![hashed(1, 10, "/v/a"), hashed(2, 10, "/w/b")]);
+        let db = write(db, 2, vec![hashed(1, 11, "/v/c")]);
+        let r = Reader::open(&db.path, 2).unwrap();
+        let a = r.get(FileKey { volume: 1, ino: 10 }).unwrap().unwrap();
+        let b = r.get(FileKey { volume: 2, ino: 10 }).unwrap().unwrap();
+        assert_eq!((a.file.path.as_path(), a.file.size, a.file.mtime, a.hashed_run), (Path::new("/v/a"), 4096, 3, 1));
+        assert_eq!(b.file.path, Path::new("/w/b"));
+        assert!(r.get(FileKey { volume: 3, ino: 10 }).unwrap().is_none());
+        let mut known = Vec::new();
+        r.each_known(&mut |id, p| known.push((id, p.to_owned()))).unwrap();
+        known.sort();
+        assert_eq!(known, vec![(a.id, PathBuf::from("/v/a")), (b.id, PathBuf::from("/w/b"))]);
+        // The plan's set: the rows of run 2, by id.
+        let mut set = IdSet::new();
+        assert_eq!(db.add_run_files(2, &mut set).unwrap(), 1);
+        assert!(!set.contains(a.id) && !set.contains(b.id));
+        assert_eq!(db.hashed_after(1).unwrap().len(), 1);
+        assert_eq!(db.all_ids().unwrap().len(), 3);
+        assert_eq!(db.id_of(FileKey { volume: 2, ino: 10 }).unwrap(), Some(b.id));
+        let mut n = 0;
+        db.for_each_facts(2, |chunk| n += chunk.len()).unwrap();
+        assert_eq!(n, 3);
+    }
+}
