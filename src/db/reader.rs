@@ -26,6 +26,7 @@ impl Reader {
     /// `run`.
     pub fn open(path: &Path, run: i64) -> Result<Reader, DbError> {
         let conn = Db::open_readonly(path)?;
+        warm(path);
         // A bounded page cache (16 MiB): lookups follow the crawl, which
         // meets files in about the order their rows were written.
         conn.pragma_update(None, "cache_size", -16384)?;
@@ -48,6 +49,27 @@ impl Reader {
         };
         Ok(Some(Known { id: r.get(0)?, file, hashed_run: r.get(6)? }))
     }
+}
+
+/// Read the database file (and its WAL) once, sequentially, on a thread of
+/// its own, into the page cache (not into this process: nothing is kept).
+/// The crawl's lookups then cost no random read each: on a cold cache they
+/// made a no-change run of a million files five times slower (56 s against
+/// 11 s for the old whole-index load, which read the table in one pass).
+fn warm(path: &Path) {
+    let mut wal = path.as_os_str().to_owned();
+    wal.push("-wal");
+    let files = [path.to_owned(), PathBuf::from(wal)];
+    let spawned = std::thread::Builder::new().name("db-warm".into()).spawn(move || {
+        use std::io::Read;
+        let mut buf = vec![0u8; 1 << 20];
+        for p in files {
+            let Ok(mut f) = std::fs::File::open(p) else { continue };
+            while matches!(f.read(&mut buf), Ok(n) if n > 0) {}
+        }
+    });
+    // Without the thread the lookups are only slower.
+    drop(spawned);
 }
 
 impl Index for Reader {
