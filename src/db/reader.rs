@@ -30,14 +30,15 @@ impl Reader {
         // A bounded page cache (16 MiB): lookups follow the crawl, which
         // meets files in about the order their rows were written.
         conn.pragma_update(None, "cache_size", -16384)?;
+        // One plan whatever the values bound: otherwise (SQLite built with
+        // STAT4) the statement cache's clear_bindings expires the lookup and
+        // every file pays a new prepare (26 µs instead of 3 µs a lookup).
+        conn.set_db_config(rusqlite::config::DbConfig::SQLITE_DBCONFIG_ENABLE_QPSG, true)?;
         Ok(Reader { conn, run })
     }
 
     fn known(&self, key: FileKey) -> rusqlite::Result<Option<Known>> {
-        let mut st = self.conn.prepare_cached(&format!(
-            "SELECT f.id, {PATH_COLS}, f.size, f.mtime, f.ctime, f.hashed_run {FROM_FILES}
-             WHERE f.ino = ?1 AND d.dev = ?2 ORDER BY f.id LIMIT 1"
-        ))?;
+        let mut st = self.conn.prepare_cached(KNOWN)?;
         let mut rows = st.query(params![key.ino as i64, key.volume as i64])?;
         let Some(r) = rows.next()? else { return Ok(None) };
         let file = FileFacts {
@@ -71,6 +72,10 @@ fn warm(path: &Path) {
     // Without the thread the lookups are only slower.
     drop(spawned);
 }
+
+/// One known file by `(inode, volume key)`: through the `files_inode` index.
+const KNOWN: &str = "SELECT f.id, d.path, f.name, f.size, f.mtime, f.ctime, f.hashed_run \
+    FROM files f JOIN dirs d ON d.id = f.dir WHERE f.ino = ?1 AND d.dev = ?2 ORDER BY f.id LIMIT 1";
 
 impl Index for Reader {
     fn get(&self, key: FileKey) -> Result<Option<Known>, IndexError> {
