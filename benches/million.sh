@@ -4,8 +4,12 @@
 # no-change --incremental run <= 0.8x a cold `find`; database <= 60 bytes per
 # file plus the block data).
 #
-#   benches/million.sh [FILES] [--fs xfs|btrfs]     FILES default 1000000;
-#                                                    10M / 10000000 for the big run
+#   benches/million.sh [FILES] [--fs xfs|btrfs] [--bin PATH]...
+#                       FILES default 1000000; 10M / 10000000 for the big run.
+#                       --bin (repeatable): measure these binaries instead of
+#                       this tree's release build, one after the other on
+#                       the same files, each with a database of its own (A/B;
+#                       a later full run finds the files already shared).
 #
 # Creates a loop-mounted volume under /var/tmp (BENCH_WORK), fills it with
 # FILES small files (100 B - 4 KiB, a third of them a copy of an earlier
@@ -19,19 +23,22 @@
 # sparse image is written); btrfs keeps files under 2 KiB inline in its
 # metadata (10M files: ~15 GB). Creating 10M files takes 10-20 minutes.
 set -euo pipefail
-n=1000000 fs=xfs
+n=1000000 fs=xfs bins=()
 while [ $# -gt 0 ]; do
   case $1 in
     --fs) fs=${2:?}; shift ;;
-    -h | --help) sed -n '2,20p' "$0"; exit 0 ;;
+    --bin) bins+=("$(realpath "${2:?}")"); shift ;;
+    -h | --help) sed -n '2,24p' "$0"; exit 0 ;;
     *) n=$(numfmt --from=si "$1") ;;
   esac
   shift
 done
 case $fs in xfs | btrfs) ;; *) echo "million.sh: --fs xfs or btrfs" >&2; exit 2 ;; esac
 cd "$(dirname "$0")/.."
-cargo build --release --quiet --bin dedupscan
-bin=$PWD/target/release/dedupscan
+if [ ${#bins[@]} -eq 0 ]; then
+  cargo build --release --quiet --bin dedupscan
+  bins=("$PWD/target/release/dedupscan")
+fi
 work=$(mktemp -d "${BENCH_WORK:-/var/tmp}/dedupscan-million.XXXXXX")
 cleanup() { mountpoint -q "$work/mnt" && umount "$work/mnt"; rm -rf "$work"; }
 trap cleanup EXIT
@@ -75,12 +82,15 @@ measure() {
   last=$(secs "$work/time.txt")
   printf '%-30s wall %8.2f s   peak RSS %6d MB\n' "$label" "$last" $((rss / 1024))
 }
-db=$work/db.sqlite
 measure "cold find ($n files)" sh -c 'find "$1" -type f -printf "%s %T@ %C@ %i\n" > /dev/null' sh "$work/mnt/files"
 find_s=$last
-measure "full run" "$bin" "$work/mnt/files" --db "$db" --progress never -q
-measure "incremental, no change" "$bin" "$work/mnt/files" --db "$db" --incremental --progress never -q
-awk -v a="$last" -v b="$find_s" 'BEGIN {printf "incremental / cold find: %.2fx\n", a / b}'
-measure "report" "$bin" report --db "$db"
-bytes=$(( $(stat -c %s "$db") + $(stat -c %s "$db-wal" 2>/dev/null || echo 0) ))
-printf 'database: %d MB for %d files, %d bytes per file\n' $((bytes / 1048576)) "$n" $((bytes / n))
+for bin in "${bins[@]}"; do
+  echo "== $bin"
+  db=$work/db-$RANDOM.sqlite
+  measure "full run" "$bin" "$work/mnt/files" --db "$db" --progress never -q
+  measure "incremental, no change" "$bin" "$work/mnt/files" --db "$db" --incremental --progress never -q
+  awk -v a="$last" -v b="$find_s" 'BEGIN {printf "incremental / cold find: %.2fx\n", a / b}'
+  measure "report" "$bin" report --db "$db"
+  bytes=$(( $(stat -c %s "$db") + $(stat -c %s "$db-wal" 2>/dev/null || echo 0) ))
+  printf 'database: %d MB for %d files, %d bytes per file\n' $((bytes / 1048576)) "$n" $((bytes / n))
+done

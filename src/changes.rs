@@ -10,10 +10,10 @@
 //! asked through a [`Probe`], which the pipeline answers with opens below
 //! the starting paths and the tests with a table.
 
-use std::collections::{HashMap, HashSet};
+use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 
-use crate::file::{FileFacts, FileId, FileKey, Known};
+use crate::file::{FileFacts, FileId, FileKey, IdSet, Known};
 use crate::policy::SkipReason;
 
 /// Whether a known file can be trusted without reading it.
@@ -83,29 +83,73 @@ pub struct ChangeCounts {
     pub queued_bytes: u64,
 }
 
-/// Change detection, one file at a time as the crawl finds it.
-pub struct Classifier<'a> {
-    index: &'a HashMap<FileKey, Known>,
-    /// `false` (`--rehash`): every file is read again.
-    incremental: bool,
-    /// Known files seen by this crawl: `(volume key, ino)` → id.
-    seen: HashMap<FileKey, FileId>,
-    counts: ChangeCounts,
+/// An error of the [`Index`] (the database's, boxed: `changes` sits below
+/// `db`).
+pub type IndexError = Box<dyn std::error::Error + Send + Sync>;
+
+/// The files the database knows, asked one at a time: the crawl never
+/// holds a whole-volume index in memory (issue 14: memory flat in the
+/// number of files). The database answers with an indexed query per file,
+/// the tests with a map.
+pub trait Index {
+    /// The known file with this `(volume key, inode)`, if any.
+    fn get(&self, key: FileKey) -> Result<Option<Known>, IndexError>;
+    /// Every file known before this run (rows written by the run itself are
+    /// left out), streamed: `f` gets its id and recorded path.
+    fn each_known(&self, f: &mut dyn FnMut(FileId, &Path)) -> Result<(), IndexError>;
 }
 
-impl<'a> Classifier<'a> {
+impl Index for HashMap<FileKey, Known> {
+    fn get(&self, key: FileKey) -> Result<Option<Known>, IndexError> {
+        Ok(HashMap::get(self, &key).cloned())
+    }
+    fn each_known(&self, f: &mut dyn FnMut(FileId, &Path)) -> Result<(), IndexError> {
+        self.values().for_each(|k| f(k.id, &k.file.path));
+        Ok(())
+    }
+}
+
+impl<T: Index + ?Sized> Index for &T {
+    fn get(&self, key: FileKey) -> Result<Option<Known>, IndexError> {
+        (**self).get(key)
+    }
+    fn each_known(&self, f: &mut dyn FnMut(FileId, &Path)) -> Result<(), IndexError> {
+        (**self).each_known(f)
+    }
+}
+
+/// Change detection, one file at a time as the crawl finds it. Owns its
+/// index (the crawl thread takes it along; the removal pass after the crawl
+/// uses it too).
+pub struct Classifier<I: Index> {
+    index: I,
+    /// `false` (`--rehash`): every file is read again.
+    incremental: bool,
+    /// Known files seen by this crawl, by row id (a bitset).
+    seen: IdSet,
+    counts: ChangeCounts,
+    /// The first error the index met; the files it hit were taken as new.
+    error: Option<IndexError>,
+}
+
+impl<I: Index> Classifier<I> {
     /// Sort files against `index` (the database's known files). With
     /// `incremental` false every file is to be read.
-    pub fn new(index: &'a HashMap<FileKey, Known>, incremental: bool) -> Self {
-        Classifier { index, incremental, seen: HashMap::new(), counts: ChangeCounts::default() }
+    pub fn new(index: I, incremental: bool) -> Self {
+        Classifier { index, incremental, seen: IdSet::new(), counts: ChangeCounts::default(), error: None }
     }
 
     /// Sort one crawled file `c` (its `dev` is the volume key).
     pub fn sort(&mut self, mut c: FileFacts, probe: &dyn Probe) -> Sorted {
-        let key = c.key;
-        let known = self.index.get(&key);
-        if let Some(k) = known {
-            self.seen.insert(key, k.id);
+        let known = match self.index.get(c.key) {
+            Ok(k) => k,
+            Err(e) => {
+                self.error.get_or_insert(e);
+                None
+            }
+        };
+        if let Some(k) = &known {
+            self.seen.insert(k.id);
             if k.file.path != c.path && probe.same_inode(&k.file.path, &c) {
                 // A hard link: the crawl met the inode under another of its
                 // names first (the parallel crawl's order varies). Nothing
@@ -113,14 +157,14 @@ impl<'a> Classifier<'a> {
                 c.path = k.file.path.clone();
             }
         }
-        let sorted = match known {
+        let sorted = match &known {
             Some(k) if self.incremental && unchanged(k, &c) => {
                 if k.file.path == c.path {
                     Sorted::Unchanged
                 } else if let Err(r) = probe.may_move(&c) {
                     // Moved and marked nodedup (or gone): forgotten
                     // (pruned as unseen).
-                    self.seen.remove(&key);
+                    self.seen.remove(k.id);
                     self.counts.nodedup += u64::from(r == SkipReason::Nodedup);
                     return Sorted::Left(r);
                 } else {
@@ -149,20 +193,28 @@ impl<'a> Classifier<'a> {
     }
 
     /// Known files under `roots` that the crawl did not see: gone, or no
-    /// longer eligible. Only meaningful after a complete crawl.
-    pub fn removed(&self, roots: &[PathBuf]) -> Vec<FileId> {
-        let seen: HashSet<FileId> = self.seen.values().copied().collect();
-        self.index
-            .values()
-            .filter(|k| !seen.contains(&k.id) && roots.iter().any(|root| k.file.path.starts_with(root)))
-            .map(|k| k.id)
-            .collect()
+    /// longer eligible. Only meaningful after a complete crawl; streamed
+    /// from the index to `f`. Fails if the index failed during the crawl
+    /// (then nothing may be pruned).
+    pub fn removed(&mut self, roots: &[PathBuf], f: &mut dyn FnMut(FileId)) -> Result<(), IndexError> {
+        if let Some(e) = self.error.take() {
+            return Err(e);
+        }
+        let seen = &self.seen;
+        self.index.each_known(&mut |id, path| {
+            if !seen.contains(id) && roots.iter().any(|root| path.starts_with(root)) {
+                f(id)
+            }
+        })
     }
 
-    /// The known files seen by the crawl (`(volume key, ino)` → id) and the
-    /// counts.
-    pub fn finish(self) -> (HashMap<FileKey, FileId>, ChangeCounts) {
-        (self.seen, self.counts)
+    /// The known files seen by the crawl and the counts; an error if the
+    /// index failed.
+    pub fn finish(self) -> Result<(IdSet, ChangeCounts), IndexError> {
+        match self.error {
+            Some(e) => Err(e),
+            None => Ok((self.seen, self.counts)),
+        }
     }
 }
 
@@ -210,6 +262,12 @@ mod tests {
             .collect()
     }
 
+    fn removed(cls: &mut Classifier<&HashMap<FileKey, Known>>, root: &str) -> Vec<FileId> {
+        let mut out = Vec::new();
+        cls.removed(&[PathBuf::from(root)], &mut |id| out.push(id)).unwrap();
+        out
+    }
+
     #[derive(Debug, PartialEq)]
     enum Want {
         Unchanged,
@@ -249,7 +307,7 @@ mod tests {
             assert_eq!(want(&cls.sort(c, &Table::default())), verdict, "{case}");
             let n = cls.counts();
             assert_eq!((n.files, n.unchanged, n.renamed, n.queued_files), (1, unchanged, renamed, queued), "{case}");
-            let gone: Vec<_> = cls.removed(&[PathBuf::from("/v")]);
+            let gone = removed(&mut cls, "/v");
             let new_inode = case == "new inode";
             assert_eq!(gone, if new_inode { vec![FileId(1)] } else { vec![] }, "{case}");
         }
@@ -265,11 +323,11 @@ mod tests {
         assert_eq!(cls.sort(found(10, "/v/link", 100, 7, 8), &probe), Sorted::Unchanged);
         let n = cls.counts().clone();
         assert_eq!((n.files, n.unchanged, n.renamed, n.queued_files), (1, 1, 0, 0));
-        assert!(cls.removed(&[PathBuf::from("/v")]).is_empty());
+        assert!(removed(&mut cls, "/v").is_empty());
         // Changed, it is read under its recorded name, as the known row.
         let mut cls = Classifier::new(&idx, true);
         assert_eq!(want(&cls.sort(found(10, "/v/link", 200, 7, 9), &probe)), Want::Hash(Some(1), "/v/a"));
-        assert!(cls.removed(&[PathBuf::from("/v")]).is_empty());
+        assert!(removed(&mut cls, "/v").is_empty());
     }
 
     #[test]
@@ -281,8 +339,8 @@ mod tests {
         let n = cls.counts();
         assert_eq!((n.files, n.nodedup, n.renamed), (0, 1, 0));
         // Pruned as unseen; a known file outside the scanned roots is not.
-        assert_eq!(cls.removed(&[PathBuf::from("/v")]), vec![FileId(1)]);
-        let (seen, _) = cls.finish();
+        assert_eq!(removed(&mut cls, "/v"), vec![FileId(1)]);
+        let (seen, _) = cls.finish().unwrap();
         assert!(seen.is_empty());
     }
 }

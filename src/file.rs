@@ -124,6 +124,61 @@ pub struct Known {
     pub hashed_run: i64,
 }
 
+/// A set of file ids as a bitset indexed by row id: row ids are dense
+/// integers, so ten million files cost 1.25 MB (a `HashSet<FileId>` of them
+/// would cost hundreds). What a run saw, and which files a plan may use,
+/// are kept this way so that memory stays flat in the number of files.
+#[derive(Debug, Clone, Default)]
+pub struct IdSet {
+    words: Vec<u64>,
+}
+
+impl IdSet {
+    /// An empty set.
+    pub fn new() -> IdSet {
+        IdSet::default()
+    }
+
+    /// Add `id` (ids below 0 are not row ids and are ignored).
+    pub fn insert(&mut self, id: FileId) {
+        let Ok(i) = usize::try_from(id.0) else { return };
+        if i / 64 >= self.words.len() {
+            self.words.resize(i / 64 + 1, 0);
+        }
+        self.words[i / 64] |= 1 << (i % 64);
+    }
+
+    /// Remove `id`.
+    pub fn remove(&mut self, id: FileId) {
+        if let Some(w) = usize::try_from(id.0).ok().and_then(|i| self.words.get_mut(i / 64).map(|w| (w, i))) {
+            *w.0 &= !(1 << (w.1 % 64));
+        }
+    }
+
+    /// Whether `id` is in the set.
+    pub fn contains(&self, id: FileId) -> bool {
+        usize::try_from(id.0).ok().and_then(|i| self.words.get(i / 64).map(|w| w >> (i % 64) & 1 == 1)) == Some(true)
+    }
+
+    /// How many ids the set holds.
+    pub fn len(&self) -> u64 {
+        self.words.iter().map(|w| u64::from(w.count_ones())).sum()
+    }
+
+    /// Whether the set is empty.
+    pub fn is_empty(&self) -> bool {
+        self.words.iter().all(|&w| w == 0)
+    }
+}
+
+impl FromIterator<FileId> for IdSet {
+    fn from_iter<I: IntoIterator<Item = FileId>>(iter: I) -> IdSet {
+        let mut s = IdSet::new();
+        iter.into_iter().for_each(|id| s.insert(id));
+        s
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -138,5 +193,15 @@ mod tests {
         let (a, b) = (1_700_000_000i64, 1_700_000_000i64 - (1 << 23));
         assert_eq!((a * 1_000_000_000) as u32, (b * 1_000_000_000) as u32);
         assert_ne!(time_tag(a, 0), time_tag(b, 0));
+    }
+
+    #[test]
+    fn id_sets_hold_dense_row_ids() {
+        let mut s: IdSet = [FileId(1), FileId(64), FileId(200)].into_iter().collect();
+        assert!(s.contains(FileId(64)) && !s.contains(FileId(63)) && !s.contains(FileId(10_000)));
+        assert!(!s.contains(FileId(-1)));
+        s.remove(FileId(64));
+        s.remove(FileId(1 << 40));
+        assert_eq!((s.len(), s.contains(FileId(64)), s.contains(FileId(200))), (2, false, true));
     }
 }

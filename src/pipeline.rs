@@ -186,9 +186,7 @@ fn plan_phase(
     let t = Instant::now();
     progress.phase("2/3 plan", None, false);
     // Files of this run, as recorded (the facts they were hashed under).
-    let failed = &scanned.hashed.failed;
-    let allowed: HashSet<FileId> =
-        scanned.ids.iter().filter(|(key, _)| !failed.contains(key)).map(|(_, id)| *id).collect();
+    let allowed = &scanned.seen;
     // Incremental: everything hashed before the last complete sharing run
     // was matched then; plan only the groups that hold a newer file.
     let last_share: Option<i64> = db.meta(LAST_SHARE_RUN)?.and_then(|v| v.parse().ok());
@@ -204,10 +202,10 @@ fn plan_phase(
     let retry = |p: &&PendingRow| p.1 != pinned || !still_shared(&job.tree, pinned_facts.get(&p.0));
     let fresh = match (job.scan.incremental, last_share) {
         (true, Some(last)) => Some(
-            (scanned.hashed_runs.iter().filter(|(_, run)| *run > last).map(|(id, _)| *id))
-                .chain(scanned.written.hashed.iter().copied())
+            // Hashed since (this run's files included), by the database.
+            (db.hashed_after(last)?.into_iter())
                 .chain(pending.iter().filter(retry).map(|p| p.0))
-                .filter(|id| allowed.contains(id))
+                .filter(|&id| allowed.contains(id))
                 .collect::<HashSet<_>>(),
         ),
         _ => None,
@@ -224,7 +222,7 @@ fn plan_phase(
     };
     let root = job.scan.paths.first().expect("a path");
     let free_before = (!cfg.dry_run && job.scan.fs.kind != FsKind::Other).then(|| FreeSpace::start(root.clone()));
-    let from_db = crate::plan::from_db(db, &allowed, fresh.as_ref(), opts)?;
+    let from_db = crate::plan::from_db(db, allowed, fresh.as_ref(), opts)?;
     let (plan, whole_groups) = (from_db.plan, from_db.whole_groups.len());
     let files = db.file_facts(plan.ranges.iter().flat_map(|r| [r.src, r.dest]).collect::<HashSet<_>>())?;
     progress.finish_phase(&format!(

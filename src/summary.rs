@@ -236,11 +236,11 @@ fn roll_up(by_dir: HashMap<PathBuf, u64>, root: &Path) -> HashMap<PathBuf, u64> 
     out
 }
 
-/// The deepest directory containing every path.
-fn common_dir<'a>(mut paths: impl Iterator<Item = &'a Path>) -> PathBuf {
-    let Some(first) = paths.next() else { return PathBuf::new() };
-    let mut root = first.parent().unwrap_or(first).to_owned();
-    for p in paths {
+/// The deepest directory containing every directory of `dirs`.
+fn common_dir<'a>(mut dirs: impl Iterator<Item = &'a Path>) -> PathBuf {
+    let Some(first) = dirs.next() else { return PathBuf::new() };
+    let mut root = first.to_owned();
+    for p in dirs {
         while !p.starts_with(&root) {
             if !root.pop() {
                 return PathBuf::from("/");
@@ -253,15 +253,22 @@ fn common_dir<'a>(mut paths: impl Iterator<Item = &'a Path>) -> PathBuf {
 /// Plan over every known file and measure each range with FIEMAP.
 fn live_status(db: &Db, block_size: u64, progress: &dyn Progress, list: bool) -> Result<Live> {
     progress.phase("report: reading the database", None, false);
-    let index = db.load_index()?;
-    let files: HashMap<FileId, FileFacts> = index.into_values().map(|k| (k.id, k.file)).collect();
-    let allowed: HashSet<FileId> = files.keys().copied().collect();
+    // Memory flat in the number of files (issue 14): a bitset of the known
+    // ids, the recorded facts only of the files the plan names, and the
+    // space on disk measured from rows streamed from the database.
+    let allowed = db.all_ids()?;
     let opts = PlanOptions { block_size, ..Default::default() };
     progress.phase("report: planning", None, false);
     let planned = crate::plan::from_db(db, &allowed, None, opts)?;
+    drop(allowed);
     progress.finish_phase("");
     let plan = planned.plan;
-    let (on_disk, allocated) = disk_usage(&files, progress);
+    let named = plan.ranges.iter().flat_map(|r| [r.src, r.dest]);
+    let files = db.file_facts(named.chain(planned.whole_groups.iter().map(|g| g[0])).collect::<HashSet<_>>())?;
+    // The deepest directory holding every known file (dirs hold files).
+    let dirs = db.dir_paths()?;
+    let root = common_dir(dirs.iter().map(|d| d.as_path()));
+    let (on_disk, allocated) = disk_usage(db, dirs, progress)?;
     let status = measure_ranges(&plan, &files, block_size, progress);
     let mut live = Live {
         allocated,
@@ -281,7 +288,7 @@ fn live_status(db: &Db, block_size: u64, progress: &dyn Progress, list: bool) ->
         live.whole_dup_files += copies;
         live.whole_dup_bytes += copies * files[&g[0]].size;
     }
-    tally(&mut live, &plan, status, &files);
+    tally(&mut live, &plan, status, &files, &root);
     Ok(live)
 }
 
@@ -338,7 +345,7 @@ fn listed_ranges(plan: &Plan, status: &[RangeState], files: &HashMap<FileId, Fil
 
 /// Add up the ranges' states into `live`: byte totals, the sources and
 /// directories with the most unshared bytes.
-fn tally(live: &mut Live, plan: &Plan, status: Vec<RangeState>, files: &HashMap<FileId, FileFacts>) {
+fn tally(live: &mut Live, plan: &Plan, status: Vec<RangeState>, files: &HashMap<FileId, FileFacts>, root: &Path) {
     let mut by_src: HashMap<FileId, (u64, HashSet<FileId>)> = HashMap::new();
     let mut by_dir: HashMap<PathBuf, u64> = HashMap::new();
     for (r, st) in plan.ranges.iter().zip(status) {
@@ -372,14 +379,13 @@ fn tally(live: &mut Live, plan: &Plan, status: Vec<RangeState>, files: &HashMap<
     groups.sort_by(|a, b| b.unshared_bytes.cmp(&a.unshared_bytes).then_with(|| a.source.cmp(&b.source)));
     groups.truncate(TOP);
     live.groups = groups;
-    live.dirs = top_dirs(by_dir, files);
+    live.dirs = top_dirs(by_dir, root);
 }
 
 /// The [`TOP`] directories holding the most unshared bytes, everything
 /// below each counted (like `du`).
-fn top_dirs(by_dir: HashMap<PathBuf, u64>, files: &HashMap<FileId, FileFacts>) -> Vec<RemainingDir> {
-    let root = common_dir(files.values().map(|c| c.path.as_path()));
-    let mut dirs: Vec<RemainingDir> = roll_up(by_dir, &root)
+fn top_dirs(by_dir: HashMap<PathBuf, u64>, root: &Path) -> Vec<RemainingDir> {
+    let mut dirs: Vec<RemainingDir> = roll_up(by_dir, root)
         .into_iter()
         .map(|(d, bytes)| RemainingDir { directory: display_path(&d), unshared_bytes: bytes })
         .collect();

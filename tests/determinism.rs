@@ -12,7 +12,6 @@
 
 mod common;
 
-use std::collections::HashSet;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
@@ -102,9 +101,9 @@ fn run_on_copy(pristine: &Path, work: &Path, n: usize, threads: &str, rename: bo
     let freed = report["freed_bytes"].as_i64().unwrap().max(0) as u64;
     // The plan the run used, rebuilt from its database.
     let db = Db::open_for_report(&db).unwrap();
-    let all: HashSet<_> = db.load_index().unwrap().values().map(|k| k.id).collect();
+    let all = db.all_ids().unwrap();
     let planned = plan::from_db(&db, &all, None, PlanOptions::default()).unwrap();
-    let facts = db.file_facts(all.iter().copied()).unwrap();
+    let facts = db.file_facts(planned.plan.ranges.iter().flat_map(|r| [r.src, r.dest])).unwrap();
     let mut plan: Vec<Key> = planned
         .plan
         .ranges

@@ -12,6 +12,7 @@
 pub mod explain;
 pub mod maps;
 pub mod migrate;
+pub mod reader;
 pub mod summary;
 pub mod writer;
 
@@ -137,25 +138,6 @@ impl Db {
     /// Set a value of the `meta` table.
     pub fn set_meta(&self, key: &str, value: &str) -> rusqlite::Result<()> {
         self.conn.execute("INSERT OR REPLACE INTO meta (key, value) VALUES (?1, ?2)", [key, value]).map(drop)
-    }
-
-    /// Every known file, keyed by (volume key, inode).
-    pub fn load_index(&self) -> rusqlite::Result<HashMap<FileKey, Known>> {
-        let mut st = self.conn.prepare(&format!(
-            "SELECT f.id, d.dev, f.ino, {PATH_COLS}, f.size, f.mtime, f.ctime, f.hashed_run {FROM_FILES}"
-        ))?;
-        let rows = st.query_map([], |r| {
-            let key = FileKey { volume: r.get::<_, i64>(1)? as u64, ino: r.get::<_, i64>(2)? as u64 };
-            let file = FileFacts {
-                path: join_path(r.get_ref(3)?.as_blob()?, r.get_ref(4)?.as_blob()?),
-                key,
-                size: r.get::<_, i64>(5)? as u64,
-                mtime: r.get(6)?,
-                ctime: r.get(7)?,
-            };
-            Ok((key, Known { id: r.get(0)?, file, hashed_run: r.get(8)? }))
-        })?;
-        rows.collect()
     }
 
     /// Destinations left for a later run (out of space, or extents pinned
@@ -449,7 +431,8 @@ mod tests {
         let (db, _) = write(db, 1, vec![hashed(None, 1, "/v/a", &map(1, 2))]);
         let a = id_of(&db, 1);
         let (db, _) = write(db, 2, vec![WriteOp::Renamed { id: a, dev: 1, path: "/w/x/b".into(), ctime: 9 }]);
-        let k = &db.load_index().unwrap()[&FileKey { volume: 1, ino: 1 }];
+        use crate::changes::Index;
+        let k = reader::Reader::open(&db.path, 0).unwrap().get(FileKey { volume: 1, ino: 1 }).unwrap().unwrap();
         assert_eq!((k.file.path.as_path(), k.file.ctime, k.hashed_run), (Path::new("/w/x/b"), 9, 1));
         let n: i64 = db.conn.query_row("SELECT count(*) FROM dirs", [], |r| r.get(0)).unwrap();
         assert_eq!(n, 1);

@@ -16,7 +16,7 @@ use rusqlite::{params, Connection};
 
 use super::{file_map, path_bytes, Db, TWIN_MIN_MAP};
 
-use crate::file::{FileId, FileKey, TimeTag};
+use crate::file::{FileId, TimeTag};
 use crate::hash::FileHash;
 
 /// Files per transaction at most.
@@ -65,13 +65,15 @@ pub enum WriteOp {
     },
 }
 
-/// What the writer did, for the rest of the run.
+/// What the writer did, for the rest of the run. Counts only: the rows of
+/// this run are found in the database by their `hashed_run` (a list of ids
+/// would grow with the number of files; issue 14).
 #[derive(Debug, Default)]
 pub struct Written {
-    /// Ids given to files that had no row, by key.
-    pub new_ids: Vec<(FileKey, FileId)>,
-    /// Every file hashed by this run (new rows and replaced ones).
-    pub hashed: Vec<FileId>,
+    /// Files that had no row.
+    pub new_files: u64,
+    /// Files hashed by this run (new rows and replaced ones).
+    pub hashed: u64,
 }
 
 /// The writer's state: the run it marks rows with, what it did, and the
@@ -231,11 +233,10 @@ impl Writer {
                     stored,
                 ])?;
                 let id = id.unwrap_or_else(|| {
-                    let id = FileId(conn.last_insert_rowid());
-                    self.out.new_ids.push((FileKey { volume: dev, ino }, id));
-                    id
+                    self.out.new_files += 1;
+                    FileId(conn.last_insert_rowid())
                 });
-                self.out.hashed.push(id);
+                self.out.hashed += 1;
                 if sharable && holder.is_none() {
                     self.holders.insert(key, id);
                     self.holder_keys.insert(id, key);

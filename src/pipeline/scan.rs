@@ -2,7 +2,6 @@
 //! database writer thread, overlapped. Change detection ([`crate::changes`])
 //! sorts each file on the crawler thread as it is found.
 
-use std::collections::HashMap;
 use std::os::fd::AsFd;
 use std::os::unix::fs::MetadataExt;
 use std::path::Path;
@@ -14,14 +13,15 @@ use anyhow::{Context, Result};
 
 use super::{ms, Job};
 use crate::changes::{ChangeCounts, Classifier, Probe, Sorted};
-use crate::db::writer::{self, WriteOp, Written, CHANNEL_CAP};
-use crate::db::{Db, Known};
+use crate::db::reader::Reader;
+use crate::db::writer::{self, WriteOp, CHANNEL_CAP};
+use crate::db::Db;
 use crate::display::human;
 use crate::hash::pool::{self, HashOutcome, Hashed, PoolOptions, HASH_QUEUE};
 use crate::policy::SkipReason;
 use crate::progress::Progress;
 
-use crate::file::{FileFacts, FileId, FileKey};
+use crate::file::{FileFacts, FileId, IdSet};
 use crate::sys;
 use crate::walk::{self, WalkResult};
 
@@ -41,12 +41,10 @@ pub(super) struct ScanOutcome {
     pub(super) walk_ms: u64,
     /// How long the whole phase took (the report's `hash_ms`).
     pub(super) scan_ms: u64,
-    /// Files seen by this run: `(volume key, ino)` → id.
-    pub(super) ids: HashMap<FileKey, FileId>,
-    /// Which run hashed each file known before this run (incremental runs).
-    pub(super) hashed_runs: Vec<(FileId, i64)>,
-    /// Files hashed by this run.
-    pub(super) written: Written,
+    /// Files of this run that the plan may use: the known files the crawl
+    /// saw and the files it hashed, minus those that failed to hash. A
+    /// bitset by row id: memory flat in the number of files.
+    pub(super) seen: IdSet,
 }
 
 impl ScanOutcome {
@@ -69,7 +67,9 @@ pub(super) fn scan_phase(
     progress: &dyn Progress,
     stop: &AtomicBool,
 ) -> Result<(Db, ScanOutcome)> {
-    let index = db.load_index()?;
+    // Change detection asks the database file by file, on a connection of
+    // its own: no index of known files in memory.
+    let index = Reader::open(&db.path, run_id)?;
     let t = Instant::now();
     progress.phase("1/3 scan", None, true);
     let (tx, rx) = sync_channel::<WriteOp>(CHANNEL_CAP);
@@ -77,7 +77,7 @@ pub(super) fn scan_phase(
         .name("db-writer".into())
         .spawn(move || writer::run(db, run_id, rx))
         .context("cannot start the database writer")?;
-    let (crawled, hashed) = crawl_and_hash(job, &index, &tx, progress, stop)?;
+    let (mut crawled, hashed) = crawl_and_hash(job, index, &tx, progress, stop)?;
     let interrupted = stop.load(Ordering::Relaxed);
     let mut removed = 0;
     if !interrupted {
@@ -87,36 +87,26 @@ pub(super) fn scan_phase(
         // Known files under the scanned paths that were not seen are gone
         // (or no longer eligible). A stopped crawl did not see everything:
         // it prunes nothing.
-        for id in crawled.classifier.removed(&job.scan.paths) {
+        let pruned = crawled.classifier.removed(&job.scan.paths, &mut |id| {
             removed += 1;
             tx.send(WriteOp::Removed { id }).ok();
-        }
+        });
+        pruned.map_err(|e| anyhow::anyhow!("reading the database: {e}"))?;
     }
     drop(tx);
     let (walked, walk_ms) = (crawled.walked, crawled.walk_ms);
-    let (ids, changes) = crawled.classifier.finish();
-    let (db, written) =
+    let (mut seen, changes) = crawled.classifier.finish().map_err(|e| anyhow::anyhow!("reading the database: {e}"))?;
+    let (db, _) =
         writer.join().map_err(|_| anyhow::anyhow!("database writer panicked"))?.context("writing the database")?;
-    let mut ids = ids;
-    ids.extend(written.new_ids.iter().copied());
-    // The index of known files (a path per file) is done with: free it
-    // before planning and sharing. An incremental plan keeps which run
-    // hashed each file.
-    let hashed_runs =
-        if job.scan.incremental { index.values().map(|k| (k.id, k.hashed_run)).collect() } else { vec![] };
-    drop(index);
-    let out = ScanOutcome {
-        walked,
-        changes,
-        hashed,
-        removed,
-        interrupted,
-        walk_ms,
-        scan_ms: ms(t),
-        ids,
-        hashed_runs,
-        written,
-    };
+    // The plan may use what the crawl saw and what this run hashed, not
+    // the files that failed to hash.
+    db.add_run_files(run_id, &mut seen)?;
+    for key in &hashed.failed {
+        if let Some(id) = db.id_of(*key)? {
+            seen.remove(id);
+        }
+    }
+    let out = ScanOutcome { walked, changes, hashed, removed, interrupted, walk_ms, scan_ms: ms(t), seen };
     progress.finish_phase(&format!(
         "1/3 scan: {} files, {} hashed, {} read",
         out.files_scanned(),
@@ -127,21 +117,21 @@ pub(super) fn scan_phase(
 }
 
 /// What the crawler thread leaves.
-struct Crawled<'a> {
+struct Crawled {
     pub(super) walked: WalkResult,
-    classifier: Classifier<'a>,
+    classifier: Classifier<Reader>,
     pub(super) walk_ms: u64,
 }
 
 /// Run the crawl (on its own thread, sorting files as found) and the
 /// hashing pool (on this one) together.
-fn crawl_and_hash<'i>(
+fn crawl_and_hash(
     job: &Job,
-    index: &'i HashMap<FileKey, Known>,
+    index: Reader,
     writes: &SyncSender<WriteOp>,
     progress: &dyn Progress,
     stop: &AtomicBool,
-) -> Result<(Crawled<'i>, HashOutcome)> {
+) -> Result<(Crawled, HashOutcome)> {
     let (hash_tx, hash_rx) = sync_channel::<(FileFacts, Option<FileId>)>(HASH_QUEUE);
     let opts = PoolOptions {
         threads: job.scan.threads,
@@ -177,14 +167,14 @@ fn crawl_and_hash<'i>(
 
 /// The crawl: every file found is sorted by change detection; a move goes
 /// to the database writer, a file to read to the hashing pool.
-fn crawl<'i>(
+fn crawl(
     job: &Job,
-    index: &'i HashMap<FileKey, Known>,
+    index: Reader,
     writes: &SyncSender<WriteOp>,
     to_hash: SyncSender<(FileFacts, Option<FileId>)>,
     progress: &dyn Progress,
     stop: &AtomicBool,
-) -> Crawled<'i> {
+) -> Crawled {
     let t = Instant::now();
     let mut classifier = Classifier::new(index, job.scan.incremental);
     // `st_dev` → volume key (btrfs subvolume id): files are known by

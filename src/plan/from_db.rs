@@ -6,7 +6,7 @@ use std::collections::HashSet;
 use super::group::{self, MapPass, SliceGrouper};
 use super::{plan, Plan, PlanFile, PlanOptions};
 use crate::db::Db;
-use crate::file::FileId;
+use crate::file::{FileId, IdSet};
 
 /// A plan built from the database.
 #[derive(Debug, Default)]
@@ -27,7 +27,7 @@ pub struct Planned {
 /// orders everything by content (see [`plan`]).
 pub fn from_db(
     db: &Db,
-    allowed: &HashSet<FileId>,
+    allowed: &IdSet,
     fresh: Option<&HashSet<FileId>>,
     opts: PlanOptions,
 ) -> rusqlite::Result<Planned> {
@@ -35,7 +35,7 @@ pub fn from_db(
     let _snapshot = db.snapshot()?;
     let mut pass = MapPass::default();
     db.for_each_map(
-        |id| allowed.contains(&id),
+        |id| allowed.contains(id),
         |id, size, map| pass.add(id, size, map, fresh.is_some_and(|f| f.contains(&id))),
     )?;
     let mut whole = group::group_whole_files(std::mem::take(&mut pass.whole_keys));
@@ -45,7 +45,7 @@ pub fn from_db(
     let mut blocks = Vec::new();
     for slice in 0..slices {
         let mut g = SliceGrouper::new(slice, slices, keys);
-        db.for_each_map(|id| allowed.contains(&id) && !covered.contains(&id), |id, _, map| g.add(id, map))?;
+        db.for_each_map(|id| allowed.contains(id) && !covered.contains(&id), |id, _, map| g.add(id, map))?;
         g.finish(&mut blocks);
     }
     if let Some(fresh) = fresh {

@@ -1,0 +1,211 @@
+//! Reads that stream, so that memory stays flat in the number of files
+//! (issue 14): the crawl's per-file lookups on a read connection of its own
+//! ([`Reader`], beside the writer thread's connection: WAL readers never
+//! block it), and whole-table passes that hand rows to a callback instead
+//! of collecting them.
+
+use std::path::{Path, PathBuf};
+
+use rusqlite::{params, Connection};
+
+use super::{join_path, Db, DbError, FROM_FILES, PATH_COLS};
+use crate::changes::{Index, IndexError};
+use crate::file::{FileFacts, FileId, FileKey, IdSet, Known};
+
+/// A read-only connection for change detection during a scan: files are
+/// looked up one at a time by `(volume key, inode)` (indexed), never loaded
+/// all at once.
+pub struct Reader {
+    conn: Connection,
+    /// The run scanning: rows it writes meanwhile are not "known before".
+    run: i64,
+}
+
+impl Reader {
+    /// A second, read-only connection to the database at `path`, for run
+    /// `run`.
+    pub fn open(path: &Path, run: i64) -> Result<Reader, DbError> {
+        let conn = Db::open_readonly(path)?;
+        warm(path);
+        // A bounded page cache (16 MiB): lookups follow the crawl, which
+        // meets files in about the order their rows were written.
+        conn.pragma_update(None, "cache_size", -16384)?;
+        // One plan whatever the values bound: otherwise (SQLite built with
+        // STAT4) the statement cache's clear_bindings expires the lookup and
+        // every file pays a new prepare (26 µs instead of 3 µs a lookup).
+        conn.set_db_config(rusqlite::config::DbConfig::SQLITE_DBCONFIG_ENABLE_QPSG, true)?;
+        Ok(Reader { conn, run })
+    }
+
+    fn known(&self, key: FileKey) -> rusqlite::Result<Option<Known>> {
+        let mut st = self.conn.prepare_cached(KNOWN)?;
+        let mut rows = st.query(params![key.ino as i64, key.volume as i64])?;
+        let Some(r) = rows.next()? else { return Ok(None) };
+        let file = FileFacts {
+            path: join_path(r.get_ref(1)?.as_blob()?, r.get_ref(2)?.as_blob()?),
+            key,
+            size: r.get::<_, i64>(3)? as u64,
+            mtime: r.get(4)?,
+            ctime: r.get(5)?,
+        };
+        Ok(Some(Known { id: r.get(0)?, file, hashed_run: r.get(6)? }))
+    }
+}
+
+/// Read the database file (and its WAL) once, sequentially, on a thread of
+/// its own, into the page cache (not into this process: nothing is kept).
+/// The crawl's lookups then cost no random read each: on a cold cache they
+/// made a no-change run of a million files five times slower (56 s against
+/// 11 s for the old whole-index load, which read the table in one pass).
+fn warm(path: &Path) {
+    let mut wal = path.as_os_str().to_owned();
+    wal.push("-wal");
+    let files = [path.to_owned(), PathBuf::from(wal)];
+    let spawned = std::thread::Builder::new().name("db-warm".into()).spawn(move || {
+        use std::io::Read;
+        let mut buf = vec![0u8; 1 << 20];
+        for p in files {
+            let Ok(mut f) = std::fs::File::open(p) else { continue };
+            while matches!(f.read(&mut buf), Ok(n) if n > 0) {}
+        }
+    });
+    // Without the thread the lookups are only slower.
+    drop(spawned);
+}
+
+/// One known file by `(inode, volume key)`: through the `files_inode` index.
+const KNOWN: &str = "SELECT f.id, d.path, f.name, f.size, f.mtime, f.ctime, f.hashed_run \
+    FROM files f JOIN dirs d ON d.id = f.dir WHERE f.ino = ?1 AND d.dev = ?2 ORDER BY f.id LIMIT 1";
+
+impl Index for Reader {
+    fn get(&self, key: FileKey) -> Result<Option<Known>, IndexError> {
+        Ok(self.known(key)?)
+    }
+
+    fn each_known(&self, f: &mut dyn FnMut(FileId, &Path)) -> Result<(), IndexError> {
+        let mut st = self.conn.prepare(&format!("SELECT f.id, {PATH_COLS} {FROM_FILES} WHERE f.hashed_run != ?1"))?;
+        let mut rows = st.query([self.run])?;
+        while let Some(r) = rows.next()? {
+            f(r.get(0)?, &join_path(r.get_ref(1)?.as_blob()?, r.get_ref(2)?.as_blob()?));
+        }
+        Ok(())
+    }
+}
+
+impl Db {
+    /// Add to `set` every file hashed by run `run`, and return how many.
+    pub fn add_run_files(&self, run: i64, set: &mut IdSet) -> rusqlite::Result<u64> {
+        let mut st = self.conn.prepare("SELECT id FROM files WHERE hashed_run = ?1")?;
+        let mut rows = st.query([run])?;
+        let mut n = 0;
+        while let Some(r) = rows.next()? {
+            set.insert(r.get(0)?);
+            n += 1;
+        }
+        Ok(n)
+    }
+
+    /// Files hashed after run `run` (this run's included).
+    pub fn hashed_after(&self, run: i64) -> rusqlite::Result<Vec<FileId>> {
+        let mut st = self.conn.prepare("SELECT id FROM files WHERE hashed_run > ?1")?;
+        let rows = st.query_map([run], |r| r.get(0))?;
+        rows.collect()
+    }
+
+    /// The row of the file with this `(volume key, inode)`, if known.
+    pub fn id_of(&self, key: FileKey) -> rusqlite::Result<Option<FileId>> {
+        let mut st = self
+            .conn
+            .prepare_cached("SELECT f.id FROM files f JOIN dirs d ON d.id = f.dir WHERE f.ino = ?1 AND d.dev = ?2")?;
+        let mut rows = st.query(params![key.ino as i64, key.volume as i64])?;
+        rows.next()?.map(|r| r.get(0)).transpose()
+    }
+
+    /// Every known file's id.
+    pub fn all_ids(&self) -> rusqlite::Result<IdSet> {
+        let mut st = self.conn.prepare("SELECT id FROM files")?;
+        let rows = st.query_map([], |r| r.get(0))?;
+        rows.collect()
+    }
+
+    /// Every known file's recorded facts, `chunk` at a time, in row order
+    /// (about the order the crawl found them: a chunk shares few
+    /// directories).
+    pub fn for_each_facts(&self, chunk: usize, mut f: impl FnMut(Vec<FileFacts>)) -> rusqlite::Result<()> {
+        let mut st =
+            self.conn.prepare(&format!("SELECT {PATH_COLS}, d.dev, f.ino, f.size, f.mtime, f.ctime {FROM_FILES}"))?;
+        let mut rows = st.query([])?;
+        let mut batch = Vec::with_capacity(chunk);
+        while let Some(r) = rows.next()? {
+            batch.push(FileFacts {
+                path: join_path(r.get_ref(0)?.as_blob()?, r.get_ref(1)?.as_blob()?),
+                key: FileKey { volume: r.get::<_, i64>(2)? as u64, ino: r.get::<_, i64>(3)? as u64 },
+                size: r.get::<_, i64>(4)? as u64,
+                mtime: r.get(5)?,
+                ctime: r.get(6)?,
+            });
+            if batch.len() == chunk {
+                f(std::mem::replace(&mut batch, Vec::with_capacity(chunk)));
+            }
+        }
+        if !batch.is_empty() {
+            f(batch);
+        }
+        Ok(())
+    }
+
+    /// The directory paths of the known files, once each.
+    pub fn dir_paths(&self) -> rusqlite::Result<Vec<PathBuf>> {
+        let mut st = self.conn.prepare("SELECT path FROM dirs")?;
+        let rows = st.query_map([], |r| Ok(join_path(r.get_ref(0)?.as_blob()?, b"")))?;
+        rows.collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::db::writer::{self, WriteOp};
+    use crate::hash::FileHash;
+
+    fn hashed(dev: u64, ino: u64, path: &str) -> WriteOp {
+        let map = crate::blockmap::BlockMap::from_fps(&[ino << 36 | 1 << 32]);
+        let hash = FileHash { size: 4096, map, bytes_read: 0, bytes_reused: 0, cached: Vec::new() };
+        WriteOp::Hashed { id: None, dev, ino, path: path.into(), mtime: 3, ctime: 4, hash }
+    }
+
+    fn write(db: Db, run: i64, ops: Vec<WriteOp>) -> Db {
+        let (tx, rx) = std::sync::mpsc::sync_channel(ops.len() + 1);
+        ops.into_iter().for_each(|op| tx.send(op).unwrap());
+        drop(tx);
+        writer::run(db, run, rx).unwrap().0
+    }
+
+    #[test]
+    fn files_are_found_by_volume_and_inode_and_this_runs_rows_are_not_known_before() {
+        let dir = tempfile::tempdir().unwrap();
+        let db = Db::open(&dir.path().join("db"), "fs").unwrap();
+        let db = write(db, 1, vec![hashed(1, 10, "/v/a"), hashed(2, 10, "/w/b")]);
+        let db = write(db, 2, vec![hashed(1, 11, "/v/c")]);
+        let r = Reader::open(&db.path, 2).unwrap();
+        let a = r.get(FileKey { volume: 1, ino: 10 }).unwrap().unwrap();
+        let b = r.get(FileKey { volume: 2, ino: 10 }).unwrap().unwrap();
+        assert_eq!((a.file.path.as_path(), a.file.size, a.file.mtime, a.hashed_run), (Path::new("/v/a"), 4096, 3, 1));
+        assert_eq!(b.file.path, Path::new("/w/b"));
+        assert!(r.get(FileKey { volume: 3, ino: 10 }).unwrap().is_none());
+        let mut known = Vec::new();
+        r.each_known(&mut |id, p| known.push((id, p.to_owned()))).unwrap();
+        known.sort();
+        assert_eq!(known, vec![(a.id, PathBuf::from("/v/a")), (b.id, PathBuf::from("/w/b"))]);
+        // The plan's set: the rows of run 2, by id.
+        let mut set = IdSet::new();
+        assert_eq!(db.add_run_files(2, &mut set).unwrap(), 1);
+        assert!(!set.contains(a.id) && !set.contains(b.id));
+        assert_eq!(db.hashed_after(1).unwrap().len(), 1);
+        assert_eq!(db.all_ids().unwrap().len(), 3);
+        assert_eq!(db.id_of(FileKey { volume: 2, ino: 10 }).unwrap(), Some(b.id));
+        let mut n = 0;
+        db.for_each_facts(2, |chunk| n += chunk.len()).unwrap();
+        assert_eq!(n, 3);
+    }
+}
