@@ -28,14 +28,12 @@ use std::collections::HashMap;
 use std::fs::File;
 use std::os::fd::{AsFd, BorrowedFd};
 use std::os::unix::fs::FileExt;
-use std::rc::Rc;
 use std::sync::atomic::Ordering;
 
 use nix::errno::Errno;
 use nix::fcntl::{posix_fadvise, PosixFadviseAdvice};
 
-use super::cache::FileCache;
-use super::extents::unshared_parts;
+use super::extents::{unshared_parts, Mapped};
 use super::workers::{locked, same_source, WorkerContext};
 use super::{no_space, Mode, Outcome, Pending};
 use crate::display::display_path;
@@ -45,13 +43,14 @@ use crate::file::FileId;
 use crate::plan::Range;
 use crate::progress::Progress;
 use crate::sys::beneath::Tree;
+use crate::sys::fiemap::physical_map;
 use crate::sys::{self, dedupe::MAX_DESTS, dedupe::MAX_REQUEST_LEN, DedupeStatus};
 
 /// One destination of a source range, maybe split into the sub-ranges that
 /// are not shared yet (offsets relative to the range start).
 struct Dest {
     id: FileId,
-    file: Rc<File>,
+    file: File,
     off: u64,
     parts: Vec<(u64, u64)>,
     /// FIEMAP extents in the range (fragmentation).
@@ -99,8 +98,6 @@ pub(super) struct Executor<'a> {
     /// 1 MiB buffers: the dry run's compare, the bookend copy.
     pub(super) buf_a: Vec<u8>,
     pub(super) buf_b: Vec<u8>,
-    /// Files this worker opened and checked, and their maps.
-    pub(super) cache: FileCache,
 }
 
 /// Why sharing stops when the filesystem cannot share extents at all.
@@ -147,7 +144,6 @@ impl<'a> Executor<'a> {
             no_owners: false,
             buf_a: vec![0; 1 << 20],
             buf_b: vec![0; 1 << 20],
-            cache: FileCache::default(),
         }
     }
 
@@ -183,7 +179,7 @@ impl<'a> Executor<'a> {
 
     /// Run the ranges of one unit (one source, whole groups, in plan order).
     pub(super) fn run_unit(&mut self, ranges: &[Range]) {
-        let mut src_file: Option<(FileId, Rc<File>)> = None;
+        let mut src_file: Option<(FileId, File)> = None;
         let mut i = 0;
         while i < ranges.len() {
             if self.halted() {
@@ -197,16 +193,10 @@ impl<'a> Executor<'a> {
             let group = &ranges[i..j];
             i = j;
             if src_file.as_ref().map(|(id, _)| *id) != Some(first.src) {
-                src_file = self.file(first.src).map(|f| (first.src, f));
+                src_file = self.open(first.src).map(|f| (first.src, f));
             }
             if let Some((_, src)) = &src_file {
-                let src = Rc::clone(src);
-                // The next group is read while this one's requests run.
-                if self.mode == Mode::Share {
-                    let next = ranges[j..].iter().take_while(|n| ranges.get(j).is_some_and(|f| same_source(n, f)));
-                    self.read_ahead(&src, &next.copied().collect::<Vec<_>>());
-                }
-                self.source_group(&src, &first, group);
+                self.source_group(src, &first, group);
             }
             // Counted once done, so the bar's ETA covers the group's work.
             self.progress.inc(group.iter().map(|r| r.len).sum());
@@ -221,56 +211,38 @@ impl<'a> Executor<'a> {
             return None;
         }
         let c = self.files.get(&id)?;
-        match self.ctx.tree.open_file(&c.path) {
-            Ok(f) => self.unchanged(id, &f).then_some(f),
+        let res = self.ctx.tree.open_file(&c.path).and_then(|f| Ok((f.metadata()?, f)));
+        match res {
+            Ok((m, f)) => {
+                use std::os::unix::fs::MetadataExt;
+                let key = self.keys.id_for(m.dev(), &f);
+                let now = FileFacts::from_metadata(c.path.clone(), key, &m);
+                if now != *c || !m.is_file() {
+                    if locked(&self.ctx.bad).insert(id) {
+                        self.progress.warn(&format!(
+                            "{}: changed since it was scanned; left alone, it is rehashed next run",
+                            display_path(&c.path)
+                        ));
+                        self.out.changed_files += 1;
+                    }
+                    return None;
+                }
+                Some(f)
+            }
             Err(e) => {
-                self.unusable(id, &e);
+                if locked(&self.ctx.bad).insert(id) {
+                    // Gone, or a directory on its path replaced by a symlink
+                    // or a mount since the scan: the scanned file is no
+                    // longer there.
+                    let kind = match e.raw_os_error() {
+                        Some(libc::ENOENT | libc::ENOTDIR | libc::ELOOP | libc::EXDEV) => ErrorKind::Vanished,
+                        _ => ErrorKind::Open,
+                    };
+                    self.progress.warn(&format!("{}: cannot open: {e}", display_path(&c.path)));
+                    *self.out.errors.entry(kind).or_default() += 1;
+                }
                 None
             }
-        }
-    }
-
-    /// Whether the open file `f` is still the file `id` as scanned
-    /// (device, inode, size, mtime, ctime, checked on this descriptor).
-    /// If not, it is counted and warned about once and never used again.
-    pub(super) fn unchanged(&mut self, id: FileId, f: &File) -> bool {
-        let Some(c) = self.files.get(&id) else { return false };
-        let m = match f.metadata() {
-            Ok(m) => m,
-            Err(e) => {
-                self.unusable(id, &e);
-                return false;
-            }
-        };
-        use std::os::unix::fs::MetadataExt;
-        let key = self.keys.id_for(m.dev(), f);
-        let now = FileFacts::from_metadata(c.path.clone(), key, &m);
-        if now == *c && m.is_file() {
-            return true;
-        }
-        if locked(&self.ctx.bad).insert(id) {
-            self.progress.warn(&format!(
-                "{}: changed since it was scanned; left alone, it is rehashed next run",
-                display_path(&c.path)
-            ));
-            self.out.changed_files += 1;
-        }
-        false
-    }
-
-    /// File `id` could not be opened (or stat'ed): counted and warned about
-    /// once, never used again.
-    fn unusable(&mut self, id: FileId, e: &std::io::Error) {
-        if locked(&self.ctx.bad).insert(id) {
-            // Gone, or a directory on its path replaced by a symlink or a
-            // mount since the scan: the scanned file is no longer there.
-            let kind = match e.raw_os_error() {
-                Some(libc::ENOENT | libc::ENOTDIR | libc::ELOOP | libc::EXDEV) => ErrorKind::Vanished,
-                _ => ErrorKind::Open,
-            };
-            let path = self.files.get(&id).map(|c| display_path(&c.path)).unwrap_or_default();
-            self.progress.warn(&format!("{path}: cannot open: {e}"));
-            *self.out.errors.entry(kind).or_default() += 1;
         }
     }
 
@@ -305,8 +277,8 @@ impl<'a> Executor<'a> {
                 if locked(&self.ctx.deferred).contains(&d.dest) {
                     continue;
                 }
-                let Some(file) = self.file(d.dest) else { continue };
-                let Some(dst) = self.map(&file, d.dest, d.dest_off, d.len) else { continue };
+                let Some(file) = self.open(d.dest) else { continue };
+                let Some(dst) = self.map(file.as_fd(), d.dest, d.dest_off, d.len) else { continue };
                 let parts = if dst.shared {
                     let Some(src_blocks) = self.map_once(&mut src_map, src, r) else { return };
                     unshared_parts(src_blocks, &dst.blocks, self.block_size, r.len)
@@ -391,9 +363,42 @@ impl<'a> Executor<'a> {
         r: &Range,
     ) -> Option<&'m [Option<u64>]> {
         if cache.is_none() {
-            *cache = Some(self.map(src, r.src, r.src_off, r.len)?.blocks);
+            *cache = Some(self.map(src.as_fd(), r.src, r.src_off, r.len)?.blocks);
         }
         cache.as_deref()
+    }
+
+    /// Physical address per block of a range (`None` where unknown), or
+    /// `None` for a file whose data is inline in metadata: sharing it frees
+    /// nothing, and btrfs would report success every run.
+    fn map(&mut self, fd: BorrowedFd<'_>, id: FileId, off: u64, len: u64) -> Option<Mapped> {
+        Some(match sys::fiemap(fd, off, len) {
+            Ok(ext) if ext.iter().any(|e| e.is_inline()) => {
+                if locked(&self.ctx.inline).insert(id) {
+                    self.out.inline_files += 1;
+                }
+                return None;
+            }
+            Ok(ext) => {
+                self.ctx.note_solo(&ext);
+                Mapped {
+                    blocks: physical_map(&ext, off, len, self.block_size),
+                    shared: ext.iter().any(|e| e.is_shared()),
+                    extents: ext,
+                }
+            }
+            Err(e) => {
+                if e != Errno::EOPNOTSUPP {
+                    let path = self.files.get(&id).map(|c| display_path(&c.path)).unwrap_or_default();
+                    self.progress.info(&format!("{path}: fiemap: {e}"));
+                }
+                Mapped {
+                    blocks: vec![None; len.div_ceil(self.block_size) as usize],
+                    shared: false,
+                    extents: Vec::new(),
+                }
+            }
+        })
     }
 
     /// Share (or verify) `src[off..off+len]` into every destination, in
@@ -543,6 +548,6 @@ impl<'a> Executor<'a> {
 /// not cached (`--drop-cache`, or a volume larger than memory) it would wait
 /// for the disk once per 4 KiB. On cached data this costs a page-cache
 /// lookup per page. Only advice: errors are ignored.
-pub(super) fn prefetch(f: &File, off: u64, len: u64) {
+fn prefetch(f: &File, off: u64, len: u64) {
     let _ = posix_fadvise(f, off as i64, len as i64, PosixFadviseAdvice::POSIX_FADV_WILLNEED);
 }

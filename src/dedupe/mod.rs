@@ -41,7 +41,6 @@ use crate::progress::Progress;
 use crate::sys::beneath::Tree;
 
 pub mod bookend;
-mod cache;
 mod executor;
 pub mod extents;
 mod pinned;
@@ -49,7 +48,7 @@ mod verify;
 mod workers;
 
 pub use workers::{default_workers, MAX_WORKERS};
-use workers::{dest_coverage, on_workers, spans, units, used_once, WorkerContext};
+use workers::{dest_coverage, on_workers, units, used_once, WorkerContext};
 
 /// Whether to share for real.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -196,7 +195,6 @@ pub fn execute_with_workers(
         in_plan: files.values().map(|c| (c.key.volume, c.key.ino)).collect(),
         used_once: used_once(plan),
         solo: Mutex::new(BTreeMap::new()),
-        spans: spans(plan),
     };
     let mut out = Outcome::default();
     if let Some(b) = bookends {

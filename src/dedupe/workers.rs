@@ -103,28 +103,6 @@ pub(super) fn used_once(plan: &Plan) -> HashSet<FileId> {
     uses.into_iter().filter(|(_, (s, d))| s.len() + *d as usize == 1).map(|(id, _)| id).collect()
 }
 
-/// The files `plan` uses more than once (in two source ranges, two
-/// destination ranges, or as both), each with where: from the lowest offset
-/// of its ranges to the end of the highest. Workers keep these open and
-/// mapped over that span (see `cache.rs`); a file used once is opened,
-/// mapped over its range and closed, as there is nothing to save.
-pub(super) fn spans(plan: &Plan) -> HashMap<FileId, (u64, u64)> {
-    let mut spans: HashMap<FileId, ((u64, u64), u32)> = HashMap::new();
-    let mut use_at = |id: FileId, off: u64, len: u64| {
-        let (s, n) = spans.entry(id).or_insert(((off, off + len), 0));
-        *s = (s.0.min(off), s.1.max(off + len));
-        *n += 1;
-    };
-    for (k, r) in plan.ranges.iter().enumerate() {
-        // A source range counts once for all its destinations (one group).
-        if k == 0 || !same_source(&plan.ranges[k - 1], r) {
-            use_at(r.src, r.src_off, r.len);
-        }
-        use_at(r.dest, r.dest_off, r.len);
-    }
-    spans.into_iter().filter(|(_, (_, n))| *n > 1).map(|(id, (s, _))| (id, s)).collect()
-}
-
 /// Each destination of `plan` with the union of its planned ranges, in id
 /// order.
 pub(super) fn dest_coverage(plan: &Plan) -> Vec<(FileId, Vec<(u64, u64)>)> {
@@ -201,8 +179,6 @@ pub(super) struct WorkerContext<'a> {
     /// merged) of extents some FIEMAP of this phase reported not shared: see
     /// [`WorkerContext::seen_solo`].
     pub(super) solo: Mutex<BTreeMap<u64, u64>>,
-    /// The files the plan uses more than once, and where (see [`spans`]).
-    pub(super) spans: HashMap<FileId, (u64, u64)>,
 }
 
 impl WorkerContext<'_> {
@@ -319,23 +295,6 @@ mod tests {
         assert!(bytes.windows(2).all(|w| w[0] >= w[1]), "largest first: {bytes:?}");
         // 320 MiB of source 2: cut at the first group reaching 64 MiB.
         assert_eq!(bytes, vec![100 * mb, 64 * mb, 64 * mb, 64 * mb, 64 * mb, 64 * mb, 3 * 4096]);
-    }
-
-    #[test]
-    fn spans_are_of_files_used_more_than_once() {
-        let mut ranges = vec![
-            // 1 → 2, 3 whole: one group, each file used once.
-            r(1, 0, 4096, 2),
-            r(1, 0, 4096, 3),
-            // 4 is the source of two ranges; 5 a destination of two.
-            r(4, 8192, 4096, 5),
-            r(4, 0, 4096, 5),
-        ];
-        ranges[3].dest_off = 65536;
-        ranges.sort_unstable();
-        let mut got: Vec<(i64, (u64, u64))> = spans(&Plan { ranges }).into_iter().map(|(f, s)| (f.0, s)).collect();
-        got.sort_unstable();
-        assert_eq!(got, vec![(4, (0, 12288)), (5, (0, 69632))]);
     }
 
     #[test]

@@ -2,10 +2,11 @@
 
 /// Raise the soft limit on open file descriptors to the hard limit.
 ///
-/// The share phase keeps up to a request's destinations (127), the files a
-/// worker reuses and those it reads ahead open, on each of up to four
-/// workers: close to the soft limit of 1024 that systemd and most shells
-/// give a process, while the hard limit is usually far higher. A file that
+/// The share phase keeps up to a request's destinations (127) and its
+/// source open on each of up to four workers, the hashing pool one file per
+/// thread (up to 1024 threads): near or past the soft limit of 1024 that
+/// systemd and most shells give a process, while the hard limit is usually
+/// far higher. A file that
 /// cannot be opened (`EMFILE`) would be counted as an error and left alone,
 /// so the run asks for what it may have instead. Returns the soft limit in
 /// effect afterwards; failures leave the limit as it was.
