@@ -4,6 +4,7 @@
 //! block it), and whole-table passes that hand rows to a callback instead
 //! of collecting them.
 
+use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 
 use rusqlite::{params, Connection};
@@ -19,13 +20,35 @@ pub struct Reader {
     conn: Connection,
     /// The run scanning: rows it writes meanwhile are not "known before".
     run: i64,
+    /// Every known file, loaded in one pass when there are at most
+    /// [`PRELOAD_MAX`] of them; `None`: one indexed lookup per file.
+    preloaded: Option<HashMap<FileKey, Known>>,
 }
+
+/// Up to this many known files, change detection loads them all in one
+/// pass instead of asking per file: a pass over the table is faster than a
+/// lookup per file (FULL corpus, 126,815 files: a no-change `--incremental`
+/// run took 1.22 s with lookups against 0.87 s with the whole index), and
+/// at about 200 bytes a file the map stays under 50 MB, far below issue
+/// 14's 256 MB bound. Beyond it, memory stays flat in the number of files.
+pub const PRELOAD_MAX: u64 = 250_000;
 
 impl Reader {
     /// A second, read-only connection to the database at `path`, for run
     /// `run`.
     pub fn open(path: &Path, run: i64) -> Result<Reader, DbError> {
+        Reader::open_preloading(path, run, PRELOAD_MAX)
+    }
+
+    /// [`Reader::open`], loading every known file when there are at most
+    /// `max` (tests ask for 0: lookups only).
+    fn open_preloading(path: &Path, run: i64, max: u64) -> Result<Reader, DbError> {
         let conn = Db::open_readonly(path)?;
+        let count: i64 = conn.query_row("SELECT count(*) FROM files", [], |r| r.get(0))?;
+        if count as u64 <= max {
+            let preloaded = Some(preload(&conn)?);
+            return Ok(Reader { conn, run, preloaded });
+        }
         warm(path);
         // A bounded page cache (16 MiB): lookups follow the crawl, which
         // meets files in about the order their rows were written.
@@ -34,7 +57,7 @@ impl Reader {
         // STAT4) the statement cache's clear_bindings expires the lookup and
         // every file pays a new prepare (26 µs instead of 3 µs a lookup).
         conn.set_db_config(rusqlite::config::DbConfig::SQLITE_DBCONFIG_ENABLE_QPSG, true)?;
-        Ok(Reader { conn, run })
+        Ok(Reader { conn, run, preloaded: None })
     }
 
     fn known(&self, key: FileKey) -> rusqlite::Result<Option<Known>> {
@@ -50,6 +73,28 @@ impl Reader {
         };
         Ok(Some(Known { id: r.get(0)?, file, hashed_run: r.get(6)? }))
     }
+}
+
+/// Every known file by `(volume key, inode)`, in one pass; of two rows of
+/// one inode (hard links) the first written, as [`KNOWN`] answers.
+fn preload(conn: &Connection) -> rusqlite::Result<HashMap<FileKey, Known>> {
+    let mut st = conn.prepare(&format!(
+        "SELECT f.id, d.dev, f.ino, {PATH_COLS}, f.size, f.mtime, f.ctime, f.hashed_run {FROM_FILES} ORDER BY f.id"
+    ))?;
+    let mut rows = st.query([])?;
+    let mut map = HashMap::new();
+    while let Some(r) = rows.next()? {
+        let key = FileKey { volume: r.get::<_, i64>(1)? as u64, ino: r.get::<_, i64>(2)? as u64 };
+        let file = FileFacts {
+            path: join_path(r.get_ref(3)?.as_blob()?, r.get_ref(4)?.as_blob()?),
+            key,
+            size: r.get::<_, i64>(5)? as u64,
+            mtime: r.get(6)?,
+            ctime: r.get(7)?,
+        };
+        map.entry(key).or_insert(Known { id: r.get(0)?, file, hashed_run: r.get(8)? });
+    }
+    Ok(map)
 }
 
 /// Read the database file (and its WAL) once, sequentially, on a thread of
@@ -79,7 +124,10 @@ const KNOWN: &str = "SELECT f.id, d.path, f.name, f.size, f.mtime, f.ctime, f.ha
 
 impl Index for Reader {
     fn get(&self, key: FileKey) -> Result<Option<Known>, IndexError> {
-        Ok(self.known(key)?)
+        match &self.preloaded {
+            Some(map) => Ok(map.get(&key).cloned()),
+            None => Ok(self.known(key)?),
+        }
     }
 
     fn each_known(&self, f: &mut dyn FnMut(FileId, &Path)) -> Result<(), IndexError> {
@@ -187,7 +235,14 @@ mod tests {
         let db = Db::open(&dir.path().join("db"), "fs").unwrap();
         let db = write(db, 1, vec![hashed(1, 10, "/v/a"), hashed(2, 10, "/w/b")]);
         let db = write(db, 2, vec![hashed(1, 11, "/v/c")]);
-        let r = Reader::open(&db.path, 2).unwrap();
+        for max in [0, PRELOAD_MAX] {
+            lookups_and_passes(&db, Reader::open_preloading(&db.path, 2, max).unwrap());
+        }
+    }
+
+    /// What [`files_are_found_by_volume_and_inode_and_this_runs_rows_are_not_known_before`]
+    /// checks, with lookups or with the preloaded map.
+    fn lookups_and_passes(db: &Db, r: Reader) {
         let a = r.get(FileKey { volume: 1, ino: 10 }).unwrap().unwrap();
         let b = r.get(FileKey { volume: 2, ino: 10 }).unwrap().unwrap();
         assert_eq!((a.file.path.as_path(), a.file.size, a.file.mtime, a.hashed_run), (Path::new("/v/a"), 4096, 3, 1));
