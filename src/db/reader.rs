@@ -64,36 +64,36 @@ impl Reader {
     fn known(&self, key: FileKey) -> rusqlite::Result<Option<Known>> {
         let mut st = self.conn.prepare_cached(KNOWN)?;
         let mut rows = st.query(params![key.ino as i64, key.volume as i64])?;
-        let Some(r) = rows.next()? else { return Ok(None) };
-        let file = FileFacts {
-            path: join_path(r.get_ref(1)?.as_blob()?, r.get_ref(2)?.as_blob()?),
-            key,
-            size: r.get::<_, i64>(3)? as u64,
-            mtime: r.get(4)?,
-            ctime: r.get(5)?,
-        };
-        Ok(Some(Known { id: r.get(0)?, file, hashed_run: r.get(6)? }))
+        rows.next()?.map(|r| known_row(r, key)).transpose()
     }
+}
+
+/// A row of [`KNOWN`]'s columns (or [`preload`]'s, which start the same)
+/// as the known file `key`.
+fn known_row(r: &rusqlite::Row<'_>, key: FileKey) -> rusqlite::Result<Known> {
+    let file = FileFacts {
+        path: join_path(r.get_ref(1)?.as_blob()?, r.get_ref(2)?.as_blob()?),
+        key,
+        size: r.get::<_, i64>(3)? as u64,
+        mtime: r.get(4)?,
+        ctime: r.get(5)?,
+    };
+    Ok(Known { id: r.get(0)?, file, hashed_run: r.get(6)? })
 }
 
 /// Every known file by `(volume key, inode)`, in one pass; of two rows of
 /// one inode (hard links) the first written, as [`KNOWN`] answers.
 fn preload(conn: &Connection) -> rusqlite::Result<HashMap<FileKey, Known>> {
     let mut st = conn.prepare(&format!(
-        "SELECT f.id, d.dev, f.ino, {PATH_COLS}, f.size, f.mtime, f.ctime, f.hashed_run {FROM_FILES} ORDER BY f.id"
+        "SELECT f.id, {PATH_COLS}, f.size, f.mtime, f.ctime, f.hashed_run, d.dev, f.ino {FROM_FILES} ORDER BY f.id"
     ))?;
     let mut rows = st.query([])?;
     let mut map = HashMap::new();
     while let Some(r) = rows.next()? {
-        let key = FileKey { volume: r.get::<_, i64>(1)? as u64, ino: r.get::<_, i64>(2)? as u64 };
-        let file = FileFacts {
-            path: join_path(r.get_ref(3)?.as_blob()?, r.get_ref(4)?.as_blob()?),
-            key,
-            size: r.get::<_, i64>(5)? as u64,
-            mtime: r.get(6)?,
-            ctime: r.get(7)?,
-        };
-        map.entry(key).or_insert(Known { id: r.get(0)?, file, hashed_run: r.get(8)? });
+        let key = FileKey { volume: r.get::<_, i64>(7)? as u64, ino: r.get::<_, i64>(8)? as u64 };
+        if let std::collections::hash_map::Entry::Vacant(e) = map.entry(key) {
+            e.insert(known_row(r, key)?);
+        }
     }
     Ok(map)
 }
