@@ -84,6 +84,10 @@ for fs, s in fss.items():
     d["duperemove_rerun_over_find"] = ratio(get(s, "dupe_rerun", "wall_s"), find)
     d["second_run_over_first"] = ratio(get(s, "ds_run2", "wall_s"), get(s, "ds_run", "wall_s"))
     d["incr_run_over_first"] = ratio(get(s, "ds_run_incr", "wall_s"), get(s, "ds_run", "wall_s"))
+    # Issue 14: a rerun right after the dedupe reads <= 60% of what the
+    # first run read (bytes_hashed counts bytes read, not those reused).
+    d["rehash_read_over_first"] = ratio(get(s, "ds_rehash", "report", "bytes_hashed"),
+                                        get(s, "ds_run", "report", "bytes_hashed"))
     d["raw_read_mib_s"] = ratio((corpus.get("allocated_bytes") or 0) / 2**20, raw)
     d["scan_hashed_mib_s"] = ratio((get(s, "ds_scan", "report", "bytes_hashed") or 0) / 2**20,
                                    get(s, "ds_scan", "wall_s"))
@@ -191,6 +195,11 @@ row("    duperemove --hashfile rerun", lambda fs, s, d: f"{sec(get(s, 'dupe_reru
 row("(6) second full dedupscan run", lambda fs, s, d: sec(get(s, "ds_run2", "wall_s")) + status(s, "ds_run2"))
 row("    **second / first** (issue 4: ≤ 10%, 0 submitted)",
     lambda fs, s, d: f"{pct(d['second_run_over_first'])}, submitted {mib(rep(s, 'ds_run2', 'duplicate_bytes'))} {'pass' if d['issue4_pass'] else 'FAIL'}")
+row("(7) dedupscan --rehash after the dedupe", lambda fs, s, d: sec(get(s, "ds_rehash", "wall_s")) + status(s, "ds_rehash"))
+row("    read / reused from shared extents",
+    lambda fs, s, d: f"{mib(rep(s, 'ds_rehash', 'bytes_hashed'))} / {mib(rep(s, 'ds_rehash', 'bytes_reused'))}")
+row("    **read / first run's read** (issue 14: ≤ 60%)",
+    lambda fs, s, d: f"{pct(d['rehash_read_over_first'])} {'pass' if (d['rehash_read_over_first'] or 1) <= 0.6 else 'FAIL'}")
 row("file contents unchanged (SHA-256)", lambda fs, s, d: {True: "yes", False: "**NO**", None: "not checked"}[d["contents_verified"]])
 
 print()
