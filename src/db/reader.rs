@@ -64,13 +64,23 @@ impl Reader {
     fn known(&self, key: FileKey) -> rusqlite::Result<Option<Known>> {
         let mut st = self.conn.prepare_cached(KNOWN)?;
         let mut rows = st.query(params![key.ino as i64, key.volume as i64])?;
-        rows.next()?.map(|r| known_row(r, key)).transpose()
+        rows.next()?.map(known_row).transpose()
     }
 }
 
-/// A row of [`KNOWN`]'s columns (or [`preload`]'s, which start the same)
-/// as the known file `key`.
-fn known_row(r: &rusqlite::Row<'_>, key: FileKey) -> rusqlite::Result<Known> {
+/// The columns [`known_row`] reads, from the join of files and their
+/// directories: one list for the lookup ([`KNOWN`]) and the preload, so
+/// the two cannot drift apart.
+macro_rules! select_known {
+    () => {
+        "SELECT f.id, d.path, f.name, f.size, f.mtime, f.ctime, f.hashed_run, d.dev, f.ino \
+         FROM files f JOIN dirs d ON d.id = f.dir"
+    };
+}
+
+/// A row of [`select_known`]'s columns as a known file.
+fn known_row(r: &rusqlite::Row<'_>) -> rusqlite::Result<Known> {
+    let key = FileKey { volume: r.get::<_, i64>(7)? as u64, ino: r.get::<_, i64>(8)? as u64 };
     let file = FileFacts {
         path: join_path(r.get_ref(1)?.as_blob()?, r.get_ref(2)?.as_blob()?),
         key,
@@ -84,16 +94,12 @@ fn known_row(r: &rusqlite::Row<'_>, key: FileKey) -> rusqlite::Result<Known> {
 /// Every known file by `(volume key, inode)`, in one pass; of two rows of
 /// one inode (hard links) the first written, as [`KNOWN`] answers.
 fn preload(conn: &Connection) -> rusqlite::Result<HashMap<FileKey, Known>> {
-    let mut st = conn.prepare(&format!(
-        "SELECT f.id, {PATH_COLS}, f.size, f.mtime, f.ctime, f.hashed_run, d.dev, f.ino {FROM_FILES} ORDER BY f.id"
-    ))?;
+    let mut st = conn.prepare(concat!(select_known!(), " ORDER BY f.id"))?;
     let mut rows = st.query([])?;
     let mut map = HashMap::new();
     while let Some(r) = rows.next()? {
-        let key = FileKey { volume: r.get::<_, i64>(7)? as u64, ino: r.get::<_, i64>(8)? as u64 };
-        if let std::collections::hash_map::Entry::Vacant(e) = map.entry(key) {
-            e.insert(known_row(r, key)?);
-        }
+        let k = known_row(r)?;
+        map.entry(k.file.key).or_insert(k);
     }
     Ok(map)
 }
@@ -120,8 +126,7 @@ fn warm(path: &Path) {
 }
 
 /// One known file by `(inode, volume key)`: through the `files_inode` index.
-const KNOWN: &str = "SELECT f.id, d.path, f.name, f.size, f.mtime, f.ctime, f.hashed_run \
-    FROM files f JOIN dirs d ON d.id = f.dir WHERE f.ino = ?1 AND d.dev = ?2 ORDER BY f.id LIMIT 1";
+const KNOWN: &str = concat!(select_known!(), " WHERE f.ino = ?1 AND d.dev = ?2 ORDER BY f.id LIMIT 1");
 
 impl Index for Reader {
     fn get(&self, key: FileKey) -> Result<Option<Known>, IndexError> {
