@@ -4,12 +4,17 @@
 # no-change --incremental run <= 0.8x a cold `find`; database <= 60 bytes per
 # file plus the block data).
 #
-#   benches/million.sh [FILES] [--fs xfs|btrfs] [--bin PATH]...
+#   benches/million.sh [FILES] [--fs xfs|btrfs] [--bin PATH]... [--keep | --reuse DIR]
 #                       FILES default 1000000; 10M / 10000000 for the big run.
 #                       --bin (repeatable): measure these binaries instead of
 #                       this tree's release build, one after the other on
 #                       the same files, each with a database of its own (A/B;
 #                       a later full run finds the files already shared).
+#                       --keep: leave the volume (image and mount) in place
+#                       and print its directory; --reuse DIR: measure on such
+#                       a kept volume instead of creating one (10M files take
+#                       20+ minutes to create; binaries built later can be
+#                       measured on the same files).
 #
 # Creates a loop-mounted volume under /var/tmp (BENCH_WORK), fills it with
 # FILES small files (100 B - 4 KiB, a third of them a copy of an earlier
@@ -23,12 +28,14 @@
 # sparse image is written); btrfs keeps files under 2 KiB inline in its
 # metadata (10M files: ~15 GB). Creating 10M files takes 10-20 minutes.
 set -euo pipefail
-n=1000000 fs=xfs bins=()
+n=1000000 fs=xfs bins=() keep=0 reuse=
 while [ $# -gt 0 ]; do
   case $1 in
     --fs) fs=${2:?}; shift ;;
     --bin) bins+=("$(realpath "${2:?}")"); shift ;;
-    -h | --help) sed -n '2,24p' "$0"; exit 0 ;;
+    --keep) keep=1 ;;
+    --reuse) reuse=$(realpath "${2:?}"); shift ;;
+    -h | --help) sed -n '2,29p' "$0"; exit 0 ;;
     *) n=$(numfmt --from=si "$1") ;;
   esac
   shift
@@ -39,21 +46,32 @@ if [ ${#bins[@]} -eq 0 ]; then
   cargo build --release --quiet --bin dedupscan
   bins=("$PWD/target/release/dedupscan")
 fi
-work=$(mktemp -d "${BENCH_WORK:-/var/tmp}/dedupscan-million.XXXXXX")
-cleanup() { mountpoint -q "$work/mnt" && umount "$work/mnt"; rm -rf "$work"; }
-trap cleanup EXIT
-mkdir "$work/mnt"
-# Room for every file's block (XFS) or inline item (btrfs), and the inodes.
-per_file_kib=6
-[ "$fs" = btrfs ] && per_file_kib=3
-truncate -s $((n * per_file_kib / 1024 + 2048))M "$work/vol.img"
-case $fs in
-  xfs) mkfs.xfs -q -m reflink=1 -i maxpct=50 "$work/vol.img" ;;
-  btrfs) mkfs.btrfs -q "$work/vol.img" >/dev/null ;;
-esac
-mount -o loop "$work/vol.img" "$work/mnt"
-echo "creating $n files on $fs..."
-python3 - "$work/mnt/files" "$n" <<'PY'
+if [ -n "$reuse" ]; then
+  work=$reuse
+  n=$(cat "$work/files.count")
+  fs=$(cat "$work/fs")
+  mountpoint -q "$work/mnt" || mount -o loop "$work/vol.img" "$work/mnt"
+  trap 'echo "volume kept: --reuse $work"' EXIT
+else
+  work=$(mktemp -d "${BENCH_WORK:-/var/tmp}/dedupscan-million.XXXXXX")
+  cleanup() { mountpoint -q "$work/mnt" && umount "$work/mnt"; rm -rf "$work"; }
+  if [ "$keep" = 1 ]; then
+    trap 'echo "volume kept: --reuse $work"' EXIT
+  else
+    trap cleanup EXIT
+  fi
+  mkdir "$work/mnt"
+  # Room for every file's block (XFS) or inline item (btrfs), and the inodes.
+  per_file_kib=6
+  [ "$fs" = btrfs ] && per_file_kib=3
+  truncate -s $((n * per_file_kib / 1024 + 2048))M "$work/vol.img"
+  case $fs in
+    xfs) mkfs.xfs -q -m reflink=1 -i maxpct=50 "$work/vol.img" ;;
+    btrfs) mkfs.btrfs -q "$work/vol.img" >/dev/null ;;
+  esac
+  mount -o loop "$work/vol.img" "$work/mnt"
+  echo "creating $n files on $fs..."
+  python3 - "$work/mnt/files" "$n" <<'PY'
 import os, random, sys
 root, n = sys.argv[1], int(sys.argv[2])
 r = random.Random(1)
@@ -71,6 +89,9 @@ for i in range(n):
     with open(os.path.join(d, "f%08d" % i), "wb") as f:
         f.write(data)
 PY
+  echo "$n" > "$work/files.count"
+  echo "$fs" > "$work/fs"
+fi
 sync
 secs() { awk -F': ' '/Elapsed \(wall/ {n = split($2, t, ":"); s = 0; for (i = 1; i <= n; i++) s = s * 60 + t[i]; print s}' "$1"; }
 measure() {
