@@ -220,7 +220,7 @@ pub struct RunArgs {
 pub enum Command {
     /// Only crawl and hash into the database; share nothing.
     Scan(ScanArgs),
-    /// Print what the database knows: files, bytes, and the history of runs.
+    /// Print what the database knows: files, bytes shared, not yet shared and pinned (btrfs), and the history of runs.
     Report(ReportArgs),
 }
 

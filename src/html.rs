@@ -4,8 +4,8 @@
 //!
 //! In: the same [`Summary`] `report --json` prints, taken as its JSON
 //! value, so the page shows exactly the figures of `--json` and keeps
-//! working when fields are added to the summary (an optional one such as
-//! `pinned_bytes` is shown when present). Out: one HTML file with inline
+//! working when fields are added to the summary (`pinned` is shown when
+//! anything is pinned). Out: one HTML file with inline
 //! CSS and hand-written SVG; nothing is fetched from anywhere and there is
 //! no script. A Content-Security-Policy forbids scripts and allows only the
 //! page's own style block (by its SHA-256), so even a name that slipped
@@ -315,15 +315,17 @@ fn space(b: &mut String, s: &Value) {
         ("unshared_bytes", "… still duplicated"),
         ("whole_file_duplicate_bytes", "whole-file copies (beyond the first)"),
     ];
-    if s.get("pinned_bytes").is_some() {
-        rows.push(("pinned_bytes", "pinned (cannot be freed: held by snapshots or other extents)"));
+    // `pinned` is an object: its `bytes` is the figure.
+    let val = |k: &str| s[k].as_u64().or_else(|| s[k]["bytes"].as_u64());
+    if val("pinned").unwrap_or(0) > 0 {
+        rows.push(("pinned", "… shared but pinned (the rest of the extent is in use; files in --json)"));
     }
     if s["unknown_bytes"].as_u64().unwrap_or(0) > 0 {
         rows.push(("unknown_bytes", "unknown (files gone, changed or not mounted)"));
     }
-    let max = rows.iter().filter_map(|(k, _)| s[*k].as_u64()).max().unwrap_or(0);
+    let max = rows.iter().filter_map(|(k, _)| val(k)).max().unwrap_or(0);
     for (key, label) in rows {
-        let v = s[key].as_u64().unwrap_or(0);
+        let v = val(key).unwrap_or(0);
         let _ = writeln!(
             b,
             "<tr><th>{label}</th><td class=\"n\" data-figure=\"{key}\" data-value=\"{v}\">{}</td><td class=\"bar\">{}</td></tr>",

@@ -319,6 +319,8 @@ fn share_phase(
             if stop.load(Ordering::Relaxed) { HashSet::new() } else { plan.ranges.iter().map(|r| r.dest).collect() };
         let now: Vec<(FileId, &str, u64)> = out.pending.iter().map(|(id, (why, b))| (*id, why.name(), *b)).collect();
         db.save_pending(&handled, &now, run_id)?;
+        let pins: Vec<(FileId, &str, u64)> = out.pinned.iter().map(|(&(id, why), &n)| (id, why.name(), n)).collect();
+        db.save_pinned(&out.pin_checked, &pins, run_id)?;
         pending = Some(db.pending()?);
     }
     if let Some(r) = &out.refused {
@@ -410,7 +412,8 @@ fn add_sharing(r: &mut Report, e: &Executed) {
     r.deduped_bytes = out.deduped_bytes;
     r.already_shared_bytes = out.already_shared_bytes;
     r.rewritten_bytes = out.rewritten_bytes;
-    r.pinned_bytes = out.pinned_bytes;
+    r.pinned_bytes = out.pinned_bytes();
+    r.pinned_by_reason = out.pinned_by_reason().into_iter().map(|(k, n)| (k.name().to_owned(), n)).collect();
     r.sources_swapped = out.swapped_sources;
     // Found only now: these files were considered (and hashed or known
     // unchanged), they stay in files_scanned; they are left out of sharing.

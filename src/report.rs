@@ -107,6 +107,10 @@ pub struct Report {
     /// not freed, so that `deduped_bytes` = `freed_bytes` + this, give or
     /// take metadata. In a dry run, what would be.
     pub pinned_bytes: u64,
+    /// `pinned_bytes` by why (the names of
+    /// [`crate::dedupe::PinReason`]): `below_rewrite_ratio`, `compressed`,
+    /// `inline`, `not_rewritable`, `rewrite_failed`.
+    pub pinned_by_reason: BTreeMap<String, u64>,
     /// Whole-file groups shared from a copy far less fragmented than the
     /// planned source, so no copy ends up as fragmented as the source was.
     pub sources_swapped: u64,
@@ -347,6 +351,9 @@ impl Report {
             if self.pinned_bytes > 0 {
                 let why = "shared, not freed: the rest of the extent is in use";
                 t.row(["pinned".to_owned(), human(self.pinned_bytes), why.to_owned()]);
+                for (reason, n) in &self.pinned_by_reason {
+                    t.row([format!("  {reason}"), human(*n), String::new()]);
+                }
             }
             t.row(["freed".to_owned(), human_signed(self.freed_bytes), "measured with statfs".to_owned()]);
         }

@@ -29,7 +29,9 @@ use crate::progress::{Progress, Silent};
 use crate::report::{list_text, ListedRange, Table};
 
 mod disk;
+mod pinned;
 use disk::disk_usage;
+pub use pinned::{Pinned, PinnedFile};
 
 /// One past run.
 #[derive(Debug, Serialize)]
@@ -120,6 +122,10 @@ pub struct Summary {
     pub pending: std::collections::BTreeMap<String, crate::report::PendingWork>,
     /// Sum of `pending` bytes.
     pub pending_bytes: u64,
+    /// btrfs: shared bytes that freed nothing (their extent stays for an
+    /// unshared rest of the file), by reason and by file, as recorded by
+    /// the runs that shared them.
+    pub pinned: Pinned,
     /// Sum over runs of bytes freed, as measured by statfs.
     pub freed_bytes_total: i64,
     /// Every recorded run, oldest first.
@@ -175,6 +181,7 @@ fn summarize_inner(path: &Path, progress: &dyn Progress, list: bool) -> Result<S
         whole_file_duplicate_bytes: live.whole_dup_bytes,
         pending,
         pending_bytes,
+        pinned: pinned::pinned(&db)?,
         freed_bytes_total: freed,
         runs,
         ranges: live.ranges,
@@ -438,6 +445,10 @@ impl Summary {
             s.push('\n');
             s.push_str(&t.render());
         }
+        if let Some(t) = self.pinned.files_text() {
+            s.push('\n');
+            s.push_str(&t);
+        }
         if !self.top_directories.is_empty() {
             let mut t = Table::new(&["not yet shared", "directory (with everything below, like du)"]).left(1);
             for d in &self.top_directories {
@@ -487,6 +498,13 @@ impl Summary {
                 "  pending".to_owned(),
                 human(self.pending_bytes),
                 format!("left for the next run ({})", list.join(", ")),
+            ]);
+        }
+        if self.pinned.bytes > 0 {
+            t.row([
+                "  pinned".to_owned(),
+                human(self.pinned.bytes),
+                format!("shared, not freed: the rest of the extent is in use ({})", self.pinned.reasons()),
             ]);
         }
         t.row([

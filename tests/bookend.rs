@@ -138,3 +138,87 @@ fn btrfs_tarball_is_the_source_and_the_image_extent_is_freed() {
         assert!(same_physical(&d.join("a.tar"), 3 << 20, &d.join(name), off, 1 << 20), "{name}: {r:#}");
     }
 }
+
+/// The pinned account per file and reason (issue 13): a destination whose
+/// extent stays for a rest too large to rewrite (`below_rewrite_ratio`) and
+/// one whose shared part lies in a compressed extent (`compressed`, never
+/// rewritten). The run reports them by reason; `report --json` names the
+/// files, keeps them after a rerun that finds everything shared, and drops
+/// a file's account once the file changed.
+#[test]
+fn btrfs_pinned_bytes_by_file_and_reason() {
+    let Some(vol) = Volume::new(Fs::Btrfs, 512) else { return };
+    let (p, c) = (vol.path("p"), vol.path("c"));
+    std::fs::create_dir(&p).unwrap();
+    std::fs::create_dir(&c).unwrap();
+    let mut rng = Rng::new(78);
+    // Uncompressed: x inside a 16 MiB extent in both files.
+    let x = rng.bytes(2 << 20);
+    std::fs::write(p.join("big1"), [x.clone(), rng.bytes(14 << 20)].concat()).unwrap();
+    std::fs::write(p.join("big2"), [rng.bytes(14 << 20), x].concat()).unwrap();
+    free_bytes(&vol.mnt);
+    // Compressed (128 KiB extents): y covers the first extent of each file
+    // and half of the second, whose rest differs.
+    vol.remount_with("compress-force=zstd");
+    let letters = |seed: u64, len: usize| -> Vec<u8> {
+        Rng::new(seed).bytes(len).iter().map(|b| b"abcdefgh"[(b & 7) as usize]).collect()
+    };
+    let y = letters(1, 192 << 10);
+    std::fs::write(c.join("c1"), [y.clone(), letters(2, 832 << 10)].concat()).unwrap();
+    std::fs::write(c.join("c2"), [y, letters(3, 832 << 10)].concat()).unwrap();
+    free_bytes(&vol.mnt);
+    vol.remount_with("compress=no");
+    let before = (Snapshot::take(&p), Snapshot::take(&c));
+
+    // Uncompressed: shared = freed + pinned, and pinned is below_rewrite_ratio.
+    let free0 = free_bytes(&vol.mnt);
+    let r = run_json(&vol, &[s(&p)]);
+    let freed = free_bytes(&vol.mnt) as i64 - free0 as i64;
+    let (shared, pinned) = (num(&r, "deduped_bytes") as i64, num(&r, "pinned_bytes") as i64);
+    assert_eq!((shared, pinned), (2 << 20, 2 << 20), "{r:#}");
+    assert_eq!(r["pinned_by_reason"], serde_json::json!({"below_rewrite_ratio": 2 << 20}), "{r:#}");
+    assert!(
+        (shared - freed - pinned).abs() * 50 <= shared,
+        "shared {shared} != freed {freed} + pinned {pinned}: {r:#}"
+    );
+
+    // Compressed: the half-covered second extent of the destination.
+    let r = run_json(&vol, &[s(&c)]);
+    assert_eq!(num(&r, "deduped_bytes"), 192 << 10, "{r:#}");
+    assert_eq!(r["pinned_by_reason"], serde_json::json!({"compressed": 64 << 10}), "{r:#}");
+    before.0.assert_same(&Snapshot::take(&p));
+    before.1.assert_same(&Snapshot::take(&c));
+
+    // The database's account: one destination per reason, by path.
+    let files = |rep: &serde_json::Value| -> Vec<(String, String, u64)> {
+        let list = rep["pinned"]["files"].as_array().unwrap_or_else(|| panic!("{rep:#}"));
+        let name = |f: &serde_json::Value| f["path"].as_str().unwrap().rsplit('/').next().unwrap().to_owned();
+        list.iter().map(|f| (name(f), f["reason"].as_str().unwrap().to_owned(), f["bytes"].as_u64().unwrap())).collect()
+    };
+    let rep = db_report(&vol);
+    let got = files(&rep);
+    assert_eq!(got.len(), 2, "{rep:#}");
+    assert!(matches!(got[0].0.as_str(), "big1" | "big2"), "{rep:#}");
+    assert_eq!((&got[0].1[..], got[0].2), ("below_rewrite_ratio", 2 << 20), "{rep:#}");
+    assert!(matches!(got[1].0.as_str(), "c1" | "c2"), "{rep:#}");
+    assert_eq!((&got[1].1[..], got[1].2), ("compressed", 64 << 10), "{rep:#}");
+    assert_eq!(num(&rep["pinned"], "bytes"), (2 << 20) + (64 << 10), "{rep:#}");
+    let text = dedupscan().arg("report").db(vol.db()).expect(0).run().stdout;
+    assert!(text.contains("below_rewrite_ratio") && text.contains(&got[0].0), "{text}");
+    let page = vol.db().with_file_name("r.html");
+    dedupscan().args(["report", "--html", s(&page)]).db(vol.db()).expect(0).run();
+    let page = std::fs::read_to_string(page).unwrap();
+    assert!(page.contains(&format!("data-figure=\"pinned\" data-value=\"{}\"", (2 << 20) + (64 << 10))), "{page}");
+
+    // A rerun finds everything shared and judges nothing: the account stays.
+    let r = run_json(&vol, &["--rehash", s(&vol.mnt)]);
+    assert_eq!(num(&r, "duplicate_bytes"), 0, "{r:#}");
+    assert_eq!(files(&db_report(&vol)), got);
+    // The pinned big file is rewritten with other data: its account is
+    // void (its old extent is gone); the compressed one stays. (Rewritten
+    // with the same data, it would be shared and pinned again, and
+    // recorded anew.)
+    std::fs::write(p.join(&got[0].0), Rng::new(79).bytes(16 << 20)).unwrap();
+    run_json(&vol, &["--incremental", s(&vol.mnt)]);
+    assert_eq!(files(&db_report(&vol)), got[1..], "account of a changed file kept");
+}

@@ -51,7 +51,7 @@ complete -c dedupscan -n "__fish_dedupscan_needs_command" -s q -l quiet -d 'Less
 complete -c dedupscan -n "__fish_dedupscan_needs_command" -s h -l help -d 'Print help (see more with \'--help\')'
 complete -c dedupscan -n "__fish_dedupscan_needs_command" -s V -l version -d 'Print version'
 complete -c dedupscan -n "__fish_dedupscan_needs_command" -a "scan" -d 'Only crawl and hash into the database; share nothing'
-complete -c dedupscan -n "__fish_dedupscan_needs_command" -a "report" -d 'Print what the database knows: files, bytes, and the history of runs'
+complete -c dedupscan -n "__fish_dedupscan_needs_command" -a "report" -d 'Print what the database knows: files, bytes shared, not yet shared and pinned (btrfs), and the history of runs'
 complete -c dedupscan -n "__fish_dedupscan_needs_command" -a "help" -d 'Print this message or the help of the given subcommand(s)'
 complete -c dedupscan -n "__fish_dedupscan_using_subcommand scan" -l block-size -d 'Block size for fingerprints: a power of two from 4K to 1M (suffixes K, M)' -r -f
 complete -c dedupscan -n "__fish_dedupscan_using_subcommand scan" -l threads -d 'Hashing threads [default: 8 per CPU, 8 to 64: most wait on the disk]' -r -f
@@ -88,5 +88,5 @@ complete -c dedupscan -n "__fish_dedupscan_using_subcommand report" -s v -l verb
 complete -c dedupscan -n "__fish_dedupscan_using_subcommand report" -s q -l quiet -d 'Less output: no per-path warnings, no progress'
 complete -c dedupscan -n "__fish_dedupscan_using_subcommand report" -s h -l help -d 'Print help (see more with \'--help\')'
 complete -c dedupscan -n "__fish_dedupscan_using_subcommand help; and not __fish_seen_subcommand_from scan report help" -f -a "scan" -d 'Only crawl and hash into the database; share nothing'
-complete -c dedupscan -n "__fish_dedupscan_using_subcommand help; and not __fish_seen_subcommand_from scan report help" -f -a "report" -d 'Print what the database knows: files, bytes, and the history of runs'
+complete -c dedupscan -n "__fish_dedupscan_using_subcommand help; and not __fish_seen_subcommand_from scan report help" -f -a "report" -d 'Print what the database knows: files, bytes shared, not yet shared and pinned (btrfs), and the history of runs'
 complete -c dedupscan -n "__fish_dedupscan_using_subcommand help; and not __fish_seen_subcommand_from scan report help" -f -a "help" -d 'Print this message or the help of the given subcommand(s)'

@@ -21,6 +21,7 @@ pub const MIGRATIONS: &[&str] = &[
     include_str!("../../schema/0005_fs_state.sql"),
     include_str!("../../schema/0006_no_anchors.sql"),
     include_str!("../../schema/0007_files_by_inode.sql"),
+    include_str!("../../schema/0008_pinned.sql"),
 ];
 
 /// The schema version this build writes.

@@ -174,6 +174,33 @@ impl Db {
         tx.commit()
     }
 
+    /// Record what run `run` found pinned (btrfs; see
+    /// [`crate::dedupe::PinReason`]): the rows of the destinations whose
+    /// extents it judged (`checked`) are replaced by `now`; rows of files
+    /// forgotten, or changed since their row was written, are dropped.
+    pub fn save_pinned(&self, checked: &[FileId], now: &[(FileId, &str, u64)], run: i64) -> rusqlite::Result<()> {
+        let tx = self.conn.unchecked_transaction()?;
+        {
+            let mut del = tx.prepare("DELETE FROM pinned WHERE file_id = ?1")?;
+            for id in checked {
+                del.execute([id])?;
+            }
+            let mut ins = tx.prepare(
+                "INSERT OR REPLACE INTO pinned (file_id, reason, bytes, ctime, run) \
+                 SELECT id, ?2, ?3, ctime, ?4 FROM files WHERE id = ?1",
+            )?;
+            for (id, why, bytes) in now {
+                ins.execute(params![id, why, *bytes as i64, run])?;
+            }
+            tx.execute(
+                "DELETE FROM pinned WHERE NOT EXISTS \
+                 (SELECT 1 FROM files f WHERE f.id = pinned.file_id AND f.ctime = pinned.ctime)",
+                [],
+            )?;
+        }
+        tx.commit()
+    }
+
     /// Drop every block fingerprint (after the block size changed, all
     /// files must be hashed again).
     pub fn forget_all_hashes(&self) -> rusqlite::Result<()> {

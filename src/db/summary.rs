@@ -5,6 +5,7 @@
 use std::path::Path;
 
 use super::Db;
+use crate::file::FileId;
 
 /// One recorded run, as stored.
 #[derive(Debug, Clone)]
@@ -31,6 +32,18 @@ pub struct PendingRow {
     /// How many destination files.
     pub files: u64,
     /// Planned bytes not shared.
+    pub bytes: u64,
+}
+
+/// Bytes one file's sharing left pinned, for one reason (see
+/// [`crate::dedupe::PinReason`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PinnedRow {
+    /// The destination file.
+    pub file: FileId,
+    /// Why (`below_rewrite_ratio`, `compressed`, ...).
+    pub reason: String,
+    /// Shared bytes that freed nothing.
     pub bytes: u64,
 }
 
@@ -79,6 +92,25 @@ impl Db {
         };
         let rows = st.query_map([], |r| {
             Ok(PendingRow { reason: r.get(0)?, files: r.get::<_, i64>(1)? as u64, bytes: r.get::<_, i64>(2)? as u64 })
+        })?;
+        rows.collect()
+    }
+}
+
+impl Db {
+    /// Every file's pinned bytes still true of it (the file unchanged since
+    /// the row was written), largest first. A database from before schema
+    /// v8 has no pinned table: nothing pinned.
+    pub fn pinned_files(&self) -> rusqlite::Result<Vec<PinnedRow>> {
+        let Ok(mut st) = self.conn.prepare(
+            "SELECT p.file_id, p.reason, p.bytes FROM pinned p \
+             JOIN files f ON f.id = p.file_id AND f.ctime = p.ctime \
+             ORDER BY p.bytes DESC, p.file_id, p.reason",
+        ) else {
+            return Ok(Vec::new());
+        };
+        let rows = st.query_map([], |r| {
+            Ok(PinnedRow { file: r.get(0)?, reason: r.get(1)?, bytes: r.get::<_, i64>(2)? as u64 })
         })?;
         rows.collect()
     }

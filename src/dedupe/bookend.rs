@@ -14,6 +14,7 @@
 //!
 //! XFS counts references per block and needs none of this.
 
+use std::collections::BTreeMap;
 use std::fs::File;
 use std::os::fd::AsFd;
 use std::os::unix::fs::FileExt;
@@ -38,8 +39,67 @@ pub struct DestExtent {
     /// Referenced by another file (or snapshot) already: it cannot be freed
     /// by anything done to this file.
     pub shared: bool,
-    /// Compressed, inline, delalloc or unknown: leave alone.
-    pub unstable: bool,
+    /// Why it cannot be rewritten (compressed, inline, delalloc or
+    /// unknown: no stable block addresses); `None`: it can.
+    pub fixed: Option<PinReason>,
+}
+
+impl DestExtent {
+    /// The extent FIEMAP reported, as the bookend decision sees it.
+    pub fn from_fiemap(e: &sys::Extent) -> DestExtent {
+        let fixed = if e.is_inline() {
+            Some(PinReason::Inline)
+        } else if e.is_encoded() {
+            Some(PinReason::Compressed)
+        } else if e.is_unstable() {
+            Some(PinReason::NotRewritable)
+        } else {
+            None
+        };
+        DestExtent { logical: e.logical, length: e.length, shared: e.is_shared(), fixed }
+    }
+}
+
+/// Why bytes shared into a destination free nothing on btrfs: their extent
+/// stays on disk for an uncovered rest of the same file. Stable names, for
+/// the reports and the database.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum PinReason {
+    /// The uncovered rest is more than `--rewrite-ratio` times the covered
+    /// part: rewriting it would write more than it frees.
+    BelowRewriteRatio,
+    /// The extent is compressed: its blocks have no address of their own,
+    /// so the rest cannot be moved out of it block by block.
+    Compressed,
+    /// The data is inline in metadata.
+    Inline,
+    /// Delayed allocation or unknown address: nothing stable to rewrite.
+    NotRewritable,
+    /// Rewriting the rest was tried and failed (I/O error, the file changed
+    /// or the kernel refused part of it).
+    RewriteFailed,
+}
+
+impl PinReason {
+    /// Every reason, in order.
+    pub const ALL: [PinReason; 5] = [
+        PinReason::BelowRewriteRatio,
+        PinReason::Compressed,
+        PinReason::Inline,
+        PinReason::NotRewritable,
+        PinReason::RewriteFailed,
+    ];
+
+    /// Name in the database and in reports.
+    pub fn name(self) -> &'static str {
+        match self {
+            PinReason::BelowRewriteRatio => "below_rewrite_ratio",
+            PinReason::Compressed => "compressed",
+            PinReason::Inline => "inline",
+            PinReason::NotRewritable => "not_rewritable",
+            PinReason::RewriteFailed => "rewrite_failed",
+        }
+    }
 }
 
 /// What to do about one destination file's partly covered extents.
@@ -47,11 +107,22 @@ pub struct DestExtent {
 pub struct Decision {
     /// Parts to rewrite, as `(offset, length)` in the file.
     pub rewrite: Vec<(u64, u64)>,
-    /// Covered bytes that will be shared but cannot free space: their
-    /// extent stays on disk for its uncovered rest (not worth rewriting, or
-    /// compressed/inline and not rewritable). The report's `pinned_bytes`,
-    /// so that shared = freed + pinned adds up on btrfs.
-    pub pinned: u64,
+    /// Covered bytes of the extents whose rest is rewritten: pinned after
+    /// all if the rewrite fails.
+    pub rewrite_covered: u64,
+    /// Covered bytes that will be shared but cannot free space, by why:
+    /// their extent stays on disk for its uncovered rest (not worth
+    /// rewriting, or compressed/inline and not rewritable). The report's
+    /// `pinned_bytes`, so that shared = freed + pinned adds up on btrfs.
+    pub pinned: BTreeMap<PinReason, u64>,
+}
+
+impl Decision {
+    /// Nothing to rewrite and nothing pinned: the file's extents are
+    /// untouched, wholly covered or already shared.
+    pub fn is_empty(&self) -> bool {
+        self.rewrite.is_empty() && self.pinned.is_empty()
+    }
 }
 
 /// Parts of `extents` to rewrite, as `(offset, length)` in the file.
@@ -76,10 +147,13 @@ pub fn decide(extents: &[DestExtent], covered: &[(u64, u64)], file_size: u64, ma
         if cov == 0 || uncovered == 0 {
             continue; // untouched, or freed anyway
         }
-        if !e.unstable && uncovered as f64 <= cov as f64 * max_ratio {
-            out.rewrite.extend(gaps);
-        } else {
-            out.pinned += cov;
+        match e.fixed {
+            None if uncovered as f64 <= cov as f64 * max_ratio => {
+                out.rewrite.extend(gaps);
+                out.rewrite_covered += cov;
+            }
+            None => *out.pinned.entry(PinReason::BelowRewriteRatio).or_default() += cov,
+            Some(why) => *out.pinned.entry(why).or_default() += cov,
         }
     }
     out
@@ -143,26 +217,30 @@ impl Executor<'_> {
         let Some(file) = self.open(id) else { return };
         let Ok(extents) = sys::fiemap(file.as_fd(), 0, size) else { return };
         self.ctx.note_solo(&extents);
-        let extents: Vec<DestExtent> = extents
-            .iter()
-            .map(|e| DestExtent {
-                logical: e.logical,
-                length: e.length,
-                shared: e.is_shared(),
-                unstable: e.is_unstable(),
-            })
-            .collect();
-        let Decision { rewrite: pieces, pinned } = decide(&extents, covered, size, b.max_ratio);
-        self.out.pinned_bytes += pinned;
-        if pieces.is_empty() {
+        let extents: Vec<DestExtent> = extents.iter().map(DestExtent::from_fiemap).collect();
+        let d = decide(&extents, covered, size, b.max_ratio);
+        if d.is_empty() {
             return;
         }
+        self.out.pin_checked.push(id);
+        for (&why, &bytes) in &d.pinned {
+            self.out.pin(id, why, bytes);
+        }
+        if d.rewrite.is_empty() {
+            return;
+        }
+        let pieces = &d.rewrite;
         match self.mode {
             Mode::DryRun => self.out.rewritten_bytes += pieces.iter().map(|p| p.1).sum::<u64>(),
             Mode::Share => {
-                if let Err(e) = self.rewrite(&file, size, &pieces, &b.tmp_dir) {
-                    let path = display_path(&self.files[&id].path);
-                    if e.raw_os_error().is_some_and(|n| no_space(Errno::from_raw(n))) {
+                match self.rewrite(&file, size, pieces, &b.tmp_dir) {
+                    Ok(true) => {}
+                    // The old extents stay for the rest not moved out.
+                    Ok(false) => self.out.pin(id, PinReason::RewriteFailed, d.rewrite_covered),
+                    Err(e) if is_no_space(&e) => {
+                        let path = display_path(&self.files[&id].path);
+                        // Not shared at all this run: nothing pinned either.
+                        self.out.pinned.retain(|k, _| k.0 != id);
                         locked(&self.ctx.deferred).insert(id);
                         let bytes = covered.iter().map(|c| c.1).sum();
                         self.out.pending.insert(id, (Pending::NoSpaceRewrite, bytes));
@@ -170,9 +248,12 @@ impl Executor<'_> {
                             "{path}: no space to rewrite partly shared extents ({e}); not shared now, retried by the next run"
                         ));
                         *self.out.errors.entry(ErrorKind::NoSpace).or_default() += 1;
-                    } else {
+                    }
+                    Err(e) => {
+                        let path = display_path(&self.files[&id].path);
                         self.progress.warn(&format!("{path}: cannot rewrite partly shared extents: {e}"));
                         *self.out.errors.entry(ErrorKind::Rewrite).or_default() += 1;
+                        self.out.pin(id, PinReason::RewriteFailed, d.rewrite_covered);
                     }
                 }
             }
@@ -182,10 +263,18 @@ impl Executor<'_> {
     /// Copy `pieces` of `dest` into an unnamed temporary file on the same
     /// filesystem (at the same offsets, same size, so an unaligned tail ends
     /// at both EOFs), then share them back into `dest`: the kernel compares
-    /// the bytes, and `dest` then references fresh extents there.
-    fn rewrite(&mut self, dest: &File, size: u64, pieces: &[(u64, u64)], dir: &std::path::Path) -> std::io::Result<()> {
+    /// the bytes, and `dest` then references fresh extents there. `false`:
+    /// some piece was not moved (the file changed, or the kernel refused).
+    fn rewrite(
+        &mut self,
+        dest: &File,
+        size: u64,
+        pieces: &[(u64, u64)],
+        dir: &std::path::Path,
+    ) -> std::io::Result<bool> {
         let tmp = sys::inode::open_tmpfile(dir)?;
         tmp.set_len(size)?;
+        let mut complete = true;
         for &(off, len) in pieces {
             let mut pos = 0;
             while pos < len {
@@ -211,12 +300,20 @@ impl Executor<'_> {
                         return Err(std::io::Error::from(e));
                     }
                     // Changed meanwhile, or refused: the file keeps its old extent.
-                    _ => break,
+                    _ => {
+                        complete = false;
+                        break;
+                    }
                 }
             }
         }
-        Ok(())
+        Ok(complete)
     }
+}
+
+/// Out of space or quota (the file is left for a later run).
+fn is_no_space(e: &std::io::Error) -> bool {
+    e.raw_os_error().is_some_and(|n| no_space(Errno::from_raw(n)))
 }
 
 #[cfg(test)]
@@ -226,7 +323,7 @@ mod tests {
     const K: u64 = 4096;
 
     fn ext(logical: u64, length: u64) -> DestExtent {
-        DestExtent { logical, length, shared: false, unstable: false }
+        DestExtent { logical, length, shared: false, fixed: None }
     }
 
     #[test]
@@ -294,23 +391,41 @@ mod tests {
         assert_eq!(remainders(&[ext(0, 10 * K)], &[(K, 8 * K + 100)], size, 1.0), vec![(0, K)]);
     }
 
+    fn pins(list: &[(PinReason, u64)]) -> BTreeMap<PinReason, u64> {
+        list.iter().copied().collect()
+    }
+
     #[test]
     fn pinned_is_what_is_covered_but_not_freed() {
+        use PinReason::*;
         // Remainder too large: the covered 4 blocks stay pinned.
-        assert_eq!(decide(&[ext(0, 10 * K)], &[(0, 4 * K)], 1 << 40, 1.0), Decision { rewrite: vec![], pinned: 4 * K });
-        // Rewritten: nothing pinned.
-        assert_eq!(decide(&[ext(0, 8 * K)], &[(0, 4 * K)], 1 << 40, 1.0).pinned, 0);
+        let d = decide(&[ext(0, 10 * K)], &[(0, 4 * K)], 1 << 40, 1.0);
+        assert_eq!(d, Decision { rewrite: vec![], rewrite_covered: 0, pinned: pins(&[(BelowRewriteRatio, 4 * K)]) });
+        // Rewritten: nothing pinned; pinned after all if the rewrite fails.
+        let d = decide(&[ext(0, 8 * K)], &[(0, 4 * K)], 1 << 40, 1.0);
+        assert_eq!((d.pinned, d.rewrite_covered), (pins(&[]), 4 * K));
         // --rewrite-ratio 0: every partly covered extent is pinned.
-        assert_eq!(decide(&[ext(0, 8 * K)], &[(0, 7 * K)], 1 << 40, 0.0).pinned, 7 * K);
-        // Compressed (unstable) and partly covered: pinned, never rewritten.
-        let zstd = DestExtent { unstable: true, ..ext(0, 8 * K) };
-        assert_eq!(decide(&[zstd], &[(0, 7 * K)], 1 << 40, 1.0), Decision { rewrite: vec![], pinned: 7 * K });
+        assert_eq!(decide(&[ext(0, 8 * K)], &[(0, 7 * K)], 1 << 40, 0.0).pinned, pins(&[(BelowRewriteRatio, 7 * K)]));
+        // Not rewritable and partly covered: pinned for what the extent is.
+        for why in [Compressed, Inline, NotRewritable] {
+            let e = DestExtent { fixed: Some(why), ..ext(0, 8 * K) };
+            let d = decide(&[e], &[(0, 7 * K)], 1 << 40, 1.0);
+            assert_eq!(d, Decision { rewrite: vec![], rewrite_covered: 0, pinned: pins(&[(why, 7 * K)]) }, "{why:?}");
+        }
+        // Two reasons in one file, each extent judged apart.
+        let zstd = DestExtent { fixed: Some(Compressed), ..ext(0, 8 * K) };
+        let d = decide(&[zstd, ext(8 * K, 16 * K)], &[(K, 8 * K)], 1 << 40, 1.0);
+        assert_eq!(d.pinned, pins(&[(Compressed, 7 * K), (BelowRewriteRatio, K)]));
         // Wholly covered, untouched or shared with another file: not pinned here.
         let shared = DestExtent { shared: true, ..ext(16 * K, 8 * K) };
-        assert_eq!(
-            decide(&[ext(0, 8 * K), ext(8 * K, 8 * K), shared], &[(0, 8 * K), (16 * K, K)], 1 << 40, 1.0).pinned,
-            0
-        );
+        let d = decide(&[ext(0, 8 * K), ext(8 * K, 8 * K), shared], &[(0, 8 * K), (16 * K, K)], 1 << 40, 1.0);
+        assert!(d.is_empty(), "{d:?}");
+    }
+
+    #[test]
+    fn reason_names_are_stable_and_distinct() {
+        let names: Vec<&str> = PinReason::ALL.iter().map(|r| r.name()).collect();
+        assert_eq!(names, ["below_rewrite_ratio", "compressed", "inline", "not_rewritable", "rewrite_failed"]);
     }
 
     #[test]

@@ -47,6 +47,7 @@ mod pinned;
 mod verify;
 mod workers;
 
+pub use bookend::PinReason;
 pub use workers::{default_workers, MAX_WORKERS};
 use workers::{dest_coverage, on_workers, units, used_once, WorkerContext};
 
@@ -81,8 +82,13 @@ pub struct Outcome {
     /// ones can be freed (btrfs); in a dry run, what would be.
     pub rewritten_bytes: u64,
     /// Bytes planned into partly covered extents that stay on disk for
-    /// their uncovered rest (btrfs): shared, but freeing nothing.
-    pub pinned_bytes: u64,
+    /// their uncovered rest (btrfs): shared, but freeing nothing; by
+    /// destination and why. Only files with such bytes, so it stays small.
+    pub pinned: BTreeMap<(FileId, PinReason), u64>,
+    /// Destinations whose partly covered extents the bookend pass judged
+    /// (rewritten or pinned): the database's account of what they pin is
+    /// replaced by this run's.
+    pub pin_checked: Vec<FileId>,
     /// Files that could not be opened or rewritten, by kind.
     pub errors: BTreeMap<ErrorKind, u64>,
     /// Set when sharing was stopped because the filesystem refuses it.
@@ -213,6 +219,27 @@ pub fn execute_with_workers(
 }
 
 impl Outcome {
+    /// Count `bytes` of destination `id` as pinned for `why`.
+    fn pin(&mut self, id: FileId, why: PinReason, bytes: u64) {
+        if bytes > 0 {
+            *self.pinned.entry((id, why)).or_default() += bytes;
+        }
+    }
+
+    /// Bytes shared but freeing nothing (btrfs), all files and reasons.
+    pub fn pinned_bytes(&self) -> u64 {
+        self.pinned.values().sum()
+    }
+
+    /// [`Outcome::pinned_bytes`] by reason.
+    pub fn pinned_by_reason(&self) -> BTreeMap<PinReason, u64> {
+        let mut out = BTreeMap::new();
+        for (&(_, why), &n) in &self.pinned {
+            *out.entry(why).or_default() += n;
+        }
+        out
+    }
+
     /// Add what another worker did.
     fn merge(&mut self, o: Outcome) {
         self.duplicate_bytes += o.duplicate_bytes;
@@ -227,7 +254,10 @@ impl Outcome {
         self.inline_files += o.inline_files;
         self.swapped_sources += o.swapped_sources;
         self.rewritten_bytes += o.rewritten_bytes;
-        self.pinned_bytes += o.pinned_bytes;
+        for (k, n) in o.pinned {
+            *self.pinned.entry(k).or_default() += n;
+        }
+        self.pin_checked.extend(o.pin_checked);
         for (k, n) in o.errors {
             *self.errors.entry(k).or_default() += n;
         }
