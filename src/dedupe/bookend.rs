@@ -200,7 +200,48 @@ pub fn union(mut ranges: Vec<(u64, u64)>) -> Vec<(u64, u64)> {
     out
 }
 
+/// A destination's parts found different from their source, merged, and
+/// the bytes the plan covered in that file.
+pub type FailedParts = (FileId, Vec<(u64, u64)>, u64);
+
+/// The parts of each destination the kernel found different (see
+/// [`super::Outcome::differs`]), by file id.
+pub fn failed_parts(plan: &crate::plan::Plan, differs: Vec<(FileId, u64, u64)>) -> Vec<FailedParts> {
+    let mut by_dest: BTreeMap<FileId, Vec<(u64, u64)>> = BTreeMap::new();
+    for (id, off, len) in differs {
+        by_dest.entry(id).or_default().push((off, len));
+    }
+    let mut covered: BTreeMap<FileId, u64> = by_dest.keys().map(|&id| (id, 0)).collect();
+    for r in &plan.ranges {
+        if let Some(c) = covered.get_mut(&r.dest) {
+            *c += r.len;
+        }
+    }
+    by_dest.into_iter().map(|(id, parts)| (id, union(parts), covered[&id])).collect()
+}
+
 impl Executor<'_> {
+    /// After the ranges: destination `id`'s `parts` were found different
+    /// from their source and not shared (a fingerprint collision, mostly).
+    /// They still reference the old extent the rest of the file's planned
+    /// bytes (`covered` in all) left, so that whole extent stays on disk —
+    /// a collision in a 100 MiB image extent whose rest was rewritten kept
+    /// all 100 MiB and the rewrite. Copy them to fresh extents like a
+    /// remainder ([`Executor::free_bookends`]), within the same bound: at
+    /// most `max_ratio` times what was shared.
+    pub(super) fn unpin_differing(&mut self, id: FileId, parts: &[(u64, u64)], covered: u64, b: &Bookends) {
+        let Some(size) = self.files.get(&id).map(|c| c.size) else { return };
+        let failed: u64 = parts.iter().map(|p| p.1).sum();
+        if failed as f64 > covered.saturating_sub(failed) as f64 * b.max_ratio {
+            return;
+        }
+        let Some(file) = self.open(id) else { return };
+        if let Err(e) = self.rewrite(&file, size, parts, &b.tmp_dir) {
+            let path = display_path(&self.files[&id].path);
+            self.progress.info(&format!("{path}: cannot rewrite parts that differ from their source: {e}"));
+        }
+    }
+
     /// Rewrite the uncovered remainders of the partly covered extents of
     /// destination `id`, whose planned ranges cover `covered` (chosen by
     /// [`remainders`]).
@@ -426,6 +467,21 @@ mod tests {
     fn reason_names_are_stable_and_distinct() {
         let names: Vec<&str> = PinReason::ALL.iter().map(|r| r.name()).collect();
         assert_eq!(names, ["below_rewrite_ratio", "compressed", "inline", "not_rewritable", "rewrite_failed"]);
+    }
+
+    #[test]
+    fn failed_parts_are_merged_per_file_with_what_was_planned_into_it() {
+        use crate::plan::{Plan, Range};
+        let r = |src: i64, dest: i64, dest_off: u64, len: u64| Range {
+            src: FileId(src),
+            src_off: 0,
+            len,
+            dest: FileId(dest),
+            dest_off,
+        };
+        let plan = Plan { ranges: vec![r(1, 2, 0, 8 * K), r(3, 2, 8 * K, K), r(1, 4, 0, 4 * K)] };
+        let differs = vec![(FileId(2), 8 * K, K), (FileId(2), 0, K), (FileId(2), 8 * K, K)];
+        assert_eq!(failed_parts(&plan, differs), vec![(FileId(2), vec![(0, K), (8 * K, K)], 9 * K)]);
     }
 
     #[test]

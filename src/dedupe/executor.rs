@@ -436,6 +436,10 @@ impl<'a> Executor<'a> {
                                 if matches!(res.status, DedupeStatus::Error(e) if no_space(e)) {
                                     self.pend(dests[k].id, Pending::NoSpaceShare, len - done);
                                 }
+                                if res.status == DedupeStatus::Differs {
+                                    // The rest of the range is given up.
+                                    self.out.differs.push((dests[k].id, dests[k].off + done, len - done));
+                                }
                                 if !self.record(dests[k].id, res.status, res.bytes_deduped) {
                                     alive[k] = false;
                                 } else if res.bytes_deduped < chunk {

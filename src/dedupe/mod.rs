@@ -85,6 +85,13 @@ pub struct Outcome {
     /// their uncovered rest (btrfs): shared, but freeing nothing; by
     /// destination and why. Only files with such bytes, so it stays small.
     pub pinned: BTreeMap<(FileId, PinReason), u64>,
+    /// Parts of destinations, `(file, offset, length)`, the kernel found
+    /// different from their source and did not share: two blocks whose
+    /// 32-bit fingerprints collide (about a hundred pairs in a million
+    /// blocks), or a file changed since its scan. On btrfs such a part
+    /// keeps its whole old extent on disk once the rest of the file left
+    /// it ([`bookend`] then rewrites it).
+    pub differs: Vec<(FileId, u64, u64)>,
     /// Destinations whose partly covered extents the bookend pass judged
     /// (rewritten or pinned): the database's account of what they pin is
     /// replaced by this run's.
@@ -215,6 +222,14 @@ pub fn execute_with_workers(
     out.merge(on_workers(&ctx, workers, &units(&plan.ranges), |ex, &(start, end)| {
         ex.run_unit(&plan.ranges[start..end])
     }));
+    if let (Some(b), Mode::Share) = (bookends, mode) {
+        // Parts found different stay in the old extent of their file,
+        // which the rest of the file left: free it too.
+        let failed = bookend::failed_parts(plan, std::mem::take(&mut out.differs));
+        out.merge(on_workers(&ctx, workers, &failed, |ex, (id, parts, covered)| {
+            ex.unpin_differing(*id, parts, *covered, b)
+        }));
+    }
     out
 }
 
@@ -258,6 +273,7 @@ impl Outcome {
             *self.pinned.entry(k).or_default() += n;
         }
         self.pin_checked.extend(o.pin_checked);
+        self.differs.extend(o.differs);
         for (k, n) in o.errors {
             *self.errors.entry(k).or_default() += n;
         }
