@@ -37,6 +37,12 @@ fn dispatch(cfg: &Config) -> ExitCode {
         let _ = signal_hook::flag::register_conditional_shutdown(sig, dedupscan::exit::KILLED, Arc::clone(&stop));
         let _ = signal_hook::flag::register(sig, Arc::clone(&stop));
     }
+    if matches!(cfg.action, Action::Report(_)) {
+        // `report` only reads, and on millions of files it measures for
+        // minutes without a point to stop cleanly at: the first signal
+        // ends it at once (exit 130), as the second one ends a run.
+        stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    }
     if let Some(budget) = cfg.scan().and_then(|s| s.max_runtime) {
         // The time budget stops the run the same clean way a signal does.
         let stop = Arc::clone(&stop);

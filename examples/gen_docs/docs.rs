@@ -241,7 +241,7 @@ fn hand_written() -> Roff {
             ExitCode::Interrupted,
             "Stopped before finishing: SIGINT, SIGTERM or --max-runtime. The work done is committed, the run is marked \
              interrupted in the history (report --json: \"interrupted\": true), and the next run carries on. A second \
-             signal ends the process at once with status 130.",
+             signal ends the process at once with status 130; report, which changes nothing, ends at the first.",
         ),
         (
             ExitCode::Unsupported,
