@@ -10,7 +10,9 @@
 //! threads as the ranges (one destination at a time each; on the calling
 //! thread when there is one worker), and ends before any range is shared.
 //! The plan's ranges then run on the workers, a unit (the ranges of one
-//! source) at a time.
+//! source) at a time. Last (btrfs), the parts the kernel found different
+//! from their source are rewritten, so they do not keep their file's old
+//! extent on disk ([`bookend`]).
 //!
 //! One job per file:
 //! - `workers.rs`: the worker pool, the units of work, and the
