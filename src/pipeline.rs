@@ -29,7 +29,7 @@ use crate::plan::{Plan, PlanOptions};
 use crate::policy::{Policy, SkipReason};
 use crate::progress::Progress;
 
-use crate::file::{FileFacts, FileId};
+use crate::file::{FileFacts, FileId, IdSet};
 use crate::report::{ListedRange, Report};
 use crate::sys::beneath::Tree;
 use crate::sys::{self, FsKind};
@@ -170,6 +170,8 @@ struct Planned {
     /// The recorded facts of the files the plan names, for the executor's
     /// identity checks.
     files: HashMap<FileId, FileFacts>,
+    /// Files this run's scan found sharing nothing (no destination FIEMAP).
+    unshared: IdSet,
 }
 
 /// Phase 2: plan from the database. Free space before sharing is measured
@@ -231,7 +233,7 @@ fn plan_phase(
         human(plan.bytes()),
         whole_groups
     ));
-    let planned = Some(Planned { plan, files });
+    let planned = Some(Planned { plan, files, unshared: scanned.unshared.clone() });
     Ok((PlanOutcome { pending, planned, plan_ms: ms(t) }, free_before))
 }
 
@@ -302,7 +304,17 @@ fn share_phase(
         max_ratio: cfg.rewrite_ratio,
     });
     let block_size = job.scan.block_size;
-    let out = dedupe::execute(plan, &planned.files, &job.tree, block_size, mode, bookends.as_ref(), progress, stop);
+    let out = dedupe::execute(
+        plan,
+        &planned.files,
+        &planned.unshared,
+        &job.tree,
+        block_size,
+        mode,
+        bookends.as_ref(),
+        progress,
+        stop,
+    );
     let mut freed_bytes = None;
     if let Some(before) = before {
         // Flushing the volume can take seconds after much sharing: say so

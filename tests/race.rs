@@ -374,8 +374,18 @@ fn refused_destination(fs: Fs) {
     let plan = Plan { ranges: vec![range(2), range(3)] };
     let tree = Tree::open(&[dir.clone(), tmp.path().to_owned()]).unwrap();
     let stop = std::sync::atomic::AtomicBool::new(false);
-    let out =
-        execute_with_workers(&plan, &files, &tree, 4096, Mode::Share, None, &dedupscan::progress::Silent, &stop, 1);
+    let out = execute_with_workers(
+        &plan,
+        &files,
+        &dedupscan::file::IdSet::new(),
+        &tree,
+        4096,
+        Mode::Share,
+        None,
+        &dedupscan::progress::Silent,
+        &stop,
+        1,
+    );
     before.assert_same(&Snapshot::take(&dir));
     if fs == Fs::XfsNoReflink {
         assert!(out.refused.is_some(), "{out:?}");

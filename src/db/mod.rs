@@ -371,6 +371,7 @@ mod tests {
             bytes_read: 0,
             bytes_reused: 0,
             cached: Vec::new(),
+            unshared: false,
         };
         WriteOp::Hashed { id, dev: 1, ino, path: path.into(), mtime: 0, ctime: 0, hash }
     }

@@ -16,7 +16,7 @@ use rusqlite::{params, Connection};
 
 use super::{file_map, path_bytes, Db, TWIN_MIN_MAP};
 
-use crate::file::{FileId, TimeTag};
+use crate::file::{FileId, IdSet, TimeTag};
 use crate::hash::FileHash;
 
 /// Files per transaction at most.
@@ -74,6 +74,10 @@ pub struct Written {
     pub new_files: u64,
     /// Files hashed by this run (new rows and replaced ones).
     pub hashed: u64,
+    /// Files hashed by this run whose every extent was their own as they
+    /// were hashed ([`crate::hash::FileHash::unshared`]). A bitset by row
+    /// id: flat in the number of files.
+    pub unshared: IdSet,
 }
 
 /// The writer's state: the run it marks rows with, what it did, and the
@@ -237,6 +241,9 @@ impl Writer {
                     FileId(conn.last_insert_rowid())
                 });
                 self.out.hashed += 1;
+                if hash.unshared {
+                    self.out.unshared.insert(id);
+                }
                 if sharable && holder.is_none() {
                     self.holders.insert(key, id);
                     self.holder_keys.insert(id, key);
@@ -249,6 +256,7 @@ impl Writer {
                 self.prune_dirs = true;
             }
             WriteOp::Removed { id } => {
+                self.out.unshared.remove(id);
                 self.hand_over(conn, id)?;
                 conn.prepare_cached("DELETE FROM files WHERE id = ?1")?.execute([id])?;
                 self.prune_dirs = true;

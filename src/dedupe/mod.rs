@@ -37,7 +37,7 @@ use serde::Serialize;
 
 use crate::errors::ErrorKind;
 use crate::file::FileFacts;
-use crate::file::FileId;
+use crate::file::{FileId, IdSet};
 use crate::plan::Plan;
 use crate::progress::Progress;
 use crate::sys::beneath::Tree;
@@ -170,6 +170,7 @@ pub struct Bookends {
 pub fn execute(
     plan: &Plan,
     files: &HashMap<FileId, FileFacts>,
+    unshared: &IdSet,
     tree: &Tree,
     block_size: u64,
     mode: Mode,
@@ -177,7 +178,7 @@ pub fn execute(
     progress: &dyn Progress,
     stop: &AtomicBool,
 ) -> Outcome {
-    execute_with_workers(plan, files, tree, block_size, mode, bookends, progress, stop, default_workers())
+    execute_with_workers(plan, files, unshared, tree, block_size, mode, bookends, progress, stop, default_workers())
 }
 
 /// [`execute`] on `workers` threads (1: all on the calling thread). The
@@ -187,6 +188,7 @@ pub fn execute(
 pub fn execute_with_workers(
     plan: &Plan,
     files: &HashMap<FileId, FileFacts>,
+    unshared: &IdSet,
     tree: &Tree,
     block_size: u64,
     mode: Mode,
@@ -197,6 +199,7 @@ pub fn execute_with_workers(
 ) -> Outcome {
     let ctx = WorkerContext {
         files,
+        unshared,
         tree,
         can_share: OnceLock::new(),
         block_size,

@@ -19,7 +19,7 @@ use super::bookend;
 use super::executor::Executor;
 use super::{Mode, Outcome};
 use crate::file::FileFacts;
-use crate::file::FileId;
+use crate::file::{FileId, IdSet};
 use crate::plan::{Plan, Range};
 use crate::progress::Progress;
 use crate::sys::beneath::Tree;
@@ -175,6 +175,10 @@ pub(super) struct WorkerContext<'a> {
     /// Files in exactly one range of the plan (as source or destination):
     /// a whole-file group's source and copy may swap roles safely.
     pub(super) used_once: HashSet<FileId>,
+    /// Files the scan of this run mapped and found sharing no extent:
+    /// as destinations they are not mapped again (see
+    /// `Executor::source_group`).
+    pub(super) unshared: &'a IdSet,
     /// Disk space (FIEMAP addresses, start → end, overlapping pieces
     /// merged) of extents some FIEMAP of this phase reported not shared: see
     /// [`WorkerContext::seen_solo`].

@@ -65,6 +65,11 @@ pub struct FileHash {
     /// caller can take them back if the file turns out to have changed
     /// while it was read.
     pub cached: Vec<(u64, u64)>,
+    /// The file was mapped (FIEMAP) while it was hashed and every extent
+    /// was its own: none shared with another file or snapshot, none inline.
+    /// The share phase then needs no FIEMAP of it as a destination (see
+    /// `dedupe::executor`): nothing can already share the source's blocks.
+    pub unshared: bool,
 }
 
 /// Fingerprint of a block digest: its first 8 bytes, never [`ZERO_FP`].
@@ -127,7 +132,15 @@ pub fn hash_file_with(
         buf,
         drop_behind,
         cache: cache.filter(|c| c.block_size == block_size && worth_mapping(size, block_size)),
-        out: FileHash { size, map: BlockMap::new(), bytes_read: 0, bytes_reused: 0, cached: Vec::new() },
+        out: FileHash {
+            size,
+            map: BlockMap::new(),
+            bytes_read: 0,
+            bytes_reused: 0,
+            cached: Vec::new(),
+            unshared: false,
+        },
+        mapped: None,
     };
     // A file that fits in one read is read in one `pread`: no hole search,
     // no read-ahead advice (four system calls fewer per small file; a hole
@@ -159,6 +172,7 @@ pub fn hash_file_with(
         }
     }
     debug_assert_eq!(h.out.map.len(), size.div_ceil(block_size));
+    h.out.unshared = h.mapped == Some(true);
     Ok(h.out)
 }
 
@@ -180,6 +194,9 @@ struct Hasher<'a> {
     drop_behind: bool,
     cache: Option<&'a ExtentCache>,
     out: FileHash,
+    /// `None` until FIEMAP mapped a region; then whether every extent it
+    /// showed was the file's own (see [`FileHash::unshared`]).
+    mapped: Option<bool>,
 }
 
 impl Hasher<'_> {

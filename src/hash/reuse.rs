@@ -46,8 +46,13 @@ impl Hasher<'_> {
             let extents = match fiemap::fiemap(self.file.as_fd(), pos, win_end - pos) {
                 Ok(e) => e,
                 // No FIEMAP here: read everything.
-                Err(_) => return self.read(pos, end),
+                Err(_) => {
+                    self.mapped = Some(false);
+                    return self.read(pos, end);
+                }
             };
+            let own = extents.iter().all(|e| !e.is_shared() && !e.is_inline());
+            self.mapped = Some(self.mapped.unwrap_or(true) && own);
             let tail = tail_phys(&extents, self.bs, self.size);
             let whole_end = self.size / self.bs * self.bs;
             for (s, e, phys) in segments(&extents, pos, win_end, self.bs, self.size) {

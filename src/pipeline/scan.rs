@@ -45,6 +45,9 @@ pub(super) struct ScanOutcome {
     /// saw and the files it hashed, minus those that failed to hash. A
     /// bitset by row id: memory flat in the number of files.
     pub(super) seen: IdSet,
+    /// Files hashed by this run that shared no extent with anything as
+    /// they were hashed ([`crate::db::writer::Written::unshared`]).
+    pub(super) unshared: IdSet,
 }
 
 impl ScanOutcome {
@@ -96,7 +99,7 @@ pub(super) fn scan_phase(
     drop(tx);
     let (walked, walk_ms) = (crawled.walked, crawled.walk_ms);
     let (mut seen, changes) = crawled.classifier.finish().map_err(|e| anyhow::anyhow!("reading the database: {e}"))?;
-    let (db, _) =
+    let (db, written) =
         writer.join().map_err(|_| anyhow::anyhow!("database writer panicked"))?.context("writing the database")?;
     // The plan may use what the crawl saw and what this run hashed, not
     // the files that failed to hash.
@@ -106,7 +109,8 @@ pub(super) fn scan_phase(
             seen.remove(id);
         }
     }
-    let out = ScanOutcome { walked, changes, hashed, removed, interrupted, walk_ms, scan_ms: ms(t), seen };
+    let unshared = written.unshared;
+    let out = ScanOutcome { walked, changes, hashed, removed, interrupted, walk_ms, scan_ms: ms(t), seen, unshared };
     progress.finish_phase(&format!(
         "1/3 scan: {} files, {} hashed, {} read",
         out.files_scanned(),
