@@ -23,8 +23,9 @@
 //! [`super::extents`]) are not submitted again, so a second run on an
 //! unchanged volume submits nothing. A destination this run's scan mapped
 //! and found sharing nothing (`WorkerContext::unshared`) is not mapped:
-//! nothing can share the source's blocks with it yet. A destination the kernel answers
-//! ENOSPC/EDQUOT to is recorded pending ([`Pending::NoSpaceShare`]).
+//! nothing can share the source's blocks with it yet. A destination the
+//! kernel answers ENOSPC/EDQUOT to is recorded pending
+//! ([`Pending::NoSpaceShare`]).
 
 use std::collections::HashMap;
 use std::fs::File;
