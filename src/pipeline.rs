@@ -111,7 +111,7 @@ fn run_inner(
     if let Some(cfg) = share.filter(|_| !scanned.interrupted) {
         let (plan, free_before) = plan_phase(&job, cfg, &db, &scanned, progress)?;
         if let Some(p) = plan.planned.as_ref() {
-            sharing = Some(share_phase(&job, cfg, &db, run_id, p, free_before, progress, stop)?);
+            sharing = Some(share_phase(&job, cfg, &db, run_id, p, &scanned.unshared, free_before, progress, stop)?);
         }
         planned = Some(plan);
     }
@@ -170,8 +170,6 @@ struct Planned {
     /// The recorded facts of the files the plan names, for the executor's
     /// identity checks.
     files: HashMap<FileId, FileFacts>,
-    /// Files this run's scan found sharing nothing (no destination FIEMAP).
-    unshared: IdSet,
 }
 
 /// Phase 2: plan from the database. Free space before sharing is measured
@@ -233,7 +231,7 @@ fn plan_phase(
         human(plan.bytes()),
         whole_groups
     ));
-    let planned = Some(Planned { plan, files, unshared: scanned.unshared.clone() });
+    let planned = Some(Planned { plan, files });
     Ok((PlanOutcome { pending, planned, plan_ms: ms(t) }, free_before))
 }
 
@@ -270,6 +268,7 @@ impl ShareOutcome {
 }
 
 /// Phase 3: share (or, in a dry run, verify) what `planned` found.
+/// `unshared`: files the scan found sharing no extent (not mapped again).
 #[allow(clippy::too_many_arguments)]
 fn share_phase(
     job: &Job,
@@ -277,6 +276,7 @@ fn share_phase(
     db: &Db,
     run_id: i64,
     planned: &Planned,
+    unshared: &IdSet,
     free_before: Option<FreeSpace>,
     progress: &dyn Progress,
     stop: &AtomicBool,
@@ -304,17 +304,8 @@ fn share_phase(
         max_ratio: cfg.rewrite_ratio,
     });
     let block_size = job.scan.block_size;
-    let out = dedupe::execute(
-        plan,
-        &planned.files,
-        &planned.unshared,
-        &job.tree,
-        block_size,
-        mode,
-        bookends.as_ref(),
-        progress,
-        stop,
-    );
+    let out =
+        dedupe::execute(plan, &planned.files, unshared, &job.tree, block_size, mode, bookends.as_ref(), progress, stop);
     let mut freed_bytes = None;
     if let Some(before) = before {
         // Flushing the volume can take seconds after much sharing: say so

@@ -256,7 +256,6 @@ impl Writer {
                 self.prune_dirs = true;
             }
             WriteOp::Removed { id } => {
-                self.out.unshared.remove(id);
                 self.hand_over(conn, id)?;
                 conn.prepare_cached("DELETE FROM files WHERE id = ?1")?.execute([id])?;
                 self.prune_dirs = true;
