@@ -1,0 +1,111 @@
+#!/usr/bin/env bash
+# benches/ab.sh [--fs btrfs|xfs] [--size FULL|SMALL|BYTES] [--rounds N]
+#               [--memory-limit 1G] [--work DIR] BIN_A BIN_B [BIN...]
+#
+# A/B timing of dedupscan builds on one corpus, the way the 2-core machines
+# need it (docs/BENCHMARKS.md): one pristine volume with the corpus, and for
+# every run a fresh byte-identical copy of it (cp --sparse=always), read once
+# to settle, caches dropped, then the raw read (cat, 64 readers) and, caches
+# dropped again, one full run of one build, on that same copy. Builds are
+# alternated round by round, so a slow spell of the disk hits them alike;
+# each run prints full / raw of its own copy (the spread between copies is
+# often larger than the difference between builds: compare medians).
+#
+# Per run: full/raw, the phase times of the report, freed bytes (statfs) and
+# user/sys CPU; at the end, the medians per build. Extra arguments for every
+# run go after `--`. With --memory-limit both the raw read and the run are in
+# a memory cgroup (v2, or v1 where that is what the machine has).
+# Needs root, loop devices, mkfs.<fs>, /usr/bin/time, python3.
+set -euo pipefail
+HERE=$(cd "$(dirname "$0")" && pwd)
+
+fs=btrfs size=FULL rounds=3 limit= work=/var/tmp/dedupscan-ab
+bins=() extra=()
+while [[ $# -gt 0 ]]; do
+    case $1 in
+    --fs) fs=$2; shift 2 ;;
+    --size) size=$2; shift 2 ;;
+    --rounds) rounds=$2; shift 2 ;;
+    --memory-limit) limit=$2; shift 2 ;;
+    --work) work=$2; shift 2 ;;
+    --) shift; extra=("$@"); break ;;
+    -*) echo "ab.sh: unknown option $1" >&2; exit 2 ;;
+    *) bins+=("$(realpath "$1")"); shift ;;
+    esac
+done
+[[ ${#bins[@]} -ge 1 && $EUID -eq 0 ]] || { sed -n '2,4p' "$0" >&2; echo "ab.sh: needs root and at least one build" >&2; exit 2; }
+case $size in FULL) bytes=4G ;; SMALL) bytes=400M ;; *) bytes=$size ;; esac
+# The volume: three times the corpus, at least 2 GiB (as compare.sh).
+vol=$(($(numfmt --from=iec "$bytes") * 3))
+((vol > 2 << 30)) || vol=$((2 << 30))
+
+mkdir -p "$work/mnt"
+mnt=$work/mnt data=$work/mnt/data pristine=$work/pristine-$fs-$bytes.img
+log() { printf '[ab %s] %s\n' "$(date +%T)" "$*" >&2; }
+cold() { sync; echo 3 >/proc/sys/vm/drop_caches; }
+readall() { (cd "$data" && find . -type f -print0 | xargs -0 -n 32 -P 64 cat >/dev/null); }
+cleanup() {
+    mountpoint -q "$mnt" && umount "$mnt"
+    [[ -n ${cg:-} ]] && rmdir "$cg" 2>/dev/null
+    return 0
+}
+trap cleanup EXIT
+
+# The memory cgroup, and IN_CG: a prefix that runs a command inside it.
+IN_CG=()
+if [[ -n $limit ]]; then
+    if [[ $(stat -fc %T /sys/fs/cgroup) == cgroup2fs ]]; then
+        grep -qw memory /sys/fs/cgroup/cgroup.subtree_control || echo +memory >/sys/fs/cgroup/cgroup.subtree_control
+        cg=/sys/fs/cgroup/dedupscan-ab-$$ && mkdir "$cg" && numfmt --from=iec "$limit" >"$cg/memory.max"
+    else
+        cg=/sys/fs/cgroup/memory/dedupscan-ab-$$ && mkdir "$cg" && numfmt --from=iec "$limit" >"$cg/memory.limit_in_bytes"
+    fi
+    IN_CG=(sh -c 'echo $$ >"$0/cgroup.procs" && exec "$@"' "$cg")
+fi
+
+if [[ ! -f $pristine ]]; then
+    [[ -d $work/corpus-$bytes ]] || { log "building the corpus ($size)"; "$HERE/corpus.sh" "$work/corpus-$bytes" "$bytes" >&2; }
+    log "pristine $fs volume"
+    truncate -s "$vol" "$pristine.tmp"
+    case $fs in
+    btrfs) mkfs.btrfs -q -f "$pristine.tmp" >/dev/null ;;
+    xfs) mkfs.xfs -q -f -m reflink=1 "$pristine.tmp" ;;
+    *) echo "ab.sh: --fs btrfs or xfs" >&2; exit 2 ;;
+    esac
+    mount -o loop "$pristine.tmp" "$mnt" && mkdir "$data"
+    cp -a --sparse=always --reflink=never "$work/corpus-$bytes/." "$data/"
+    sync -f "$mnt" && umount "$mnt" && mv "$pristine.tmp" "$pristine"
+fi
+
+results=$work/results-$$.tsv
+: >"$results"
+for ((round = 1; round <= rounds; round++)); do
+    for bin in "${bins[@]}"; do
+        rm -f "$work/work.img" && cp --sparse=always --reflink=never "$pristine" "$work/work.img"
+        mount -o loop "$work/work.img" "$mnt"
+        readall && cold
+        t0=$(date +%s%N) && "${IN_CG[@]}" sh -c 'cd "$0" && find . -type f -print0 | xargs -0 -n 32 -P 64 cat >/dev/null' "$data"
+        raw=$(($(date +%s%N) - t0)) && cold
+        rm -f "$work"/run.db*
+        t0=$(date +%s%N)
+        "${IN_CG[@]}" /usr/bin/time -o "$work/cpu" -f '%U %S' "$bin" "$data" --db "$work/run.db" --json \
+            --progress never "${extra[@]}" >"$work/report.json" 2>"$work/stderr" || log "$bin: exit $?"
+        full=$(($(date +%s%N) - t0))
+        umount "$mnt"
+        python3 - "$work/report.json" "$raw" "$full" "$bin" "$(cat "$work/cpu")" >>"$results" <<'EOF'
+import json, sys
+r = json.load(open(sys.argv[1])); t = r["timings"]; raw, full = int(sys.argv[2]) / 1e9, int(sys.argv[3]) / 1e9
+print("\t".join(map(str, [sys.argv[4], round(full / raw, 3), round(raw, 2), round(full, 2), t["hash_ms"] / 1e3,
+      t["plan_ms"] / 1e3, t["dedupe_ms"] / 1e3, r["freed_bytes"], sys.argv[5]])))
+EOF
+        tail -1 "$results" | awk -F'\t' '{printf "%s: full/raw %.3f (raw %.2f s, full %.2f s: hash %.2f, plan %.2f, share %.2f), freed %.1f MiB, cpu %s\n", $1, $2, $3, $4, $5, $6, $7, $8 / 1048576, $9}'
+    done
+done
+echo "medians over $rounds rounds ($fs, $size${limit:+, memory limit $limit}):"
+python3 - "$results" <<'EOF'
+import statistics, sys
+rows = [l.rstrip("\n").split("\t") for l in open(sys.argv[1])]
+for b in dict.fromkeys(r[0] for r in rows):
+    m = [statistics.median(float(r[k]) for r in rows if r[0] == b) for k in range(1, 8)]
+    print(f"  {b}: full/raw {m[0]:.3f}, raw {m[1]:.2f} s, full {m[2]:.2f} s (hash {m[3]:.2f}, plan {m[4]:.2f}, share {m[5]:.2f}), freed {m[6] / 2**20:.1f} MiB")
+EOF
