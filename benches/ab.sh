@@ -5,7 +5,8 @@
 # A/B timing of dedupscan builds on one corpus, the way the 2-core machines
 # need it (docs/BENCHMARKS.md): one pristine volume with the corpus, and for
 # every run a fresh byte-identical copy of it (cp --sparse=always), read once
-# to settle, caches dropped, then the raw read (cat, 64 readers) and, caches
+# to settle (on a loop device with direct I/O, as compare.sh), caches
+# dropped, then the raw read (cat, 64 readers) and, caches
 # dropped again, one full run of one build, on that same copy. Builds are
 # alternated round by round, so a slow spell of the disk hits them alike;
 # each run prints full / raw of its own copy (the spread between copies is
@@ -39,28 +40,25 @@ case $size in FULL) bytes=4G ;; SMALL) bytes=400M ;; *) bytes=$size ;; esac
 vol=$(($(numfmt --from=iec "$bytes") * 3))
 ((vol > 2 << 30)) || vol=$((2 << 30))
 
-mkdir -p "$work/mnt"
-mnt=$work/mnt data=$work/mnt/data pristine=$work/pristine-$fs-$bytes.img
+MNT=$work/mnt LOOP=
+data=$MNT/data pristine=$work/pristine-$fs-$bytes.img
+mkdir -p "$MNT"
 log() { printf '[ab %s] %s\n' "$(date +%T)" "$*" >&2; }
-cold() { sync; echo 3 >/proc/sys/vm/drop_caches; }
+die() { printf 'ab.sh: %s\n' "$*" >&2; exit 1; }
+# cgroup_setup/cgroup_remove, cold, mount_vol/umount_vol, as compare.sh.
+. "$HERE/lib.sh"
 readall() { (cd "$data" && find . -type f -print0 | xargs -0 -n 32 -P 64 cat >/dev/null); }
 cleanup() {
-    mountpoint -q "$mnt" && umount "$mnt"
-    [[ -n ${cg:-} ]] && rmdir "$cg" 2>/dev/null
-    return 0
+    umount_vol
+    cgroup_remove
 }
 trap cleanup EXIT
 
-# The memory cgroup, and IN_CG: a prefix that runs a command inside it.
+# IN_CG: a prefix that runs a command in the memory cgroup, if any.
 IN_CG=()
 if [[ -n $limit ]]; then
-    if [[ $(stat -fc %T /sys/fs/cgroup) == cgroup2fs ]]; then
-        grep -qw memory /sys/fs/cgroup/cgroup.subtree_control || echo +memory >/sys/fs/cgroup/cgroup.subtree_control
-        cg=/sys/fs/cgroup/dedupscan-ab-$$ && mkdir "$cg" && numfmt --from=iec "$limit" >"$cg/memory.max"
-    else
-        cg=/sys/fs/cgroup/memory/dedupscan-ab-$$ && mkdir "$cg" && numfmt --from=iec "$limit" >"$cg/memory.limit_in_bytes"
-    fi
-    IN_CG=(sh -c 'echo $$ >"$0/cgroup.procs" && exec "$@"' "$cg")
+    cgroup_setup "$(numfmt --from=iec "$limit")"
+    IN_CG=(sh -c 'echo $$ >"$0/cgroup.procs" && exec "$@"' "$CGROUP")
 fi
 
 if [[ ! -f $pristine ]]; then
@@ -70,11 +68,11 @@ if [[ ! -f $pristine ]]; then
     case $fs in
     btrfs) mkfs.btrfs -q -f "$pristine.tmp" >/dev/null ;;
     xfs) mkfs.xfs -q -f -m reflink=1 "$pristine.tmp" ;;
-    *) echo "ab.sh: --fs btrfs or xfs" >&2; exit 2 ;;
+    *) die "--fs btrfs or xfs" ;;
     esac
-    mount -o loop "$pristine.tmp" "$mnt" && mkdir "$data"
+    mount_vol "$fs" "$pristine.tmp" && mkdir "$data"
     cp -a --sparse=always --reflink=never "$work/corpus-$bytes/." "$data/"
-    sync -f "$mnt" && umount "$mnt" && mv "$pristine.tmp" "$pristine"
+    sync -f "$MNT" && umount_vol && mv "$pristine.tmp" "$pristine"
 fi
 
 results=$work/results-$$.tsv
@@ -82,7 +80,7 @@ results=$work/results-$$.tsv
 for ((round = 1; round <= rounds; round++)); do
     for bin in "${bins[@]}"; do
         rm -f "$work/work.img" && cp --sparse=always --reflink=never "$pristine" "$work/work.img"
-        mount -o loop "$work/work.img" "$mnt"
+        mount_vol "$fs" "$work/work.img"
         readall && cold
         t0=$(date +%s%N) && "${IN_CG[@]}" sh -c 'cd "$0" && find . -type f -print0 | xargs -0 -n 32 -P 64 cat >/dev/null' "$data"
         raw=$(($(date +%s%N) - t0)) && cold
@@ -91,7 +89,7 @@ for ((round = 1; round <= rounds; round++)); do
         "${IN_CG[@]}" /usr/bin/time -o "$work/cpu" -f '%U %S' "$bin" "$data" --db "$work/run.db" --json \
             --progress never "${extra[@]}" >"$work/report.json" 2>"$work/stderr" || log "$bin: exit $?"
         full=$(($(date +%s%N) - t0))
-        umount "$mnt"
+        umount_vol
         python3 - "$work/report.json" "$raw" "$full" "$bin" "$(cat "$work/cpu")" >>"$results" <<'EOF'
 import json, sys
 r = json.load(open(sys.argv[1])); t = r["timings"]; raw, full = int(sys.argv[2]) / 1e9, int(sys.argv[3]) / 1e9

@@ -120,6 +120,8 @@ read -r -a DUPEREMOVE_ARGS <<<"${DUPEREMOVE_ARGS:-}"
 
 log() { printf '[compare %s] %s\n' "$(date +%T)" "$*" >&2; }
 die() { printf 'compare.sh: %s\n' "$*" >&2; exit 1; }
+# cgroup_setup/cgroup_remove, cold, attach, mount_vol/umount_vol (on $MNT, $LOOP).
+. "$HERE/lib.sh"
 
 [[ -z $permute || $permute =~ ^[0-9]+$ ]] || die "--permute-names takes a number (the seed)"
 [[ $EUID -eq 0 ]] || die "must run as root (loop devices, mount, drop_caches)"
@@ -144,28 +146,6 @@ LOOP=
 mkdir -p "$LOGS" "$MNT"
 : >"$STEPS"
 
-# The memory cgroup of --memory-limit: CGROUP is its directory (empty: no limit).
-CGROUP=
-cgroup_setup() { # BYTES
-    local root=/sys/fs/cgroup
-    if [[ $(stat -fc %T "$root") == cgroup2fs ]]; then
-        grep -qw memory "$root/cgroup.subtree_control" || echo +memory >"$root/cgroup.subtree_control"
-        CGROUP=$root/dedupscan-compare-$$
-        mkdir "$CGROUP"
-        echo "$1" >"$CGROUP/memory.max"
-        [[ -e $CGROUP/memory.swap.max ]] && echo 0 >"$CGROUP/memory.swap.max"
-    elif [[ -d $root/memory ]]; then
-        CGROUP=$root/memory/dedupscan-compare-$$
-        mkdir "$CGROUP"
-        echo "$1" >"$CGROUP/memory.limit_in_bytes"
-    else
-        die "--memory-limit: no memory cgroup (neither cgroup v2 nor v1 memory at $root)"
-    fi
-}
-cgroup_remove() {
-    [[ -n $CGROUP && -d $CGROUP ]] || return 0
-    rmdir "$CGROUP" 2>/dev/null || { sleep 1; rmdir "$CGROUP" 2>/dev/null; } || log "could not remove $CGROUP"
-}
 # IN_CGROUP: the prefix that runs a command in the cgroup (a shell that moves
 # itself in, then execs the command); empty without --memory-limit.
 IN_CGROUP=()
@@ -222,30 +202,6 @@ for a in sys.argv[1:]:
     d[k] = v
 print(json.dumps(d))
 EOF
-}
-
-cold() {
-    sync
-    echo 3 >/proc/sys/vm/drop_caches
-}
-
-attach() {
-    LOOP=$(losetup --find --show "$1")
-    # Direct I/O on the backing file: no second copy of the data in the host
-    # page cache (drop_caches would drop it anyway).
-    losetup --direct-io=on "$LOOP" 2>/dev/null || true
-}
-
-mount_vol() { # FS IMAGE
-    attach "$2"
-    local opts=()
-    [[ $1 == xfs ]] && opts=(-o nouuid) # every copy has the pristine's UUID
-    mount "${opts[@]}" "$LOOP" "$MNT"
-}
-
-umount_vol() {
-    if mountpoint -q "$MNT"; then umount "$MNT"; fi
-    if [[ -n $LOOP ]]; then losetup -d "$LOOP"; LOOP=; fi
 }
 
 # free_bytes FS: statfs free bytes of the mounted volume, after committing
