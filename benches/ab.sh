@@ -47,7 +47,8 @@ log() { printf '[ab %s] %s\n' "$(date +%T)" "$*" >&2; }
 die() { printf 'ab.sh: %s\n' "$*" >&2; exit 1; }
 # cgroup_setup/cgroup_remove, cold, mount_vol/umount_vol, as compare.sh.
 . "$HERE/lib.sh"
-readall() { (cd "$data" && find . -type f -print0 | xargs -0 -n 32 -P 64 cat >/dev/null); }
+# readall [PREFIX...]: read every file of the copy (64 readers), run by PREFIX.
+readall() { "$@" sh -c 'cd "$0" && find . -type f -print0 | xargs -0 -n 32 -P 64 cat >/dev/null' "$data"; }
 cleanup() {
     umount_vol
     cgroup_remove
@@ -82,7 +83,7 @@ for ((round = 1; round <= rounds; round++)); do
         rm -f "$work/work.img" && cp --sparse=always --reflink=never "$pristine" "$work/work.img"
         mount_vol "$fs" "$work/work.img"
         readall && cold
-        t0=$(date +%s%N) && "${IN_CG[@]}" sh -c 'cd "$0" && find . -type f -print0 | xargs -0 -n 32 -P 64 cat >/dev/null' "$data"
+        t0=$(date +%s%N) && readall "${IN_CG[@]}"
         raw=$(($(date +%s%N) - t0)) && cold
         rm -f "$work"/run.db*
         t0=$(date +%s%N)
