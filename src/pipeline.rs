@@ -10,10 +10,11 @@
 //! [`Report`] is built from those in one place, [`report`]. Each phase
 //! reports through [`Progress`] how much work remains.
 
+mod batches;
 mod freespace;
 mod scan;
 
-use std::collections::{HashMap, HashSet};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::os::fd::AsFd;
 use std::path::Path;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -25,7 +26,7 @@ use crate::config::{ScanConfig, ShareConfig};
 use crate::db::Db;
 use crate::dedupe::{self, Mode};
 use crate::display::{display_path, human};
-use crate::plan::{Plan, PlanOptions};
+use crate::plan::{Limits, Plan, PlanOptions, PlanStats};
 use crate::policy::{Policy, SkipReason};
 use crate::progress::Progress;
 
@@ -33,6 +34,7 @@ use crate::file::{FileFacts, FileId, IdSet};
 use crate::report::{ListedRange, Report};
 use crate::sys::beneath::Tree;
 use crate::sys::{self, FsKind};
+use batches::Batches;
 use freespace::{free_bytes, FreeSpace};
 use scan::{scan_phase, ScanOutcome};
 
@@ -109,9 +111,20 @@ fn run_inner(
     let mut planned = None;
     let mut sharing = None;
     if let Some(cfg) = share.filter(|_| !scanned.interrupted) {
-        let (plan, free_before) = plan_phase(&job, cfg, &db, &scanned, progress)?;
-        if let Some(p) = plan.planned.as_ref() {
-            sharing = Some(share_phase(&job, cfg, &db, run_id, p, &scanned.unshared, free_before, progress, stop)?);
+        let (mut plan, free_before) = plan_phase(&job, cfg, &db, &scanned, progress)?;
+        if let Some(p) = plan.planned.as_mut() {
+            let batches = std::mem::take(&mut p.batches);
+            sharing = Some(share_phase(
+                &job,
+                cfg,
+                &db,
+                run_id,
+                (batches, &p.stats),
+                &scanned.unshared,
+                free_before,
+                progress,
+                stop,
+            )?);
         }
         planned = Some(plan);
     }
@@ -164,12 +177,12 @@ struct PlanOutcome {
     plan_ms: u64,
 }
 
-/// A plan and the recorded facts of the files it names.
+/// A plan, in batches (the share phase takes them), and what it came to.
 struct Planned {
-    plan: Plan,
-    /// The recorded facts of the files the plan names, for the executor's
-    /// identity checks.
-    files: HashMap<FileId, FileFacts>,
+    batches: Batches,
+    stats: PlanStats,
+    /// `--list`: every range, named.
+    listed: Option<Vec<ListedRange>>,
 }
 
 /// Phase 2: plan from the database. Free space before sharing is measured
@@ -222,16 +235,26 @@ fn plan_phase(
     };
     let root = job.scan.paths.first().expect("a path");
     let free_before = (!cfg.dry_run && job.scan.fs.kind != FsKind::Other).then(|| FreeSpace::start(root.clone()));
-    let from_db = crate::plan::from_db(db, allowed, fresh.as_ref(), opts)?;
-    let (plan, whole_groups) = (from_db.plan, from_db.whole_groups.len());
-    let files = db.file_facts(plan.ranges.iter().flat_map(|r| [r.src, r.dest]).collect::<HashSet<_>>())?;
+    let limits = Limits::for_run();
+    let mut batches = if limits.batch_files < Limits::default().batch_files {
+        Batches::with_limit(limits.batch_files as usize) // tests: spill too
+    } else {
+        Batches::default()
+    };
+    let mut listed = job.share.is_some_and(|s| s.list).then(Vec::new);
+    let stats = crate::plan::from_db_with(db, allowed, fresh.as_ref(), opts, limits, |plan: Plan| -> Result<()> {
+        if let Some(listed) = listed.as_mut() {
+            listed.extend(listed_ranges(&plan, &db.file_facts(named(&plan))?));
+        }
+        batches.push(plan).context("cannot keep the plan in a temporary file")
+    })?;
     progress.finish_phase(&format!(
         "2/3 plan: {} ranges, {} duplicate ({} whole-file groups)",
-        plan.ranges.len(),
-        human(plan.bytes()),
-        whole_groups
+        stats.ranges,
+        human(stats.bytes),
+        stats.whole_groups
     ));
-    let planned = Some(Planned { plan, files });
+    let planned = Some(Planned { batches, stats, listed });
     Ok((PlanOutcome { pending, planned, plan_ms: ms(t) }, free_before))
 }
 
@@ -246,7 +269,10 @@ enum ShareOutcome {
 
 /// What the executor did, and what the share phase measured around it.
 struct Executed {
+    /// Totals over the batches; what is per file went to the database.
     out: dedupe::Outcome,
+    /// Bytes shared but pinned (btrfs), by reason.
+    pinned_by_reason: BTreeMap<dedupe::PinReason, u64>,
     /// Free space after minus before (real runs).
     freed_bytes: Option<i64>,
     /// Pending work after this run (real runs).
@@ -275,7 +301,7 @@ fn share_phase(
     cfg: &ShareConfig,
     db: &Db,
     run_id: i64,
-    planned: &Planned,
+    (batches, stats): (Batches, &PlanStats),
     unshared: &IdSet,
     free_before: Option<FreeSpace>,
     progress: &dyn Progress,
@@ -294,8 +320,7 @@ fn share_phase(
         return Ok(ShareOutcome::Refused(why));
     }
     let before = free_before.map(FreeSpace::wait).transpose()?;
-    let plan = &planned.plan;
-    progress.phase(if cfg.dry_run { "3/3 verify" } else { "3/3 share" }, Some(plan.bytes()), true);
+    progress.phase(if cfg.dry_run { "3/3 verify" } else { "3/3 share" }, Some(stats.bytes), true);
     let root = job.scan.paths.first().expect("a path");
     // With --rewrite-ratio 0 the pass still runs: it rewrites nothing but
     // counts what stays pinned.
@@ -304,8 +329,25 @@ fn share_phase(
         max_ratio: cfg.rewrite_ratio,
     });
     let block_size = job.scan.block_size;
-    let out =
-        dedupe::execute(plan, &planned.files, unshared, &job.tree, block_size, mode, bookends.as_ref(), progress, stop);
+    // Batch by batch: each batch's files are independent of the others'
+    // (see `plan::from_db`), and only one batch's facts are in memory.
+    let mut out = dedupe::Outcome::default();
+    let mut pinned_by_reason = BTreeMap::new();
+    batches.for_each(|plan| {
+        let files = db.file_facts(named(plan))?;
+        let mut o =
+            dedupe::execute(plan, &files, unshared, &job.tree, block_size, mode, bookends.as_ref(), progress, stop);
+        if mode == Mode::Share {
+            save_batch(db, run_id, plan, &o, stop.load(Ordering::Relaxed))?;
+        }
+        // What is per file is in the database now; the report needs totals.
+        for (why, n) in o.pinned_by_reason() {
+            *pinned_by_reason.entry(why).or_default() += n;
+        }
+        (o.pinned, o.pending, o.pin_checked) = Default::default();
+        out.merge(o);
+        Ok(!stop.load(Ordering::Relaxed) && out.refused.is_none())
+    })?;
     let mut freed_bytes = None;
     if let Some(before) = before {
         // Flushing the volume can take seconds after much sharing: say so
@@ -314,18 +356,7 @@ fn share_phase(
         progress.phase("3/3 share: measuring freed space", None, false);
         freed_bytes = Some(free_bytes(root)? as i64 - before as i64);
     }
-    let mut pending = None;
-    if mode == Mode::Share {
-        // A stopped run may not have reached every destination: it only
-        // adds to what is pending.
-        let handled: HashSet<FileId> =
-            if stop.load(Ordering::Relaxed) { HashSet::new() } else { plan.ranges.iter().map(|r| r.dest).collect() };
-        let now: Vec<(FileId, &str, u64)> = out.pending.iter().map(|(id, (why, b))| (*id, why.name(), *b)).collect();
-        db.save_pending(&handled, &now, run_id)?;
-        let pins: Vec<(FileId, &str, u64)> = out.pinned.iter().map(|(&(id, why), &n)| (id, why.name(), n)).collect();
-        db.save_pinned(&out.pin_checked, &pins, run_id)?;
-        pending = Some(db.pending()?);
-    }
+    let pending = if mode == Mode::Share { Some(db.pending()?) } else { None };
     if let Some(r) = &out.refused {
         progress.warn(r);
     }
@@ -336,7 +367,26 @@ fn share_phase(
         if cfg.dry_run { "verified duplicate" } else { "shared" }
     ));
     let interrupted = stop.load(Ordering::Relaxed);
-    Ok(ShareOutcome::Executed(Box::new(Executed { out, freed_bytes, pending, interrupted, share_ms: ms(t) })))
+    Ok(ShareOutcome::Executed(Box::new(Executed {
+        out,
+        pinned_by_reason,
+        freed_bytes,
+        pending,
+        interrupted,
+        share_ms: ms(t),
+    })))
+}
+
+/// Record what sharing one batch left pending and pinned, per file, in the
+/// database. A stopped run may not have reached every destination of the
+/// batch: then it only adds to what is pending.
+fn save_batch(db: &Db, run_id: i64, plan: &Plan, o: &dedupe::Outcome, stopped: bool) -> Result<()> {
+    let handled: HashSet<FileId> = if stopped { HashSet::new() } else { plan.ranges.iter().map(|r| r.dest).collect() };
+    let now: Vec<(FileId, &str, u64)> = o.pending.iter().map(|(id, (why, b))| (*id, why.name(), *b)).collect();
+    db.save_pending(&handled, &now, run_id)?;
+    let pins: Vec<(FileId, &str, u64)> = o.pinned.iter().map(|(&(id, why), &n)| (id, why.name(), n)).collect();
+    db.save_pinned(&o.pin_checked, &pins, run_id)?;
+    Ok(())
 }
 
 /// The run's report, built from what each phase found.
@@ -390,10 +440,8 @@ fn report(
         r.timings.plan_ms = plan.plan_ms;
         set_pending(&mut r, &plan.pending);
         if let Some(p) = &plan.planned {
-            r.ranges_planned = p.plan.ranges.len() as u64;
-            if job.share.is_some_and(|s| s.list) {
-                r.ranges = Some(listed_ranges(p));
-            }
+            r.ranges_planned = p.stats.ranges;
+            r.ranges = p.listed.clone();
         }
     }
     match share {
@@ -415,8 +463,8 @@ fn add_sharing(r: &mut Report, e: &Executed) {
     r.deduped_bytes = out.deduped_bytes;
     r.already_shared_bytes = out.already_shared_bytes;
     r.rewritten_bytes = out.rewritten_bytes;
-    r.pinned_bytes = out.pinned_bytes();
-    r.pinned_by_reason = out.pinned_by_reason().into_iter().map(|(k, n)| (k.name().to_owned(), n)).collect();
+    r.pinned_bytes = e.pinned_by_reason.values().sum();
+    r.pinned_by_reason = e.pinned_by_reason.iter().map(|(k, n)| (k.name().to_owned(), *n)).collect();
     r.sources_swapped = out.swapped_sources;
     // Found only now: these files were considered (and hashed or known
     // unchanged), they stay in files_scanned; they are left out of sharing.
@@ -434,10 +482,15 @@ fn add_sharing(r: &mut Report, e: &Executed) {
     r.timings.dedupe_ms = e.share_ms;
 }
 
-/// Every planned range, for `--list`.
-fn listed_ranges(p: &Planned) -> Vec<ListedRange> {
-    let name = |id: &FileId| p.files.get(id).map(|c| display_path(&c.path)).unwrap_or_default();
-    (p.plan.ranges.iter())
+/// The files a plan names, once each.
+fn named(plan: &Plan) -> HashSet<FileId> {
+    plan.ranges.iter().flat_map(|r| [r.src, r.dest]).collect()
+}
+
+/// The ranges of `plan`, named from `files`, for `--list`.
+fn listed_ranges(plan: &Plan, files: &HashMap<FileId, FileFacts>) -> Vec<ListedRange> {
+    let name = |id: &FileId| files.get(id).map(|c| display_path(&c.path)).unwrap_or_default();
+    (plan.ranges.iter())
         .map(|r| ListedRange {
             source: name(&r.src),
             source_offset: r.src_off,

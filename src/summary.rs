@@ -261,22 +261,14 @@ fn common_dir<'a>(mut dirs: impl Iterator<Item = &'a Path>) -> PathBuf {
 fn live_status(db: &Db, block_size: u64, progress: &dyn Progress, list: bool) -> Result<Live> {
     progress.phase("report: reading the database", None, false);
     // Memory flat in the number of files (issue 14): a bitset of the known
-    // ids, the recorded facts only of the files the plan names, and the
-    // space on disk measured from rows streamed from the database.
+    // ids, the plan in batches (see `plan::from_db`) with the recorded
+    // facts of one batch's files at a time, and the space on disk measured
+    // from rows streamed from the database.
     let allowed = db.all_ids()?;
-    let opts = PlanOptions { block_size, ..Default::default() };
-    progress.phase("report: planning", None, false);
-    let planned = crate::plan::from_db(db, &allowed, None, opts)?;
-    drop(allowed);
-    progress.finish_phase("");
-    let plan = planned.plan;
-    let named = plan.ranges.iter().flat_map(|r| [r.src, r.dest]);
-    let files = db.file_facts(named.chain(planned.whole_groups.iter().map(|g| g[0])).collect::<HashSet<_>>())?;
     // The deepest directory holding every known file (dirs hold files).
     let dirs = db.dir_paths()?;
     let root = common_dir(dirs.iter().map(|d| d.as_path()));
     let (on_disk, allocated) = disk_usage(db, dirs, progress)?;
-    let status = measure_ranges(&plan, &files, block_size, progress);
     let mut live = Live {
         allocated,
         on_disk,
@@ -288,14 +280,25 @@ fn live_status(db: &Db, block_size: u64, progress: &dyn Progress, list: bool) ->
         whole_dup_bytes: 0,
         groups: vec![],
         dirs: vec![],
-        ranges: list.then(|| listed_ranges(&plan, &status, &files)),
+        ranges: list.then(Vec::new),
     };
-    for g in &planned.whole_groups {
-        let copies = g.len() as u64 - 1;
-        live.whole_dup_files += copies;
-        live.whole_dup_bytes += copies * files[&g[0]].size;
-    }
-    tally(&mut live, &plan, status, &files, &root);
+    let mut by_dir: HashMap<PathBuf, u64> = HashMap::new();
+    let opts = PlanOptions { block_size, ..Default::default() };
+    progress.phase("report: planning and measuring ranges", None, false);
+    let limits = crate::plan::Limits::for_run();
+    let stats = crate::plan::from_db_with(db, &allowed, None, opts, limits, |plan: Plan| -> Result<()> {
+        let files = db.file_facts(plan.ranges.iter().flat_map(|r| [r.src, r.dest]).collect::<HashSet<_>>())?;
+        let status = measure_ranges(&plan, &files, block_size, progress);
+        if let Some(listed) = live.ranges.as_mut() {
+            listed.extend(listed_ranges(&plan, &status, &files));
+        }
+        tally(&mut live, &mut by_dir, &plan, status, &files);
+        Ok(())
+    })?;
+    progress.finish_phase("");
+    live.whole_dup_files = stats.whole_copies;
+    live.whole_dup_bytes = stats.whole_copy_bytes;
+    live.dirs = top_dirs(by_dir, &root);
     Ok(live)
 }
 
@@ -307,7 +310,6 @@ fn measure_ranges(
     progress: &dyn Progress,
 ) -> Vec<RangeState> {
     use rayon::prelude::*;
-    progress.phase("report: measuring ranges", Some(plan.ranges.len() as u64), false);
     let parts: Vec<Vec<RangeState>> = plan
         .ranges
         .par_chunks(CHUNK)
@@ -320,7 +322,6 @@ fn measure_ranges(
             st
         })
         .collect();
-    progress.finish_phase("");
     parts.into_iter().flatten().collect()
 }
 
@@ -350,11 +351,18 @@ fn listed_ranges(plan: &Plan, status: &[RangeState], files: &HashMap<FileId, Fil
         .collect()
 }
 
-/// Add up the ranges' states into `live`: byte totals, the sources and
-/// directories with the most unshared bytes.
-fn tally(live: &mut Live, plan: &Plan, status: Vec<RangeState>, files: &HashMap<FileId, FileFacts>, root: &Path) {
+/// Add up the states of one batch's ranges into `live`: byte totals, the
+/// sources with the most unshared bytes (every range of a source is in
+/// one batch, so the top of each batch's is the top of all), and the
+/// unshared bytes of each directory into `by_dir`.
+fn tally(
+    live: &mut Live,
+    by_dir: &mut HashMap<PathBuf, u64>,
+    plan: &Plan,
+    status: Vec<RangeState>,
+    files: &HashMap<FileId, FileFacts>,
+) {
     let mut by_src: HashMap<FileId, (u64, HashSet<FileId>)> = HashMap::new();
-    let mut by_dir: HashMap<PathBuf, u64> = HashMap::new();
     for (r, st) in plan.ranges.iter().zip(status) {
         if st != RangeState::Inline {
             live.duplicate += r.len;
@@ -375,18 +383,14 @@ fn tally(live: &mut Live, plan: &Plan, status: Vec<RangeState>, files: &HashMap<
             }
         }
     }
-    let mut groups: Vec<RemainingGroup> = by_src
-        .into_iter()
-        .map(|(id, (bytes, dests))| RemainingGroup {
-            source: display_path(&files[&id].path),
-            unshared_bytes: bytes,
-            destinations: dests.len() as u64,
-        })
-        .collect();
+    let groups = &mut live.groups;
+    groups.extend(by_src.into_iter().map(|(id, (bytes, dests))| RemainingGroup {
+        source: display_path(&files[&id].path),
+        unshared_bytes: bytes,
+        destinations: dests.len() as u64,
+    }));
     groups.sort_by(|a, b| b.unshared_bytes.cmp(&a.unshared_bytes).then_with(|| a.source.cmp(&b.source)));
     groups.truncate(TOP);
-    live.groups = groups;
-    live.dirs = top_dirs(by_dir, root);
 }
 
 /// The [`TOP`] directories holding the most unshared bytes, everything

@@ -18,7 +18,7 @@ use std::process::Command;
 use common::*;
 use dedupscan::corpus::Rng;
 use dedupscan::db::Db;
-use dedupscan::plan::{self, PlanOptions};
+use dedupscan::plan::{self, Limits, PlanOptions};
 
 const BLK: usize = 4096;
 
@@ -102,14 +102,27 @@ fn run_on_copy(pristine: &Path, work: &Path, n: usize, threads: &str, rename: bo
     // The plan the run used, rebuilt from its database.
     let db = Db::open_for_report(&db).unwrap();
     let all = db.all_ids().unwrap();
-    let planned = plan::from_db(&db, &all, None, PlanOptions::default()).unwrap();
-    let facts = db.file_facts(planned.plan.ranges.iter().flat_map(|r| [r.src, r.dest])).unwrap();
-    let mut plan: Vec<Key> = planned
-        .plan
-        .ranges
-        .iter()
-        .map(|r| (facts[&r.src].key.ino, r.src_off, r.len, facts[&r.dest].key.ino, r.dest_off))
-        .collect();
+    let planned = |limits| {
+        let mut ranges = Vec::new();
+        let stats = plan::from_db_with(&db, &all, None, PlanOptions::default(), limits, |p: plan::Plan| {
+            ranges.extend(p.ranges);
+            Ok::<(), rusqlite::Error>(())
+        })
+        .unwrap();
+        (ranges, stats.batches)
+    };
+    let (ranges, batches) = planned(Limits::default());
+    assert_eq!(batches, 1, "a small plan is one batch");
+    // In several batches (tiny limits), the plan is the same, range for range.
+    let (mut tiny, tiny_batches) = planned(Limits::TINY);
+    assert!(tiny_batches >= 2, "{tiny_batches} batches");
+    let mut one = ranges.clone();
+    one.sort_unstable();
+    tiny.sort_unstable();
+    assert_eq!(tiny, one);
+    let facts = db.file_facts(ranges.iter().flat_map(|r| [r.src, r.dest])).unwrap();
+    let mut plan: Vec<Key> =
+        ranges.iter().map(|r| (facts[&r.src].key.ino, r.src_off, r.len, facts[&r.dest].key.ino, r.dest_off)).collect();
     plan.sort_unstable();
     (plan, freed, ideal)
 }

@@ -60,6 +60,11 @@ impl Db {
         Ok(())
     }
 
+    /// How many files have data (and so a block map).
+    pub fn count_maps(&self) -> rusqlite::Result<u64> {
+        self.conn.query_row("SELECT count(*) FROM files WHERE size > 0", [], |r| r.get::<_, i64>(0)).map(|n| n as u64)
+    }
+
     /// The block maps of the given files (sparse: holes are never
     /// expanded); ids not known are left out.
     pub fn map_rows(&self, ids: impl IntoIterator<Item = FileId>) -> rusqlite::Result<Vec<MapRow>> {

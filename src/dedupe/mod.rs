@@ -261,7 +261,7 @@ impl Outcome {
     }
 
     /// Add what another worker did.
-    fn merge(&mut self, o: Outcome) {
+    pub fn merge(&mut self, o: Outcome) {
         self.duplicate_bytes += o.duplicate_bytes;
         self.deduped_bytes += o.deduped_bytes;
         self.already_shared_bytes += o.already_shared_bytes;

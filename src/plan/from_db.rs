@@ -1,61 +1,350 @@
-//! The plan over what the database knows: stream the block maps out of
-//! [`Db`], group them ([`super::group`], pure), plan ([`super::plan`]).
+//! The plan over what the database knows, in batches: stream the block
+//! maps out of [`Db`], group them ([`super::group`], pure), plan
+//! ([`super::plan`]) one batch of independent files at a time.
+//!
+//! Memory stays flat in the number of files (issue 14): whole files are
+//! grouped in partitions of bounded size, and the plan is handed out in
+//! batches of whole *components* (files linked by a group), each planned
+//! alone. A component's plan does not depend on what else is planned with
+//! it: every block of its files, every copy a source could be chosen from
+//! and every extent its destinations could pin lie inside it. So a plan in
+//! batches is, range for range, the plan in one piece.
 
 use std::collections::HashSet;
 
-use super::group::{self, MapPass, SliceGrouper};
+use super::group::{self, BlockGroups, MapPass, SliceGrouper, WholeGroup};
 use super::{plan, Plan, PlanFile, PlanOptions};
 use crate::db::Db;
 use crate::file::{FileId, IdSet};
+use rustc_hash::FxHashMap;
 
-/// A plan built from the database.
-#[derive(Debug, Default)]
-pub struct Planned {
-    /// The ranges to share.
-    pub plan: Plan,
-    /// The whole-file duplicate groups it was built from (each sorted by
-    /// id, at least two files).
-    pub whole_groups: Vec<Vec<FileId>>,
+/// Most files planned in one batch (a batch holds the maps of its files,
+/// the union-find of their blocks, their ranges and recorded facts: a few
+/// hundred bytes a file).
+pub const BATCH_FILES: u64 = 200_000;
+
+/// Most data blocks planned in one batch (4 bytes of union-find and about
+/// as much of map each).
+pub const BATCH_BLOCKS: u64 = 8 << 20;
+
+/// How large the pieces of a plan may grow; see [`from_db_with`].
+#[derive(Debug, Clone, Copy)]
+pub struct Limits {
+    /// Whole-file keys grouped at once ([`group::WHOLE_BUDGET`]).
+    pub whole_keys: u64,
+    /// Files in one batch ([`BATCH_FILES`]).
+    pub batch_files: u64,
+    /// Data blocks in one batch ([`BATCH_BLOCKS`]).
+    pub batch_blocks: u64,
 }
 
-/// Build the plan over the `allowed` files: whole-file groups, then groups
-/// of equal blocks (see [`super::group`] for how, and its memory bound).
-/// With `fresh`, only groups holding a fresh file are planned (incremental
-/// runs), and only the fresh files' fingerprints are grouped.
-///
-/// Nothing here depends on the order of rows or on file ids: the planner
-/// orders everything by content (see [`plan`]).
-pub fn from_db(
+impl Default for Limits {
+    fn default() -> Self {
+        Limits { whole_keys: group::WHOLE_BUDGET, batch_files: BATCH_FILES, batch_blocks: BATCH_BLOCKS }
+    }
+}
+
+impl Limits {
+    /// Tiny limits, so that a test on a few files goes through every path
+    /// of batching: several whole-key partitions, many batches.
+    pub const TINY: Limits = Limits { whole_keys: 3, batch_files: 4, batch_blocks: 64 };
+
+    /// The limits of a run or report: the default, or [`Limits::TINY`]
+    /// when `DEDUPSCAN_TEST_SMALL_BATCHES` is set (tests only; the plan is
+    /// the same either way, only memory and time differ).
+    pub fn for_run() -> Limits {
+        if std::env::var_os("DEDUPSCAN_TEST_SMALL_BATCHES").is_some() {
+            Limits::TINY
+        } else {
+            Limits::default()
+        }
+    }
+}
+
+/// What a plan over the database came to, besides its ranges.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub struct PlanStats {
+    /// Ranges in all batches.
+    pub ranges: u64,
+    /// Bytes they share.
+    pub bytes: u64,
+    /// Batches handed out.
+    pub batches: u64,
+    /// Whole-file duplicate groups planned.
+    pub whole_groups: u64,
+    /// Copies in them beyond the first of each group.
+    pub whole_copies: u64,
+    /// Bytes of those copies.
+    pub whole_copy_bytes: u64,
+}
+
+/// [`from_db_with`] with the default [`Limits`].
+pub fn from_db<E: From<rusqlite::Error>>(
     db: &Db,
     allowed: &IdSet,
     fresh: Option<&HashSet<FileId>>,
     opts: PlanOptions,
-) -> rusqlite::Result<Planned> {
+    sink: impl FnMut(Plan) -> Result<(), E>,
+) -> Result<PlanStats, E> {
+    from_db_with(db, allowed, fresh, opts, Limits::default(), sink)
+}
+
+/// Plan the `allowed` files and hand the plan to `sink` in batches (each
+/// ordered as [`plan`] orders it; none empty). With `fresh`, only groups
+/// holding a fresh file are planned (incremental runs), and only the fresh
+/// files' fingerprints are grouped.
+///
+/// How: whole-file groups first, partition by partition; then groups of
+/// equal blocks among the files that are not a second copy (see
+/// [`super::group`] for how, and its memory bound). A whole-file group
+/// whose first copy is in no block group is a component of its own; those
+/// fill batches as they come. The rest, with the block groups, split into
+/// components by a union-find over their files, fill the
+/// other batches, component by component (a component's size is that of
+/// the duplicate blocks between distinct files, not a number of files).
+///
+/// Nothing here depends on the order of rows or on file ids: the planner
+/// orders everything by content (see [`plan`]), and a batch is planned as
+/// it would be in one piece.
+pub fn from_db_with<E: From<rusqlite::Error>>(
+    db: &Db,
+    allowed: &IdSet,
+    fresh: Option<&HashSet<FileId>>,
+    opts: PlanOptions,
+    limits: Limits,
+    mut sink: impl FnMut(Plan) -> Result<(), E>,
+) -> Result<PlanStats, E> {
     // One read transaction for every query below.
     let _snapshot = db.snapshot()?;
+    let keep = |id: FileId| allowed.contains(id);
+    let parts = group::partitions(db.count_maps()?, limits.whole_keys);
     let mut pass = MapPass::default();
-    db.for_each_map(
-        |id| allowed.contains(id),
-        |id, size, map| pass.add(id, size, map, fresh.is_some_and(|f| f.contains(&id))),
-    )?;
-    let mut whole = group::group_whole_files(std::mem::take(&mut pass.whole_keys));
-    let covered = group::covered(&whole);
+    let mut covered = IdSet::new();
+    // With one partition, its groups are kept rather than read again.
+    let mut kept: Vec<WholeGroup> = Vec::new();
+    for part in 0..parts {
+        let groups = whole_partition(db, &keep, part, parts, |id, map| {
+            if part == 0 {
+                pass.add(map, fresh.is_some_and(|f| f.contains(&id)));
+            }
+        })?;
+        for (_, g) in &groups {
+            // Copies beyond the first bring nothing the first does not.
+            g[1..].iter().for_each(|&id| covered.insert(id));
+        }
+        if parts == 1 {
+            kept = groups;
+        }
+    }
     let keys = fresh.map(|_| &pass.fresh_fps);
     let slices = group::slices(pass.data_blocks, keys.is_some());
-    let mut blocks = Vec::new();
+    let mut blocks: BlockGroups = Vec::new();
     for slice in 0..slices {
         let mut g = SliceGrouper::new(slice, slices, keys);
-        db.for_each_map(|id| allowed.contains(id) && !covered.contains(&id), |id, _, map| g.add(id, map))?;
+        db.for_each_map(|id| keep(id) && !covered.contains(id), |id, _, map| g.add(id, map))?;
         g.finish(&mut blocks);
     }
-    if let Some(fresh) = fresh {
-        group::keep_fresh(&mut whole, &mut blocks, fresh);
+    drop(covered);
+    blocks.retain(|g| group::keeps(fresh, g.iter().map(|o| o.0)));
+    let in_blocks: IdSet = blocks.iter().flatten().map(|o| o.0).collect();
+
+    let mut out = Batcher { db, opts: PlanOptions { exact_groups: true, ..opts }, limits, stats: PlanStats::default() };
+    let mut batch = Batch::default();
+    let mut joined: Vec<WholeGroup> = Vec::new();
+    let mut take = |(size, g): WholeGroup, batch: &mut Batch, joined: &mut Vec<WholeGroup>, out: &mut Batcher| {
+        if !group::keeps(fresh, g.iter().copied()) {
+            return Ok(());
+        }
+        out.stats.whole_groups += 1;
+        out.stats.whole_copies += g.len() as u64 - 1;
+        out.stats.whole_copy_bytes += (g.len() as u64 - 1) * size;
+        if in_blocks.contains(g[0]) {
+            joined.push((size, g));
+            return Ok(());
+        }
+        batch.add_whole(size, g);
+        out.flush_if_full(batch, &mut sink)
+    };
+    if parts == 1 {
+        for g in kept {
+            take(g, &mut batch, &mut joined, &mut out)?;
+        }
+    } else {
+        for part in 0..parts {
+            for g in whole_partition(db, &keep, part, parts, |_, _| {})? {
+                take(g, &mut batch, &mut joined, &mut out)?;
+            }
+        }
     }
-    let files: Vec<PlanFile> = db
-        .map_rows(group::involved(&whole, &blocks))?
-        .into_iter()
-        .map(|r| PlanFile { id: r.id, ino: r.ino, size: r.size, blocks: r.map })
-        .collect();
-    let opts = PlanOptions { exact_groups: true, ..opts };
-    Ok(Planned { plan: plan(&files, &whole, &blocks, opts), whole_groups: whole })
+    // The components the block groups join, into the same batches.
+    for c in components(joined, blocks) {
+        batch.append(c);
+        out.flush_if_full(&mut batch, &mut sink)?;
+    }
+    out.plan(batch, &mut sink)?;
+    Ok(out.stats)
+}
+
+/// Split the block groups, and the whole-file groups whose first copy is
+/// in one of them, into components: sets of groups no file links to any
+/// other set. Each is planned the same alone or with others.
+fn components(joined: Vec<WholeGroup>, blocks: BlockGroups) -> Vec<Batch> {
+    // Union-find over the files of the block groups.
+    let mut index: FxHashMap<FileId, u32> = FxHashMap::default();
+    for g in &blocks {
+        for o in g {
+            let n = index.len() as u32;
+            index.entry(o.0).or_insert(n);
+        }
+    }
+    let mut parent: Vec<u32> = (0..index.len() as u32).collect();
+    fn find(parent: &mut [u32], mut x: u32) -> u32 {
+        while parent[x as usize] != x {
+            parent[x as usize] = parent[parent[x as usize] as usize];
+            x = parent[x as usize];
+        }
+        x
+    }
+    for g in &blocks {
+        let a = find(&mut parent, index[&g[0].0]);
+        for o in &g[1..] {
+            let b = find(&mut parent, index[&o.0]);
+            parent[b.max(a) as usize] = b.min(a);
+        }
+    }
+    let mut comps: FxHashMap<u32, Batch> = FxHashMap::default();
+    for g in blocks {
+        let c = find(&mut parent, index[&g[0].0]);
+        comps.entry(c).or_default().add_blocks(g);
+    }
+    for (size, g) in joined {
+        let c = find(&mut parent, index[&g[0]]);
+        comps.entry(c).or_default().add_whole(size, g);
+    }
+    let mut out: Vec<(u32, Batch)> = comps.into_iter().collect();
+    out.sort_unstable_by_key(|c| c.0);
+    out.into_iter().map(|c| c.1).collect()
+}
+
+/// The whole-file groups of partition `part` of `parts` of the map-hash
+/// space, with `each` called on every allowed file's map on the way.
+fn whole_partition(
+    db: &Db,
+    keep: &impl Fn(FileId) -> bool,
+    part: u64,
+    parts: u64,
+    mut each: impl FnMut(FileId, &[u8]),
+) -> rusqlite::Result<Vec<WholeGroup>> {
+    let mut keys = Vec::new();
+    db.for_each_map(keep, |id, size, map| {
+        each(id, map);
+        let (size, h) = group::whole_key(size, map);
+        if h % parts == part {
+            keys.push((size, h, id));
+        }
+    })?;
+    Ok(group::group_whole_files(keys))
+}
+
+/// Groups gathered for one batch: whole components only.
+#[derive(Default)]
+struct Batch {
+    whole: Vec<Vec<FileId>>,
+    blocks: BlockGroups,
+    /// Files, counted once per group they are in (an upper bound).
+    files: u64,
+    /// Data blocks of the planner, bounded from above (holes cost nothing
+    /// there, and a file in a block group is counted by its grouped blocks).
+    weight: u64,
+}
+
+impl Batch {
+    fn add_whole(&mut self, size: u64, g: Vec<FileId>) {
+        self.files += g.len() as u64;
+        self.weight += g.len() as u64 * size.div_ceil(4096);
+        self.whole.push(g);
+    }
+
+    fn add_blocks(&mut self, g: Vec<(FileId, u64)>) {
+        self.files += g.len() as u64;
+        self.weight += g.len() as u64;
+        self.blocks.push(g);
+    }
+
+    fn append(&mut self, mut other: Batch) {
+        self.whole.append(&mut other.whole);
+        self.blocks.append(&mut other.blocks);
+        self.files += other.files;
+        self.weight += other.weight;
+    }
+
+    fn full(&self, limits: &Limits) -> bool {
+        self.files >= limits.batch_files || self.weight >= limits.batch_blocks
+    }
+}
+
+/// Plans batches and counts what it handed out.
+struct Batcher<'d> {
+    db: &'d Db,
+    opts: PlanOptions,
+    limits: Limits,
+    stats: PlanStats,
+}
+
+impl Batcher<'_> {
+    /// Plan `batch` and hand it on once it is full.
+    fn flush_if_full<E: From<rusqlite::Error>>(
+        &mut self,
+        batch: &mut Batch,
+        sink: &mut impl FnMut(Plan) -> Result<(), E>,
+    ) -> Result<(), E> {
+        if batch.full(&self.limits) {
+            self.plan(std::mem::take(batch), sink)?;
+        }
+        Ok(())
+    }
+
+    /// Plan one batch and hand it on.
+    fn plan<E: From<rusqlite::Error>>(
+        &mut self,
+        batch: Batch,
+        sink: &mut impl FnMut(Plan) -> Result<(), E>,
+    ) -> Result<(), E> {
+        if batch.whole.is_empty() && batch.blocks.is_empty() {
+            return Ok(());
+        }
+        let files: Vec<PlanFile> = (self.db.map_rows(group::involved(&batch.whole, &batch.blocks))?.into_iter())
+            .map(|r| PlanFile { id: r.id, ino: r.ino, size: r.size, blocks: r.map })
+            .collect();
+        let p = plan(&files, &batch.whole, &batch.blocks, self.opts);
+        drop(files);
+        if p.ranges.is_empty() {
+            return Ok(());
+        }
+        self.stats.ranges += p.ranges.len() as u64;
+        self.stats.bytes += p.bytes();
+        self.stats.batches += 1;
+        sink(p)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn block_groups_and_their_whole_groups_split_into_components() {
+        let f = FileId;
+        // 1-2 and 2-3 linked through file 2; 7-8 apart; the whole group of
+        // 3 (with its copy 4) joins the first, that of 8 (with 9) the second.
+        let blocks: BlockGroups =
+            vec![vec![(f(1), 0), (f(2), 5)], vec![(f(7), 1), (f(8), 1)], vec![(f(3), 2), (f(2), 0)]];
+        let joined = vec![(4096, vec![f(8), f(9)]), (8192, vec![f(3), f(4)])];
+        let comps = components(joined, blocks);
+        assert_eq!(comps.len(), 2);
+        let mut got: Vec<(Vec<FileId>, u64, u64)> =
+            comps.iter().map(|c| (group::involved(&c.whole, &c.blocks), c.files, c.weight)).collect();
+        got.sort();
+        assert_eq!(got, vec![(vec![f(1), f(2), f(3), f(4)], 6, 8), (vec![f(7), f(8), f(9)], 4, 4)]);
+    }
 }

@@ -29,7 +29,7 @@ mod sampling;
 #[cfg(test)]
 mod tests;
 
-pub use from_db::{from_db, Planned};
+pub use from_db::{from_db, from_db_with, Limits, PlanStats};
 pub use planner::content_digest;
 use planner::{Loc, Planner};
 pub use sampling::{anchors, is_sampled, min_anchor, min_anchor_sparse, sampled_anchors, ANCHOR_SHIFT};
