@@ -253,8 +253,9 @@ struct Batch {
     blocks: BlockGroups,
     /// Files, counted once per group they are in (an upper bound).
     files: u64,
-    /// Data blocks of the planner, bounded from above (holes cost nothing
-    /// there, and a file in a block group is counted by its grouped blocks).
+    /// Data blocks of the planner, estimated: a whole-file copy by its
+    /// size (holes cost nothing there), a block group by its members (the
+    /// rest of a file in a block group is not counted).
     weight: u64,
 }
 
