@@ -244,7 +244,7 @@ fn plan_phase(
     let mut listed = job.share.is_some_and(|s| s.list).then(Vec::new);
     let stats = crate::plan::from_db_with(db, allowed, fresh.as_ref(), opts, limits, |plan: Plan| -> Result<()> {
         if let Some(listed) = listed.as_mut() {
-            listed.extend(listed_ranges(&plan, &db.file_facts(named(&plan))?));
+            listed.extend(listed_ranges(&plan, &db.file_facts(plan.files())?));
         }
         batches.push(plan).context("cannot keep the plan in a temporary file")
     })?;
@@ -334,7 +334,7 @@ fn share_phase(
     let mut out = dedupe::Outcome::default();
     let mut pinned_by_reason = BTreeMap::new();
     batches.for_each(|plan| {
-        let files = db.file_facts(named(plan))?;
+        let files = db.file_facts(plan.files())?;
         let mut o =
             dedupe::execute(plan, &files, unshared, &job.tree, block_size, mode, bookends.as_ref(), progress, stop);
         if mode == Mode::Share {
@@ -480,11 +480,6 @@ fn add_sharing(r: &mut Report, e: &Executed) {
     r.sharing_refused = out.refused.clone();
     r.interrupted |= e.interrupted;
     r.timings.dedupe_ms = e.share_ms;
-}
-
-/// The files a plan names, once each.
-fn named(plan: &Plan) -> HashSet<FileId> {
-    plan.ranges.iter().flat_map(|r| [r.src, r.dest]).collect()
 }
 
 /// The ranges of `plan`, named from `files`, for `--list`.

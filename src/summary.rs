@@ -287,7 +287,7 @@ fn live_status(db: &Db, block_size: u64, progress: &dyn Progress, list: bool) ->
     progress.phase("report: planning and measuring ranges", None, false);
     let limits = crate::plan::Limits::for_run();
     let stats = crate::plan::from_db_with(db, &allowed, None, opts, limits, |plan: Plan| -> Result<()> {
-        let files = db.file_facts(plan.ranges.iter().flat_map(|r| [r.src, r.dest]).collect::<HashSet<_>>())?;
+        let files = db.file_facts(plan.files())?;
         let status = measure_ranges(&plan, &files, block_size, progress);
         if let Some(listed) = live.ranges.as_mut() {
             listed.extend(listed_ranges(&plan, &status, &files));

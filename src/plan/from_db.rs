@@ -13,6 +13,7 @@
 use std::collections::HashSet;
 
 use super::group::{self, BlockGroups, MapPass, SliceGrouper, WholeGroup};
+use super::unionfind::UnionFind;
 use super::{plan, Plan, PlanFile, PlanOptions};
 use crate::db::Db;
 use crate::file::{FileId, IdSet};
@@ -197,28 +198,19 @@ fn components(joined: Vec<WholeGroup>, blocks: BlockGroups) -> Vec<Batch> {
             index.entry(o.0).or_insert(n);
         }
     }
-    let mut parent: Vec<u32> = (0..index.len() as u32).collect();
-    fn find(parent: &mut [u32], mut x: u32) -> u32 {
-        while parent[x as usize] != x {
-            parent[x as usize] = parent[parent[x as usize] as usize];
-            x = parent[x as usize];
-        }
-        x
-    }
+    let mut uf = UnionFind::new(index.len() as u32);
     for g in &blocks {
-        let a = find(&mut parent, index[&g[0].0]);
         for o in &g[1..] {
-            let b = find(&mut parent, index[&o.0]);
-            parent[b.max(a) as usize] = b.min(a);
+            uf.union(index[&g[0].0], index[&o.0]);
         }
     }
     let mut comps: FxHashMap<u32, Batch> = FxHashMap::default();
     for g in blocks {
-        let c = find(&mut parent, index[&g[0].0]);
+        let c = uf.find(index[&g[0].0]);
         comps.entry(c).or_default().add_blocks(g);
     }
     for (size, g) in joined {
-        let c = find(&mut parent, index[&g[0]]);
+        let c = uf.find(index[&g[0]]);
         comps.entry(c).or_default().add_whole(size, g);
     }
     let mut out: Vec<(u32, Batch)> = comps.into_iter().collect();
@@ -347,5 +339,15 @@ mod tests {
             comps.iter().map(|c| (group::involved(&c.whole, &c.blocks), c.files, c.weight)).collect();
         got.sort();
         assert_eq!(got, vec![(vec![f(1), f(2), f(3), f(4)], 6, 8), (vec![f(7), f(8), f(9)], 4, 4)]);
+
+        // Three pairs, then one group linking them from its third file:
+        // every join must be between roots, or the second pair is lost.
+        let blocks: BlockGroups = vec![
+            vec![(f(1), 0), (f(2), 0)],
+            vec![(f(3), 0), (f(4), 0)],
+            vec![(f(5), 0), (f(6), 0)],
+            vec![(f(5), 1), (f(3), 1), (f(1), 1)],
+        ];
+        assert_eq!(components(Vec::new(), blocks).len(), 1);
     }
 }

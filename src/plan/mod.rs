@@ -28,6 +28,7 @@ mod planner;
 mod sampling;
 #[cfg(test)]
 mod tests;
+mod unionfind;
 
 pub use from_db::{from_db, from_db_with, Limits, PlanStats};
 pub use planner::content_digest;
@@ -115,6 +116,11 @@ impl Plan {
     /// Bytes the plan would share.
     pub fn bytes(&self) -> u64 {
         self.ranges.iter().map(|r| r.len).sum()
+    }
+
+    /// The files the plan names (sources and destinations), once each.
+    pub fn files(&self) -> std::collections::HashSet<FileId> {
+        self.ranges.iter().flat_map(|r| [r.src, r.dest]).collect()
     }
 }
 

@@ -4,6 +4,7 @@
 use rustc_hash::FxHashMap;
 
 use super::map::MapView;
+use super::unionfind::UnionFind;
 use super::{Plan, PlanFile, PlanOptions, Range};
 use crate::blockmap::{BlockMap, Fp};
 use crate::file::FileId;
@@ -41,7 +42,7 @@ pub(super) struct Planner<'a> {
     /// `base[f] + its data index` (sparse files cost only their data).
     base: Vec<u32>,
     /// Union-find over block numbers: blocks known to hold the same content.
-    parent: Vec<u32>,
+    uf: UnionFind,
     /// Diagonals already walked, `(file a, file b, block_b - block_a)` →
     /// intervals of `a`'s blocks covered, so that each stretch of a diagonal
     /// is walked once whatever the order of the anchors that lead to it.
@@ -66,7 +67,7 @@ impl<'a> Planner<'a> {
             total += m.data_len() as u64;
         }
         assert!(total < u32::MAX as u64, "planner: {total} blocks of data in one plan (limit 2^32)");
-        Planner { files, maps, base, parent: (0..total as u32).collect(), walked: FxHashMap::default(), opts }
+        Planner { files, maps, base, uf: UnionFind::new(total as u32), walked: FxHashMap::default(), opts }
     }
 
     pub(super) fn fp(&self, (f, b): Loc) -> Fp {
@@ -77,23 +78,9 @@ impl<'a> Planner<'a> {
         Some(self.base[f as usize] + self.maps[f as usize].data_index(b)?)
     }
 
-    fn find(&mut self, mut x: u32) -> u32 {
-        while self.parent[x as usize] != x {
-            let up = self.parent[self.parent[x as usize] as usize];
-            self.parent[x as usize] = up;
-            x = up;
-        }
-        x
-    }
-
-    /// Record that two blocks hold the same content. The representative
-    /// is the smaller number: deterministic, though nothing depends on it.
+    /// Record that two blocks hold the same content.
     fn union(&mut self, a: u32, b: u32) {
-        let (ra, rb) = (self.find(a), self.find(b));
-        if ra != rb {
-            let (lo, hi) = (ra.min(rb), ra.max(rb));
-            self.parent[hi as usize] = lo;
-        }
+        self.uf.union(a, b);
     }
 
     pub(super) fn whole_file_group(&mut self, ord: &FxHashMap<FileId, u32>, ids: &[FileId]) {
@@ -156,7 +143,7 @@ impl<'a> Planner<'a> {
         // repeated block would otherwise walk itself once per repeat.
         if s.0 == d.0 {
             let (x, y) = (self.num(s).expect("data"), self.num(d).expect("data"));
-            if self.find(x) == self.find(y) {
+            if self.uf.find(x) == self.uf.find(y) {
                 return;
             }
         }
@@ -243,21 +230,21 @@ impl<'a> Planner<'a> {
     ///
     /// Both depend on the contents alone, never on names or row ids.
     fn sources(&mut self) -> Vec<u32> {
-        let total = self.parent.len() as u32;
+        let total = self.uf.parent.len() as u32;
         for g in 0..total {
-            let r = self.find(g);
-            self.parent[g as usize] = r;
+            let r = self.uf.find(g);
+            self.uf.parent[g as usize] = r;
         }
         // Class sizes, then how many blocks of each file nobody else has.
         let mut count = vec![0u32; total as usize];
         for g in 0..total as usize {
-            count[self.parent[g] as usize] += 1;
+            count[self.uf.parent[g] as usize] += 1;
         }
         let n = self.files.len();
         let unique: Vec<u32> = (0..n)
             .map(|f| {
                 let (b, len) = (self.base[f] as usize, self.maps[f].data_len() as usize);
-                (b..b + len).filter(|&g| count[self.parent[g] as usize] == 1).count() as u32
+                (b..b + len).filter(|&g| count[self.uf.parent[g] as usize] == 1).count() as u32
             })
             .collect();
         drop(count);
@@ -321,7 +308,7 @@ impl<'a> Planner<'a> {
     /// Blocks of file `f` that sources `best` share into it.
     fn covered(&self, best: &[u32], f: usize) -> u64 {
         let (b, len) = (self.base[f], self.maps[f].data_len());
-        (b..b + len).filter(|&g| best[self.parent[g as usize] as usize] != g).count() as u64
+        (b..b + len).filter(|&g| best[self.uf.parent[g as usize] as usize] != g).count() as u64
     }
 
     /// Whether a file of `len` data blocks, `covered` of them shared into
@@ -337,13 +324,13 @@ impl<'a> Planner<'a> {
     /// then block order, so the first member seen of the best file is its
     /// lowest block.
     fn pick(&self, pref: &[Preference]) -> Vec<u32> {
-        let total = self.parent.len();
+        let total = self.uf.parent.len();
         let mut best = vec![u32::MAX; total]; // class root → chosen block number
         let mut best_file = vec![0u32; total]; // class root → its file
         for (f, p) in pref.iter().enumerate() {
             let (b, len) = (self.base[f], self.maps[f].data_len());
             for g in b..b + len {
-                let r = self.parent[g as usize] as usize;
+                let r = self.uf.parent[g as usize] as usize;
                 if best[r] == u32::MAX || *p < pref[best_file[r] as usize] {
                     best[r] = g;
                     best_file[r] = f as u32;
@@ -376,7 +363,7 @@ impl<'a> Planner<'a> {
         for df in 0..self.files.len() as u32 {
             for (k, (db, _)) in self.maps[df as usize].data().enumerate() {
                 let g = self.base[df as usize] + k as u32;
-                let src = best[self.parent[g as usize] as usize];
+                let src = best[self.uf.parent[g as usize] as usize];
                 if src == g {
                     continue;
                 }
