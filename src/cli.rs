@@ -167,7 +167,7 @@ pub struct ScanArgs {
 
     /// Drop file data from the page cache once it is hashed, so a scan does
     /// not evict the server's working set (used by the systemd unit; costs
-    /// rereads when ranges are shared).
+    /// rereads when ranges are shared, which then run on more workers).
     #[arg(long)]
     pub drop_cache: bool,
 

@@ -328,7 +328,8 @@ fn share_phase(
         tmp_dir: if root.is_dir() { root.clone() } else { root.parent().unwrap_or(root).to_owned() },
         max_ratio: cfg.rewrite_ratio,
     });
-    let block_size = job.scan.block_size;
+    let (block_size, bookends) = (job.scan.block_size, bookends.as_ref());
+    let workers = share_workers(job, stats, progress);
     // Batch by batch: each batch's files are independent of the others'
     // (see `plan::from_db`), and only one batch's facts are in memory.
     let mut out = dedupe::Outcome::default();
@@ -336,7 +337,7 @@ fn share_phase(
     batches.for_each(|plan| {
         let files = db.file_facts(plan.files())?;
         let mut o =
-            dedupe::execute(plan, &files, unshared, &job.tree, block_size, mode, bookends.as_ref(), progress, stop);
+            dedupe::execute(plan, &files, unshared, &job.tree, block_size, mode, bookends, progress, stop, workers);
         if mode == Mode::Share {
             save_batch(db, run_id, plan, &o, stop.load(Ordering::Relaxed))?;
         }
@@ -366,15 +367,29 @@ fn share_phase(
         human(if cfg.dry_run { out.duplicate_bytes } else { out.deduped_bytes }),
         if cfg.dry_run { "verified duplicate" } else { "shared" }
     ));
-    let interrupted = stop.load(Ordering::Relaxed);
     Ok(ShareOutcome::Executed(Box::new(Executed {
         out,
         pinned_by_reason,
         freed_bytes,
         pending,
-        interrupted,
+        interrupted: stop.load(Ordering::Relaxed),
         share_ms: ms(t),
     })))
+}
+
+/// How many share workers ([`dedupe::share_workers`]); said with `-v` when
+/// the data to compare will be read from disk.
+fn share_workers(job: &Job, stats: &PlanStats, progress: &dyn Progress) -> usize {
+    // A source range is compared with each destination: up to twice the
+    // planned bytes are read, from the page cache or from disk.
+    let workers = dedupe::share_workers(stats.bytes.saturating_mul(2), job.scan.drop_cache);
+    if workers > dedupe::default_workers() {
+        progress.info(&format!(
+            "share phase: {workers} workers, the data to compare is read from disk ({})",
+            if job.scan.drop_cache { "--drop-cache" } else { "larger than half the memory for the page cache" }
+        ));
+    }
+    workers
 }
 
 /// Record what sharing one batch left pending and pinned, per file, in the

@@ -351,7 +351,7 @@ fn xfs_share_race_into_another_filesystem() {
 /// destinations of the same request are still shared. On a filesystem that
 /// cannot share at all (XFS without reflink) the probe stops the phase.
 fn refused_destination(fs: Fs) {
-    use dedupscan::dedupe::{execute_with_workers, Mode};
+    use dedupscan::dedupe::{execute, Mode};
     use dedupscan::file::{FileFacts, FileId};
     use dedupscan::plan::{Plan, Range};
     use dedupscan::sys::beneath::Tree;
@@ -374,7 +374,7 @@ fn refused_destination(fs: Fs) {
     let plan = Plan { ranges: vec![range(2), range(3)] };
     let tree = Tree::open(&[dir.clone(), tmp.path().to_owned()]).unwrap();
     let stop = std::sync::atomic::AtomicBool::new(false);
-    let out = execute_with_workers(
+    let out = execute(
         &plan,
         &files,
         &dedupscan::file::IdSet::new(),

@@ -15,7 +15,7 @@ use std::sync::atomic::AtomicBool;
 
 use common::*;
 use dedupscan::corpus::Rng;
-use dedupscan::dedupe::{execute_with_workers, Bookends, Mode, Outcome};
+use dedupscan::dedupe::{execute, Bookends, Mode, Outcome};
 use dedupscan::file::{FileFacts, FileId, IdSet};
 use dedupscan::plan::{Plan, Range};
 use dedupscan::progress::Silent;
@@ -135,7 +135,7 @@ fn alter(case: &Case) {
 fn run(case: &Case, mode: Mode, bookends: Option<&Bookends>, workers: usize) -> Outcome {
     let stop = AtomicBool::new(false);
     let tree = Tree::open(&[case.changed.parent().unwrap().to_owned()]).unwrap();
-    execute_with_workers(&case.plan, &case.files, &IdSet::new(), &tree, BLK, mode, bookends, &Silent, &stop, workers)
+    execute(&case.plan, &case.files, &IdSet::new(), &tree, BLK, mode, bookends, &Silent, &stop, workers)
 }
 
 /// Every figure of an outcome, for comparing two of them.

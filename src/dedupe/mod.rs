@@ -50,7 +50,7 @@ mod verify;
 mod workers;
 
 pub use bookend::PinReason;
-pub use workers::{default_workers, MAX_WORKERS};
+pub use workers::{default_workers, share_workers, IO_WORKERS, MAX_WORKERS};
 use workers::{dest_coverage, on_workers, units, used_once, WorkerContext};
 
 /// Whether to share for real.
@@ -164,28 +164,13 @@ pub struct Bookends {
     pub max_ratio: f64,
 }
 
-/// Execute `plan`. `stop` is polled between source ranges. With
-/// `bookends`, partly covered destination extents are freed first.
-#[allow(clippy::too_many_arguments)]
-pub fn execute(
-    plan: &Plan,
-    files: &HashMap<FileId, FileFacts>,
-    unshared: &IdSet,
-    tree: &Tree,
-    block_size: u64,
-    mode: Mode,
-    bookends: Option<&Bookends>,
-    progress: &dyn Progress,
-    stop: &AtomicBool,
-) -> Outcome {
-    execute_with_workers(plan, files, unshared, tree, block_size, mode, bookends, progress, stop, default_workers())
-}
-
-/// [`execute`] on `workers` threads (1: all on the calling thread). The
+/// Execute `plan` on `workers` threads (1: all on the calling thread; see
+/// [`share_workers`] for how many). `stop` is polled between source ranges.
+/// With `bookends`, partly covered destination extents are freed first. The
 /// outcome does not depend on `workers`: every file is checked, counted and
 /// warned about once, whichever worker meets it first.
 #[allow(clippy::too_many_arguments)]
-pub fn execute_with_workers(
+pub fn execute(
     plan: &Plan,
     files: &HashMap<FileId, FileFacts>,
     unshared: &IdSet,

@@ -1,4 +1,7 @@
-//! Process resource limits.
+//! Process resource limits: open files, and the memory the page cache can
+//! hold for this process.
+
+use std::path::Path;
 
 /// Raise the soft limit on open file descriptors to the hard limit.
 ///
@@ -26,11 +29,112 @@ pub fn raise_fd_limit() -> u64 {
     lim.rlim_cur
 }
 
+/// The current soft limit on open file descriptors (0 if unknown).
+pub fn fd_limit() -> u64 {
+    let mut lim = libc::rlimit { rlim_cur: 0, rlim_max: 0 };
+    // SAFETY: `lim` is a valid, writable rlimit for the kernel to fill.
+    if unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim) } != 0 {
+        return 0;
+    }
+    lim.rlim_cur
+}
+
+/// The most memory this process's page cache can hold: the machine's RAM,
+/// or less where a memory cgroup (v2 `memory.max` or `memory.high`, as the
+/// systemd unit's `MemoryHigh=`; v1 `memory.limit_in_bytes`) of this
+/// process or one of its ancestors sets a lower limit. `None` if neither
+/// can be read. Only an estimate for choosing how to work, never a bound
+/// anything relies on.
+pub fn memory_limit() -> Option<u64> {
+    let ram = std::fs::read_to_string("/proc/meminfo").ok().and_then(|t| mem_total(&t));
+    let cgroup = std::fs::read_to_string("/proc/self/cgroup")
+        .ok()
+        .and_then(|t| cgroup_limit(&t, Path::new("/sys/fs/cgroup"), |p| std::fs::read_to_string(p).ok()));
+    [ram, cgroup].into_iter().flatten().min()
+}
+
+/// `MemTotal` of `/proc/meminfo`, in bytes.
+fn mem_total(meminfo: &str) -> Option<u64> {
+    let line = meminfo.lines().find(|l| l.starts_with("MemTotal:"))?;
+    let kib: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
+    Some(kib * 1024)
+}
+
+/// The lowest memory limit on the path of this process's cgroup (the text
+/// of `/proc/self/cgroup`), from its own cgroup up to the root of the
+/// hierarchy mounted at `root`; `read` reads a control file. cgroup v2 (the
+/// `0::` line) and v1 (the `memory` controller's line) are both read. An
+/// unlimited v2 file says `max`; an unlimited v1 file a number near 2^63,
+/// which loses against RAM anyway.
+fn cgroup_limit(cgroups: &str, root: &Path, read: impl Fn(&Path) -> Option<String>) -> Option<u64> {
+    let mut best: Option<u64> = None;
+    for line in cgroups.lines() {
+        let mut parts = line.splitn(3, ':');
+        let (Some(id), Some(controllers), Some(path)) = (parts.next(), parts.next(), parts.next()) else { continue };
+        let (dir, files): (_, &[&str]) = if id == "0" && controllers.is_empty() {
+            (root.to_path_buf(), &["memory.max", "memory.high"])
+        } else if controllers.split(',').any(|c| c == "memory") {
+            (root.join("memory"), &["memory.limit_in_bytes"])
+        } else {
+            continue;
+        };
+        let mut cg = Some(Path::new(path.trim_start_matches('/')));
+        while let Some(rel) = cg {
+            for f in files {
+                let limit = read(&dir.join(rel).join(f)).and_then(|t| t.trim().parse::<u64>().ok());
+                best = best.into_iter().chain(limit).min();
+            }
+            cg = rel.parent();
+        }
+    }
+    best
+}
+
 #[cfg(test)]
 mod tests {
+    use super::*;
+    use std::collections::HashMap;
+    use std::path::PathBuf;
+
+    #[test]
+    fn meminfo_total_in_bytes() {
+        assert_eq!(mem_total("MemTotal:       24572908 kB\nMemFree: 1 kB\n"), Some(24572908 * 1024));
+        assert_eq!(mem_total("MemFree: 1 kB\n"), None);
+    }
+
+    #[test]
+    fn cgroup_limits_lowest_on_the_path_v1_and_v2() {
+        let files: HashMap<PathBuf, &str> = [
+            ("/cg/system.slice/memory.max", "max\n"),
+            ("/cg/system.slice/dedupscan.service/memory.max", "max\n"),
+            ("/cg/system.slice/dedupscan.service/memory.high", "1073741824\n"),
+            ("/cg/memory.max", "max\n"),
+            ("/cg/memory/bench/memory.limit_in_bytes", "536870912\n"),
+            ("/cg/memory/memory.limit_in_bytes", "9223372036854771712\n"),
+        ]
+        .into_iter()
+        .map(|(p, t)| (PathBuf::from(p), t))
+        .collect();
+        let read = |p: &Path| files.get(p).map(|t| t.to_string());
+        let root = Path::new("/cg");
+        assert_eq!(cgroup_limit("0::/system.slice/dedupscan.service\n", root, read), Some(1 << 30));
+        assert_eq!(cgroup_limit("0::/system.slice\n", root, read), None, "max everywhere: no limit");
+        assert_eq!(cgroup_limit("7:memory:/bench\n1:name=systemd:/x\n0::/\n", root, read), Some(512 << 20));
+        // A parent's limit binds its children.
+        assert_eq!(cgroup_limit("7:cpu,memory:/bench/child\n", root, read), Some(512 << 20));
+        assert_eq!(cgroup_limit("garbage\n", root, read), None);
+    }
+
+    #[test]
+    fn memory_limit_is_at_most_ram() {
+        let ram = mem_total(&std::fs::read_to_string("/proc/meminfo").unwrap()).unwrap();
+        assert!(memory_limit().is_some_and(|m| m <= ram));
+    }
+
     #[test]
     fn the_soft_limit_ends_at_the_hard_limit() {
         let got = super::raise_fd_limit();
+        assert_eq!(fd_limit(), got);
         let mut lim = libc::rlimit { rlim_cur: 0, rlim_max: 0 };
         // SAFETY: as above.
         assert_eq!(unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim) }, 0);
