@@ -6,19 +6,15 @@ use std::path::Path;
 /// Raise the soft limit on open file descriptors to the hard limit.
 ///
 /// The share phase keeps up to a request's destinations (127) and its
-/// source open on each of up to four workers, the hashing pool one file per
-/// thread (up to 1024 threads): near or past the soft limit of 1024 that
-/// systemd and most shells give a process, while the hard limit is usually
-/// far higher. A file that
-/// cannot be opened (`EMFILE`) would be counted as an error and left alone,
-/// so the run asks for what it may have instead. Returns the soft limit in
-/// effect afterwards; failures leave the limit as it was.
+/// source open on each of its workers (up to eight, see
+/// `dedupe::share_workers`), the hashing pool one file per thread (up to
+/// 1024 threads): near or past the soft limit of 1024 that systemd and most
+/// shells give a process, while the hard limit is usually far higher. A
+/// file that cannot be opened (`EMFILE`) would be counted as an error and
+/// left alone, so the run asks for what it may have instead. Returns the
+/// soft limit in effect afterwards; failures leave the limit as it was.
 pub fn raise_fd_limit() -> u64 {
-    let mut lim = libc::rlimit { rlim_cur: 0, rlim_max: 0 };
-    // SAFETY: `lim` is a valid, writable rlimit for the kernel to fill.
-    if unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim) } != 0 {
-        return 0;
-    }
+    let Some(lim) = nofile() else { return 0 };
     if lim.rlim_cur < lim.rlim_max {
         let want = libc::rlimit { rlim_cur: lim.rlim_max, rlim_max: lim.rlim_max };
         // SAFETY: `want` is a valid rlimit; setrlimit only reads it.
@@ -31,12 +27,14 @@ pub fn raise_fd_limit() -> u64 {
 
 /// The current soft limit on open file descriptors (0 if unknown).
 pub fn fd_limit() -> u64 {
+    nofile().map_or(0, |lim| lim.rlim_cur)
+}
+
+/// The open-file limits, soft and hard.
+fn nofile() -> Option<libc::rlimit> {
     let mut lim = libc::rlimit { rlim_cur: 0, rlim_max: 0 };
     // SAFETY: `lim` is a valid, writable rlimit for the kernel to fill.
-    if unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim) } != 0 {
-        return 0;
-    }
-    lim.rlim_cur
+    (unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim) } == 0).then_some(lim)
 }
 
 /// The most memory this process's page cache can hold: the machine's RAM,
