@@ -48,6 +48,43 @@ fn xfs_frees_the_blocks_of_an_almost_identical_file() {
     almost_identical_pair(Fs::Xfs);
 }
 
+/// More destinations with remainders than a share worker copies out at a
+/// time (the bookend pass copies a batch, then shares the batch back): 40
+/// near copies, each differing from its source in one block in the middle
+/// and in its unaligned tail. Every remainder must be rewritten and shared
+/// back into its own file, and every old extent freed.
+#[test]
+fn btrfs_frees_the_extents_of_many_near_copies_in_batches() {
+    let Some(vol) = Volume::new(Fs::Btrfs, 512) else { return };
+    let d = vol.path("near");
+    std::fs::create_dir(&d).unwrap();
+    let mut rng = Rng::new(40);
+    let (n, len, tail) = (40, 512 << 10, 300);
+    for i in 0..n {
+        let a = rng.bytes(len + tail);
+        let mut b = a.clone();
+        b[10 * 4096..11 * 4096].copy_from_slice(&rng.bytes(4096));
+        b[len..].copy_from_slice(&rng.bytes(tail));
+        std::fs::write(d.join(format!("a{i:02}")), &a).unwrap();
+        std::fs::write(d.join(format!("b{i:02}")), &b).unwrap();
+    }
+    let before = Snapshot::take(&d);
+    let free0 = free_bytes(&vol.mnt);
+    let r = run_json(&vol, &[d.to_str().unwrap()]);
+    let freed = free_bytes(&vol.mnt) as i64 - free0 as i64;
+    before.assert_same(&Snapshot::take(&d));
+    let shared = n as i64 * (len as i64 - 4096);
+    assert_eq!(num(&r, "deduped_bytes") as i64, shared, "{r:#}");
+    assert_eq!(num(&r, "rewritten_bytes"), n * (4096 + tail as u64), "{r:#}");
+    assert_eq!(num(&r, "pinned_bytes"), 0, "{r:#}");
+    assert!(freed >= shared * 98 / 100, "freed {freed} of {shared}: {r:#}");
+    for i in 0..n {
+        let (a, b) = (d.join(format!("a{i:02}")), d.join(format!("b{i:02}")));
+        assert!(same_physical(&a, 0, &b, 0, 10 * 4096), "b{i:02}");
+        assert!(same_physical(&a, 11 * 4096, &b, 11 * 4096, len as u64 - 11 * 4096), "b{i:02}");
+    }
+}
+
 #[test]
 fn rewrite_ratio_zero_leaves_bookends_alone() {
     let Some(vol) = Volume::new(Fs::Btrfs, 256) else { return };

@@ -8,7 +8,8 @@
 //! extents so the old extent can go ([`remainders`], pure), and does it: a
 //! share worker copies them to an `O_TMPFILE`, then `FIDEDUPERANGE`s them
 //! back, so the kernel verifies every byte and the file never holds
-//! anything but its own data. With no room for the copy (ENOSPC, EDQUOT)
+//! anything but its own data. A worker copies out a batch of destinations
+//! before sharing any back, so their writes reach the disk together. With no room for the copy (ENOSPC, EDQUOT)
 //! the destination is left whole for a later run
 //! ([`super::Pending::NoSpaceRewrite`]).
 //!
@@ -220,6 +221,23 @@ pub fn failed_parts(plan: &crate::plan::Plan, differs: Vec<(FileId, u64, u64)>) 
     by_dest.into_iter().map(|(id, parts)| (id, union(parts), covered[&id])).collect()
 }
 
+/// Most bytes of remainders a worker holds copied and not yet shared back
+/// (more than this only for one file's remainders).
+const STAGED_BYTES: u64 = 64 << 20;
+
+/// A destination whose remainders are to be rewritten.
+struct Rewrite {
+    id: FileId,
+    dest: File,
+    size: u64,
+    /// The remainders, as `(offset, length)` in the file.
+    pieces: Vec<(u64, u64)>,
+    /// Covered bytes of the extents being freed: pinned if this fails.
+    rewrite_covered: u64,
+    /// Bytes the plan shares into the file: pending if there is no room.
+    planned: u64,
+}
+
 impl Executor<'_> {
     /// After the ranges: destination `id`'s `parts` were found different
     /// from their source and not shared (a fingerprint collision, mostly).
@@ -236,86 +254,139 @@ impl Executor<'_> {
             return;
         }
         let Some(file) = self.open(id) else { return };
-        if let Err(e) = self.rewrite(&file, size, parts, &b.tmp_dir) {
+        let done = self.copy_out(&file, size, parts, &b.tmp_dir).and_then(|tmp| self.share_back(&tmp, &file, parts));
+        if let Err(e) = done {
             let path = display_path(&self.files[&id].path);
             self.progress.info(&format!("{path}: cannot rewrite parts that differ from their source: {e}"));
         }
     }
 
     /// Rewrite the uncovered remainders of the partly covered extents of
-    /// destination `id`, whose planned ranges cover `covered` (chosen by
-    /// [`remainders`]).
-    pub(super) fn free_bookends(&mut self, id: FileId, covered: &[(u64, u64)], b: &Bookends) {
-        let Some(size) = self.files.get(&id).map(|c| c.size) else { return };
+    /// a batch of destinations, each with the ranges the plan covers in it
+    /// (chosen by [`remainders`]). All the batch's copies are written
+    /// first and their writeback started together, then each is shared
+    /// back: sharing a range waits for its source to be on disk, and one
+    /// wait per file, in turn, was most of this pass's time.
+    pub(super) fn free_bookends(&mut self, batch: &[(FileId, Vec<(u64, u64)>)], b: &Bookends) {
+        let mut staged = Vec::new();
+        let mut staged_bytes = 0;
+        for (id, covered) in batch {
+            let Some(rw) = self.judge_bookends(*id, covered, b) else { continue };
+            match self.copy_out(&rw.dest, rw.size, &rw.pieces, &b.tmp_dir) {
+                Ok(tmp) => {
+                    staged_bytes += rw.pieces.iter().map(|p| p.1).sum::<u64>();
+                    staged.push((rw, tmp));
+                }
+                Err(e) => self.rewritten(&rw, Err(e)),
+            }
+            // A bound on the copies held at once: temporary space on a
+            // nearly full disk, and dirty pages.
+            if staged_bytes >= STAGED_BYTES {
+                self.share_back_all(std::mem::take(&mut staged));
+                staged_bytes = 0;
+            }
+        }
+        self.share_back_all(staged);
+    }
+
+    /// Start the writeback of every staged copy, then share each back.
+    fn share_back_all(&mut self, staged: Vec<(Rewrite, File)>) {
+        for (_, tmp) in &staged {
+            // Only a head start: sharing back waits for the data anyway.
+            let _ = sys::start_writeback(tmp.as_fd());
+        }
+        for (rw, tmp) in staged {
+            let done = self.share_back(&tmp, &rw.dest, &rw.pieces);
+            self.rewritten(&rw, done);
+        }
+    }
+
+    /// Judge destination `id`'s partly covered extents against what the
+    /// plan `covered`: count what stays pinned, and return what to rewrite
+    /// (`None`: nothing, or a dry run, which only counts).
+    fn judge_bookends(&mut self, id: FileId, covered: &[(u64, u64)], b: &Bookends) -> Option<Rewrite> {
+        let size = self.files.get(&id).map(|c| c.size)?;
         // Covered from start to end (a whole-file copy, most
         // destinations): every extent is shared whole, no remainder is
         // left, so neither open nor FIEMAP it here (on btrfs FIEMAP
         // walks the back references of every extent). The share phase
         // still checks the file before using it.
         if matches!(covered[..], [(0, len)] if len >= size) {
-            return;
+            return None;
         }
-        let Some(file) = self.open(id) else { return };
-        let Ok(extents) = sys::fiemap(file.as_fd(), 0, size) else { return };
+        let file = self.open(id)?;
+        let extents = sys::fiemap(file.as_fd(), 0, size).ok()?;
         self.ctx.note_solo(&extents);
         let extents: Vec<DestExtent> = extents.iter().map(DestExtent::from_fiemap).collect();
         let d = decide(&extents, covered, size, b.max_ratio);
         if d.is_empty() {
-            return;
+            return None;
         }
         self.out.pin_checked.push(id);
         for (&why, &bytes) in &d.pinned {
             self.out.pin(id, why, bytes);
         }
         if d.rewrite.is_empty() {
-            return;
+            return None;
         }
-        let pieces = &d.rewrite;
         match self.mode {
-            Mode::DryRun => self.out.rewritten_bytes += pieces.iter().map(|p| p.1).sum::<u64>(),
-            Mode::Share => {
-                match self.rewrite(&file, size, pieces, &b.tmp_dir) {
-                    Ok(true) => {}
-                    // The old extents stay for the rest not moved out.
-                    Ok(false) => self.out.pin(id, PinReason::RewriteFailed, d.rewrite_covered),
-                    Err(e) if is_no_space(&e) => {
-                        let path = display_path(&self.files[&id].path);
-                        // Not shared at all this run: nothing pinned either.
-                        self.out.pinned.retain(|k, _| k.0 != id);
-                        locked(&self.ctx.deferred).insert(id);
-                        let bytes = covered.iter().map(|c| c.1).sum();
-                        self.out.pending.insert(id, (Pending::NoSpaceRewrite, bytes));
-                        self.progress.warn(&format!(
-                            "{path}: no space to rewrite partly shared extents ({e}); not shared now, retried by the next run"
-                        ));
-                        *self.out.errors.entry(ErrorKind::NoSpace).or_default() += 1;
-                    }
-                    Err(e) => {
-                        let path = display_path(&self.files[&id].path);
-                        self.progress.warn(&format!("{path}: cannot rewrite partly shared extents: {e}"));
-                        *self.out.errors.entry(ErrorKind::Rewrite).or_default() += 1;
-                        self.out.pin(id, PinReason::RewriteFailed, d.rewrite_covered);
-                    }
-                }
+            Mode::DryRun => {
+                self.out.rewritten_bytes += d.rewrite.iter().map(|p| p.1).sum::<u64>();
+                None
+            }
+            Mode::Share => Some(Rewrite {
+                id,
+                dest: file,
+                size,
+                pieces: d.rewrite,
+                rewrite_covered: d.rewrite_covered,
+                planned: covered.iter().map(|c| c.1).sum(),
+            }),
+        }
+    }
+
+    /// Account for the rewrite `rw`: `Ok(true)` all moved; otherwise the
+    /// old extents stay, pinning their covered bytes, or, with no room, the
+    /// file is left whole for the next run (its planned bytes pending).
+    fn rewritten(&mut self, rw: &Rewrite, done: std::io::Result<bool>) {
+        let (id, rewrite_covered, planned) = (rw.id, rw.rewrite_covered, rw.planned);
+        match done {
+            Ok(true) => {}
+            // The old extents stay for the rest not moved out.
+            Ok(false) => self.out.pin(id, PinReason::RewriteFailed, rewrite_covered),
+            Err(e) if is_no_space(&e) => {
+                let path = display_path(&self.files[&id].path);
+                // Not shared at all this run: nothing pinned either.
+                self.out.pinned.retain(|k, _| k.0 != id);
+                locked(&self.ctx.deferred).insert(id);
+                self.out.pending.insert(id, (Pending::NoSpaceRewrite, planned));
+                self.progress.warn(&format!(
+                    "{path}: no space to rewrite partly shared extents ({e}); not shared now, retried by the next run"
+                ));
+                *self.out.errors.entry(ErrorKind::NoSpace).or_default() += 1;
+            }
+            Err(e) => {
+                let path = display_path(&self.files[&id].path);
+                self.progress.warn(&format!("{path}: cannot rewrite partly shared extents: {e}"));
+                *self.out.errors.entry(ErrorKind::Rewrite).or_default() += 1;
+                self.out.pin(id, PinReason::RewriteFailed, rewrite_covered);
             }
         }
     }
 
     /// Copy `pieces` of `dest` into an unnamed temporary file on the same
-    /// filesystem (at the same offsets, same size, so an unaligned tail ends
-    /// at both EOFs), then share them back into `dest`: the kernel compares
-    /// the bytes, and `dest` then references fresh extents there. `false`:
-    /// some piece was not moved (the file changed, or the kernel refused).
-    fn rewrite(
+    /// filesystem, at the same offsets and of the same size, so that an
+    /// unaligned tail ends at both EOFs (the kernel shares a partial block
+    /// only there).
+    fn copy_out(
         &mut self,
         dest: &File,
         size: u64,
         pieces: &[(u64, u64)],
         dir: &std::path::Path,
-    ) -> std::io::Result<bool> {
+    ) -> std::io::Result<File> {
         let tmp = sys::inode::open_tmpfile(dir)?;
         tmp.set_len(size)?;
-        let mut complete = true;
         for &(off, len) in pieces {
             let mut pos = 0;
             while pos < len {
@@ -325,6 +396,15 @@ impl Executor<'_> {
                 pos += n as u64;
             }
         }
+        Ok(tmp)
+    }
+
+    /// Share `pieces` of `tmp` back into `dest` ([`Executor::copy_out`]):
+    /// the kernel compares the bytes, and `dest` then references fresh
+    /// extents there. `false`: some piece was not moved (the file changed,
+    /// or the kernel refused).
+    fn share_back(&mut self, tmp: &File, dest: &File, pieces: &[(u64, u64)]) -> std::io::Result<bool> {
+        let mut complete = true;
         for &(off, len) in pieces {
             let mut pos = 0;
             while pos < len {

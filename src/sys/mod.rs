@@ -14,5 +14,5 @@ pub mod limits;
 
 pub use dedupe::{dedupe_range, DedupeStatus, DestResult};
 pub use fiemap::{fiemap, Extent};
-pub use fs::{fs_info, syncfs, volume_key, FsInfo, FsKind, SubvolIds};
+pub use fs::{fs_info, start_writeback, syncfs, volume_key, FsInfo, FsKind, SubvolIds};
 pub use inode::{inode_flags, open_readonly, InodeFlags};
