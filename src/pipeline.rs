@@ -329,7 +329,7 @@ fn share_phase(
         max_ratio: cfg.rewrite_ratio,
     });
     let (block_size, bookends) = (job.scan.block_size, bookends.as_ref());
-    let workers = share_workers(job, stats, progress);
+    let sharing = sharing(job, stats, progress);
     // Batch by batch: each batch's files are independent of the others'
     // (see `plan::from_db`), and only one batch's facts are in memory.
     let mut out = dedupe::Outcome::default();
@@ -337,7 +337,7 @@ fn share_phase(
     batches.for_each(|plan| {
         let files = db.file_facts(plan.files())?;
         let mut o =
-            dedupe::execute(plan, &files, unshared, &job.tree, block_size, mode, bookends, progress, stop, workers);
+            dedupe::execute(plan, &files, unshared, &job.tree, block_size, mode, bookends, progress, stop, sharing);
         if mode == Mode::Share {
             save_batch(db, run_id, plan, &o, stop.load(Ordering::Relaxed))?;
         }
@@ -377,19 +377,20 @@ fn share_phase(
     })))
 }
 
-/// How many share workers ([`dedupe::share_workers`]); said with `-v` when
+/// How to run the share phase ([`dedupe::sharing`]); said with `-v` when
 /// the data to compare will be read from disk.
-fn share_workers(job: &Job, stats: &PlanStats, progress: &dyn Progress) -> usize {
+fn sharing(job: &Job, stats: &PlanStats, progress: &dyn Progress) -> dedupe::Sharing {
     // A source range is compared with each destination: up to twice the
     // planned bytes are read, from the page cache or from disk.
-    let workers = dedupe::share_workers(stats.bytes.saturating_mul(2), job.scan.drop_cache);
-    if workers > dedupe::default_workers() {
+    let sharing = dedupe::sharing(stats.bytes.saturating_mul(2), job.scan.drop_cache);
+    if sharing.from_disk {
         progress.info(&format!(
-            "share phase: {workers} workers, the data to compare is read from disk ({})",
+            "share phase: {} workers, the data to compare is read from disk ({})",
+            sharing.workers,
             if job.scan.drop_cache { "--drop-cache" } else { "larger than half the memory for the page cache" }
         ));
     }
-    workers
+    sharing
 }
 
 /// Record what sharing one batch left pending and pinned, per file, in the

@@ -384,7 +384,7 @@ fn refused_destination(fs: Fs) {
         None,
         &dedupscan::progress::Silent,
         &stop,
-        1,
+        dedupscan::dedupe::Sharing::cached(1),
     );
     before.assert_same(&Snapshot::take(&dir));
     if fs == Fs::XfsNoReflink {

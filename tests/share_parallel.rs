@@ -5,7 +5,8 @@
 //! one large source is cut into two units that share into one file at once,
 //! one file has more copies than one request takes,
 //! and a changed and a vanished file are each named by ranges of several
-//! sources (they must be counted once, not once per worker).
+//! sources (they must be counted once, not once per worker). The workers
+//! read each request's pages first, as when the data comes from disk.
 
 mod common;
 
@@ -15,7 +16,7 @@ use std::sync::atomic::AtomicBool;
 
 use common::*;
 use dedupscan::corpus::Rng;
-use dedupscan::dedupe::{execute, Bookends, Mode, Outcome};
+use dedupscan::dedupe::{execute, Bookends, Mode, Outcome, Sharing};
 use dedupscan::file::{FileFacts, FileId, IdSet};
 use dedupscan::plan::{Plan, Range};
 use dedupscan::progress::Silent;
@@ -132,10 +133,14 @@ fn alter(case: &Case) {
     std::fs::remove_file(&case.vanished).unwrap();
 }
 
-fn run(case: &Case, mode: Mode, bookends: Option<&Bookends>, workers: usize) -> Outcome {
+/// Four workers, each reading a request's pages before submitting it, as
+/// when the data comes from disk: neither may change what is shared.
+const MANY: Sharing = Sharing { workers: 4, from_disk: true };
+
+fn run(case: &Case, mode: Mode, bookends: Option<&Bookends>, sharing: Sharing) -> Outcome {
     let stop = AtomicBool::new(false);
     let tree = Tree::open(&[case.changed.parent().unwrap().to_owned()]).unwrap();
-    execute(&case.plan, &case.files, &IdSet::new(), &tree, BLK, mode, bookends, &Silent, &stop, workers)
+    execute(&case.plan, &case.files, &IdSet::new(), &tree, BLK, mode, bookends, &Silent, &stop, sharing)
 }
 
 /// Every figure of an outcome, for comparing two of them.
@@ -153,14 +158,14 @@ fn one_and_many_workers_agree(fs: Fs) {
     let bookends = (fs == Fs::Btrfs).then(|| Bookends { tmp_dir: vol.mnt.clone(), max_ratio: 1.0 });
 
     // Dry run: compared in user space, nothing changes.
-    let dry1 = run(&one, Mode::DryRun, bookends.as_ref(), 1);
-    let dry4 = run(&many, Mode::DryRun, bookends.as_ref(), 4);
+    let dry1 = run(&one, Mode::DryRun, bookends.as_ref(), Sharing::cached(1));
+    let dry4 = run(&many, Mode::DryRun, bookends.as_ref(), MANY);
     assert_eq!(figures(&dry1), figures(&dry4), "{fs:?} dry run");
     assert_eq!(dry1.deduped_bytes, 0);
     before.assert_same(&Snapshot::take(&vol.mnt));
 
-    let out1 = run(&one, Mode::Share, bookends.as_ref(), 1);
-    let out4 = run(&many, Mode::Share, bookends.as_ref(), 4);
+    let out1 = run(&one, Mode::Share, bookends.as_ref(), Sharing::cached(1));
+    let out4 = run(&many, Mode::Share, bookends.as_ref(), MANY);
     assert_eq!(figures(&out1), figures(&out4), "{fs:?}: 1 worker vs 4");
     before.assert_same(&Snapshot::take(&vol.mnt));
 
@@ -188,7 +193,7 @@ fn one_and_many_workers_agree(fs: Fs) {
     }
 
     // Nothing left to submit: the second run only finds shared extents.
-    let again = run(&many, Mode::Share, bookends.as_ref(), 4);
+    let again = run(&many, Mode::Share, bookends.as_ref(), MANY);
     assert_eq!(again.duplicate_bytes, SRC_BLOCKS * BLK, "only the differing copy is retried: {again:?}");
     assert_eq!(again.already_shared_bytes, expected, "{again:?}");
     before.assert_same(&Snapshot::take(&vol.mnt));
@@ -210,7 +215,7 @@ fn refusal_stops_every_worker() {
     let Some(vol) = Volume::new(Fs::XfsNoReflink, 768) else { return };
     let case = build(&vol.path("t"));
     let before = Snapshot::take(&vol.mnt);
-    let out = run(&case, Mode::Share, None, 4);
+    let out = run(&case, Mode::Share, None, MANY);
     assert!(out.refused.is_some(), "{out:?}");
     assert_eq!((out.duplicate_bytes, out.deduped_bytes, out.status.same), (0, 0, 0), "{out:?}");
     before.assert_same(&Snapshot::take(&vol.mnt));

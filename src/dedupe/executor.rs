@@ -440,6 +440,12 @@ impl<'a> Executor<'a> {
                         prefetch(src, off + done + chunk, next);
                         idx.iter().for_each(|&k| prefetch(dests[k].file, dests[k].off + done + chunk, next));
                     }
+                    if self.ctx.from_disk {
+                        // Read in large requests now, not page by page in
+                        // the kernel's compare (see `Sharing::from_disk`).
+                        self.read_into_cache(src, off + done, chunk);
+                        idx.iter().for_each(|&k| self.read_into_cache(dests[k].file, dests[k].off + done, chunk));
+                    }
                     let fds: Vec<(BorrowedFd<'_>, u64)> =
                         idx.iter().map(|&k| (dests[k].file.as_fd(), dests[k].off + done)).collect();
                     self.out.duplicate_bytes += chunk * idx.len() as u64;
@@ -492,6 +498,21 @@ impl<'a> Executor<'a> {
                 }
             }
             done += chunk;
+        }
+    }
+
+    /// Read `f[off..off+len]` through the page cache into the scratch
+    /// buffer, so the kernel's compare finds it there. Only a warm-up: the
+    /// first error or end of file ends it quietly (the request then meets
+    /// it, and says so).
+    fn read_into_cache(&mut self, f: &File, off: u64, len: u64) {
+        let mut pos = 0;
+        while pos < len {
+            let n = ((len - pos) as usize).min(self.buf_a.len());
+            match f.read_at(&mut self.buf_a[..n], off + pos) {
+                Ok(0) | Err(_) => return,
+                Ok(k) => pos += k as u64,
+            }
         }
     }
 

@@ -50,7 +50,7 @@ mod verify;
 mod workers;
 
 pub use bookend::PinReason;
-pub use workers::{default_workers, share_workers, IO_WORKERS, MAX_WORKERS};
+pub use workers::{default_workers, sharing, Sharing, IO_WORKERS, MAX_WORKERS};
 use workers::{dest_coverage, on_workers, units, used_once, WorkerContext};
 
 /// Whether to share for real.
@@ -171,10 +171,10 @@ pub struct Bookends {
 /// back, so 8 workers hold at most 512.
 const BOOKEND_BATCH: usize = 32;
 
-/// Execute `plan` on `workers` threads (1: all on the calling thread; see
-/// [`share_workers`] for how many). `stop` is polled between source ranges.
+/// Execute `plan` as `sharing` says (on how many threads, whether the data
+/// comes from disk: see [`sharing`]). `stop` is polled between source ranges.
 /// With `bookends`, partly covered destination extents are freed first. The
-/// outcome does not depend on `workers`: every file is checked, counted and
+/// outcome does not depend on the workers: every file is checked, counted and
 /// warned about once, whichever worker meets it first.
 #[allow(clippy::too_many_arguments)]
 pub fn execute(
@@ -187,8 +187,9 @@ pub fn execute(
     bookends: Option<&Bookends>,
     progress: &dyn Progress,
     stop: &AtomicBool,
-    workers: usize,
+    sharing: Sharing,
 ) -> Outcome {
+    let workers = sharing.workers;
     let ctx = WorkerContext {
         files,
         unshared,
@@ -205,6 +206,7 @@ pub fn execute(
         in_plan: files.values().map(|c| (c.key.volume, c.key.ino)).collect(),
         used_once: used_once(plan),
         solo: Mutex::new(BTreeMap::new()),
+        from_disk: sharing.from_disk,
     };
     let mut out = Outcome::default();
     if let Some(b) = bookends {

@@ -7,7 +7,7 @@ use std::path::Path;
 ///
 /// The share phase keeps up to a request's destinations (127) and its
 /// source open on each of its workers (up to eight, see
-/// `dedupe::share_workers`), the hashing pool one file per thread (up to
+/// `dedupe::sharing`), the hashing pool one file per thread (up to
 /// 1024 threads): near or past the soft limit of 1024 that systemd and most
 /// shells give a process, while the hard limit is usually far higher. A
 /// file that cannot be opened (`EMFILE`) would be counted as an error and
