@@ -9,9 +9,9 @@
 //! share worker copies them to an `O_TMPFILE`, then `FIDEDUPERANGE`s them
 //! back, so the kernel verifies every byte and the file never holds
 //! anything but its own data. A worker copies out a batch of destinations
-//! before sharing any back, so their writes reach the disk together. With no room for the copy (ENOSPC, EDQUOT)
-//! the destination is left whole for a later run
-//! ([`super::Pending::NoSpaceRewrite`]).
+//! before sharing any back, so their writes reach the disk together. With
+//! no room for the copy (ENOSPC, EDQUOT) the destination is left whole for
+//! a later run ([`super::Pending::NoSpaceRewrite`]).
 //!
 //! XFS counts references per block and needs none of this.
 

@@ -441,8 +441,10 @@ impl<'a> Executor<'a> {
                         idx.iter().for_each(|&k| prefetch(dests[k].file, dests[k].off + done + chunk, next));
                     }
                     if self.ctx.from_disk {
-                        // Read in large requests now, not page by page in
-                        // the kernel's compare (see `Sharing::from_disk`).
+                        // The prefetch put every file's reads in flight at
+                        // once; wait for them here, reading what read-ahead
+                        // found no room for in large requests, not page by
+                        // page in the kernel's compare (`Sharing::from_disk`).
                         self.read_into_cache(src, off + done, chunk);
                         idx.iter().for_each(|&k| self.read_into_cache(dests[k].file, dests[k].off + done, chunk));
                     }
