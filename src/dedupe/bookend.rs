@@ -221,6 +221,13 @@ pub fn failed_parts(plan: &crate::plan::Plan, differs: Vec<(FileId, u64, u64)>) 
     by_dest.into_iter().map(|(id, parts)| (id, union(parts), covered[&id])).collect()
 }
 
+/// Destinations a worker takes at a time in the bookend pass, to copy
+/// their remainders out together ([`Executor::free_bookends`]: their
+/// writeback overlaps; on FULL/btrfs the pass took 0.82 s one by one, 0.59
+/// s by 32). Each copied destination holds two descriptors until its batch
+/// is shared back, so 8 workers hold at most 512.
+pub(super) const BATCH: usize = 32;
+
 /// Most bytes of remainders a worker holds copied and not yet shared back
 /// (more than this only for one file's remainders).
 const STAGED_BYTES: u64 = 64 << 20;

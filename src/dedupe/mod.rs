@@ -164,13 +164,6 @@ pub struct Bookends {
     pub max_ratio: f64,
 }
 
-/// Destinations a worker takes at a time in the bookend pass, to copy
-/// their remainders out together ([`bookend`]: their writeback overlaps;
-/// on FULL/btrfs the pass took 0.82 s one by one, 0.59 s by 32). Each
-/// copied destination holds two descriptors until its batch is shared
-/// back, so 8 workers hold at most 512.
-const BOOKEND_BATCH: usize = 32;
-
 /// Execute `plan` as `sharing` says (on how many threads, whether the data
 /// comes from disk: see [`sharing`]). `stop` is polled between source ranges.
 /// With `bookends`, partly covered destination extents are freed first. The
@@ -215,7 +208,7 @@ pub fn execute(
         // Destinations are independent of each other, so this pass runs on
         // the workers too.
         let dests = dest_coverage(plan);
-        let batches: Vec<_> = dests.chunks(BOOKEND_BATCH).collect();
+        let batches: Vec<_> = dests.chunks(bookend::BATCH).collect();
         out.merge(on_workers(&ctx, workers, &batches, |ex, batch| ex.free_bookends(batch, b)));
     }
     out.merge(on_workers(&ctx, workers, &units(&plan.ranges), |ex, &(start, end)| {
