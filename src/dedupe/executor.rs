@@ -34,7 +34,6 @@ use std::os::unix::fs::FileExt;
 use std::sync::atomic::Ordering;
 
 use nix::errno::Errno;
-use nix::fcntl::{posix_fadvise, PosixFadviseAdvice};
 
 use super::extents::{unshared_parts, Mapped};
 use super::workers::{locked, same_source, WorkerContext};
@@ -430,24 +429,7 @@ impl<'a> Executor<'a> {
                 Mode::DryRun => self.verify(src, off, done, chunk, dests, &mut alive),
                 Mode::Share => {
                     let idx: Vec<usize> = (0..dests.len()).filter(|&k| alive[k]).collect();
-                    if done == 0 {
-                        prefetch(src, off, chunk);
-                        idx.iter().for_each(|&k| prefetch(dests[k].file, dests[k].off, chunk));
-                    }
-                    // The next chunk is read while the kernel compares this one.
-                    let next = (len - done - chunk).min(MAX_REQUEST_LEN);
-                    if next > 0 {
-                        prefetch(src, off + done + chunk, next);
-                        idx.iter().for_each(|&k| prefetch(dests[k].file, dests[k].off + done + chunk, next));
-                    }
-                    if self.ctx.from_disk {
-                        // The prefetch put every file's reads in flight at
-                        // once; wait for them here, reading what read-ahead
-                        // found no room for in large requests, not page by
-                        // page in the kernel's compare (`Sharing::from_disk`).
-                        self.read_into_cache(src, off + done, chunk);
-                        idx.iter().for_each(|&k| self.read_into_cache(dests[k].file, dests[k].off + done, chunk));
-                    }
+                    self.get_ready(src, off, len, done, chunk, dests, &idx);
                     let fds: Vec<(BorrowedFd<'_>, u64)> =
                         idx.iter().map(|&k| (dests[k].file.as_fd(), dests[k].off + done)).collect();
                     self.out.duplicate_bytes += chunk * idx.len() as u64;
@@ -500,21 +482,6 @@ impl<'a> Executor<'a> {
                 }
             }
             done += chunk;
-        }
-    }
-
-    /// Read `f[off..off+len]` through the page cache into the scratch
-    /// buffer, so the kernel's compare finds it there. Only a warm-up: the
-    /// first error or end of file ends it quietly (the request then meets
-    /// it, and says so).
-    fn read_into_cache(&mut self, f: &File, off: u64, len: u64) {
-        let mut pos = 0;
-        while pos < len {
-            let n = ((len - pos) as usize).min(self.buf_a.len());
-            match f.read_at(&mut self.buf_a[..n], off + pos) {
-                Ok(0) | Err(_) => return,
-                Ok(k) => pos += k as u64,
-            }
         }
     }
 
@@ -585,14 +552,4 @@ impl<'a> Executor<'a> {
         self.progress.warn(&format!("{path}: {msg}"));
         *self.out.status.errors.entry(kind.to_owned()).or_default() += 1;
     }
-}
-
-/// Ask the kernel to read `f[off..off+len]` into the page cache now, in
-/// large asynchronous requests. `FIDEDUPERANGE` compares page by page and
-/// reads a missing page synchronously, without read-ahead: on data that is
-/// not cached (`--drop-cache`, or a volume larger than memory) it would wait
-/// for the disk once per 4 KiB. On cached data this costs a page-cache
-/// lookup per page. Only advice: errors are ignored.
-fn prefetch(f: &File, off: u64, len: u64) {
-    let _ = posix_fadvise(f, off as i64, len as i64, PosixFadviseAdvice::POSIX_FADV_WILLNEED);
 }

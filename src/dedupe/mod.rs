@@ -22,6 +22,9 @@
 //!   the starting paths and check it, map it (FIEMAP), call
 //!   `FIDEDUPERANGE`, and keep the pending (ENOSPC, pinned) accounts;
 //! - `pinned.rs`: which shared extents a file outside the plan keeps;
+//! - `ready.rs`: getting a request's pages into the page cache before the
+//!   kernel compares them (read-ahead advice; a read of our own when the
+//!   data comes from disk);
 //! - `verify.rs`: the dry run's byte compare;
 //! - [`extents`]: the FIEMAP view of a range (which blocks already share
 //!   the source's extents), also used by the `report` command;
@@ -46,6 +49,7 @@ pub mod bookend;
 mod executor;
 pub mod extents;
 mod pinned;
+mod ready;
 mod verify;
 mod workers;
 
