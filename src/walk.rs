@@ -31,7 +31,7 @@ use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::os::unix::ffi::OsStrExt;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::mpsc::{sync_channel, SyncSender};
+use std::sync::mpsc::{sync_channel, SyncSender, TryRecvError};
 use std::sync::{Arc, Condvar, Mutex};
 
 use rustix::fs::{FileType, RawDir, Stat};
@@ -70,6 +70,42 @@ enum Found {
     Skip(SkipReason),
     SkipDir(SkipReason),
     Error(ErrorKind, PathBuf, io::Error),
+}
+
+/// Most entries a crawler thread hands over at once.
+const FOUND_BATCH: usize = 64;
+
+/// What one crawler thread found, handed to the consumer in batches (a
+/// directory's entries, at most [`FOUND_BATCH`]): while the hashing holds
+/// the crawl back, a handover per entry cost a wake-up of the consumer and
+/// of the thread per file, about half a million futex calls and context
+/// switches on the 126,815-file benchmark corpus.
+struct Out {
+    tx: SyncSender<Vec<Found>>,
+    batch: Vec<Found>,
+}
+
+impl Out {
+    fn new(tx: SyncSender<Vec<Found>>) -> Out {
+        Out { tx, batch: Vec::new() }
+    }
+
+    /// Queue `found`; false once the consumer is gone.
+    fn send(&mut self, found: Found) -> bool {
+        self.batch.push(found);
+        self.batch.len() < FOUND_BATCH || self.flush()
+    }
+
+    /// Hand over what is queued (after each directory).
+    fn flush(&mut self) -> bool {
+        self.batch.is_empty() || self.tx.send(std::mem::take(&mut self.batch)).is_ok()
+    }
+}
+
+impl Drop for Out {
+    fn drop(&mut self) {
+        self.flush();
+    }
 }
 
 /// A directory to read: an entry of an open parent, opened by the thread
@@ -146,8 +182,10 @@ struct Ctx<'a> {
 
 /// Crawl the starting paths held by `tree` (canonical paths on one
 /// filesystem of kind `fs`). Every eligible file is handed to `each` as
-/// soon as it is found, so reading can start while the crawl goes on.
-/// `stop` ends the crawl early.
+/// soon as it is found, so reading can start while the crawl goes on, and
+/// `idle` is called whenever every file found so far has been handed over
+/// (before this thread waits for more: a caller that passes files on in
+/// batches sends what it holds). `stop` ends the crawl early.
 ///
 /// `CRAWL_THREADS` (8) threads read directories, `fstatat` entries and decide
 /// about directories; this thread applies the rules that need one view of
@@ -160,6 +198,7 @@ pub fn walk(
     progress: &dyn Progress,
     stop: &AtomicBool,
     mut each: impl FnMut(FileFacts),
+    mut idle: impl FnMut(),
 ) -> WalkResult {
     let mounts = crate::sys::fs::mount_points();
     let mut result = WalkResult::default();
@@ -168,40 +207,53 @@ pub fn walk(
         let Some((dir, dir_fd, file)) = tree.root(i) else { break };
         let Some((start, root_dev)) = start(dir, dir_fd, file, fs, policy, progress, &mut result) else { continue };
         let ctx = Ctx { root_dev, fs, mounts: &mounts, policy, stop };
-        let (tx, rx) = sync_channel::<Found>(4096);
+        let (tx, rx) = sync_channel::<Vec<Found>>(4096 / FOUND_BATCH);
         let queue = Queue { state: Mutex::new((Vec::new(), 1)), wake: Condvar::new() };
         std::thread::scope(|s| {
             match start {
                 Start::Dir(fd) => {
                     let (ctx, queue) = (&ctx, &queue);
-                    let tx0 = tx.clone();
+                    let mut out = Out::new(tx.clone());
                     s.spawn(move || {
                         let mut buf = vec![MaybeUninit::uninit(); DIRENT_BUF];
-                        let jobs = read_dir(ctx, queue, Arc::new(fd), dir, &mut buf, &tx0);
+                        let jobs = read_dir(ctx, queue, Arc::new(fd), dir, &mut buf, &mut out);
+                        out.flush();
                         queue.done(jobs);
                     });
                     for _ in 0..CRAWL_THREADS {
-                        let tx = tx.clone();
+                        let mut out = Out::new(tx.clone());
                         s.spawn(move || {
                             let mut buf = vec![MaybeUninit::uninit(); DIRENT_BUF];
                             while let Some(job) = queue.take() {
                                 let jobs = if ctx.stop.load(Ordering::Relaxed) {
                                     Vec::new()
                                 } else {
-                                    enter(ctx, queue, job, &mut buf, &tx)
+                                    enter(ctx, queue, job, &mut buf, &mut out)
                                 };
+                                out.flush();
                                 queue.done(jobs);
                             }
                         });
                     }
                 }
                 Start::File(path, st) => {
-                    let _ = tx.send(Found::File(path, st));
+                    let _ = tx.send(vec![Found::File(path, st)]);
                 }
             }
             drop(tx);
-            for found in rx {
-                consume(found, policy, progress, &mut seen_inodes, &mut result, &mut each);
+            loop {
+                let batch = match rx.try_recv() {
+                    Ok(batch) => batch,
+                    Err(TryRecvError::Empty) => {
+                        idle();
+                        let Ok(batch) = rx.recv() else { break };
+                        batch
+                    }
+                    Err(TryRecvError::Disconnected) => break,
+                };
+                for found in batch {
+                    consume(found, policy, progress, &mut seen_inodes, &mut result, &mut each);
+                }
             }
         });
     }
@@ -322,9 +374,9 @@ fn start(
 
 /// Read the directory entry `job` on a crawler thread: open it relative to
 /// its parent, check it, list it. Returns its subdirectories.
-fn enter(ctx: &Ctx<'_>, queue: &Queue, job: Job, buf: &mut [MaybeUninit<u8>], tx: &SyncSender<Found>) -> Vec<Job> {
+fn enter(ctx: &Ctx<'_>, queue: &Queue, job: Job, buf: &mut [MaybeUninit<u8>], out: &mut Out) -> Vec<Job> {
     if ctx.mounts.contains(&job.path) {
-        let _ = tx.send(Found::SkipDir(SkipReason::MountPoint));
+        out.send(Found::SkipDir(SkipReason::MountPoint));
         return Vec::new();
     }
     let fd = match beneath::open_dir_at(job.parent.as_fd(), &job.name) {
@@ -338,7 +390,7 @@ fn enter(ctx: &Ctx<'_>, queue: &Queue, job: Job, buf: &mut [MaybeUninit<u8>], tx
                 Some(libc::ENOENT) | Some(libc::ENOTDIR) => Found::Skip(SkipReason::Vanished),
                 _ => Found::Error(ErrorKind::Unreadable, job.path, e),
             };
-            let _ = tx.send(found);
+            out.send(found);
             return Vec::new();
         }
     };
@@ -346,20 +398,20 @@ fn enter(ctx: &Ctx<'_>, queue: &Queue, job: Job, buf: &mut [MaybeUninit<u8>], tx
     let st = match beneath::stat_fd(fd.as_fd()) {
         Ok(st) => st,
         Err(e) => {
-            let _ = tx.send(Found::Error(ErrorKind::Unreadable, job.path, e));
+            out.send(Found::Error(ErrorKind::Unreadable, job.path, e));
             return Vec::new();
         }
     };
     // Another st_dev is another filesystem, except for btrfs subvolumes.
     if st.st_dev != ctx.root_dev && ctx.fs != FsKind::Btrfs {
-        let _ = tx.send(Found::SkipDir(SkipReason::MountPoint));
+        out.send(Found::SkipDir(SkipReason::MountPoint));
         return Vec::new();
     }
     if let Err(r) = dir_allowed_fd(fd.as_fd(), &job.path, &st, ctx.fs, ctx.policy) {
-        let _ = tx.send(Found::SkipDir(r));
+        out.send(Found::SkipDir(r));
         return Vec::new();
     }
-    read_dir(ctx, queue, Arc::new(fd), &job.path, buf, tx)
+    read_dir(ctx, queue, Arc::new(fd), &job.path, buf, out)
 }
 
 /// Subdirectories queued at once by a thread listing a directory, so that
@@ -367,7 +419,7 @@ fn enter(ctx: &Ctx<'_>, queue: &Queue, job: Job, buf: &mut [MaybeUninit<u8>], tx
 const PUSH_BATCH: usize = 4;
 
 /// List the open directory `fd` (at `path`): files and other entries go to
-/// `tx`, subdirectories become jobs holding `fd` (queued in batches of
+/// `out`, subdirectories become jobs holding `fd` (queued in batches of
 /// [`PUSH_BATCH`] while listing; the last ones are returned).
 fn read_dir(
     ctx: &Ctx<'_>,
@@ -375,7 +427,7 @@ fn read_dir(
     fd: Arc<OwnedFd>,
     path: &Path,
     buf: &mut [MaybeUninit<u8>],
-    tx: &SyncSender<Found>,
+    out: &mut Out,
 ) -> Vec<Job> {
     let mut jobs = Vec::new();
     let mut dir = RawDir::new(fd.as_fd(), buf);
@@ -386,7 +438,7 @@ fn read_dir(
         let entry = match entry {
             Ok(e) => e,
             Err(e) => {
-                let _ = tx.send(Found::Error(ErrorKind::Unreadable, path.to_owned(), e.into()));
+                out.send(Found::Error(ErrorKind::Unreadable, path.to_owned(), e.into()));
                 break;
             }
         };
@@ -406,7 +458,7 @@ fn read_dir(
                     st = Some(s);
                 }
                 Err(_) => {
-                    let _ = tx.send(Found::Skip(SkipReason::Vanished));
+                    out.send(Found::Skip(SkipReason::Vanished));
                     continue;
                 }
             }
@@ -428,7 +480,7 @@ fn read_dir(
             FileType::Socket => Found::Skip(SkipReason::Socket),
             _ => Found::Skip(SkipReason::Device),
         };
-        if tx.send(found).is_err() {
+        if !out.send(found) {
             break;
         }
     }
@@ -482,6 +534,14 @@ mod tests {
             std::fs::write(dir.join("empty"), b"").unwrap();
             std::os::unix::fs::symlink("/etc", dir.join("link")).unwrap();
         }
+        // One directory wider than a crawl thread's batch (FOUND_BATCH).
+        let wide = root.join("wide");
+        std::fs::create_dir(&wide).unwrap();
+        for j in 0..(2 * FOUND_BATCH + 5) {
+            let p = wide.join(format!("w{j}"));
+            std::fs::write(&p, b"data").unwrap();
+            want.insert(p);
+        }
         std::fs::hard_link(root.join("d0/e0/f/x0"), root.join("d0/e0/x0-again")).unwrap();
         std::fs::create_dir_all(root.join("d1/marked/deep")).unwrap();
         std::fs::write(root.join("d1/marked/.nodedup"), b"").unwrap();
@@ -490,7 +550,7 @@ mod tests {
         let policy = Policy::new(&[], None).unwrap();
         let stop = AtomicBool::new(false);
         let mut got = Vec::new();
-        let r = walk(&tree, FsKind::Other, &policy, &crate::progress::Silent, &stop, |c| got.push(c.path));
+        let r = walk(&tree, FsKind::Other, &policy, &crate::progress::Silent, &stop, |c| got.push(c.path), || ());
         got.sort();
         let dedup: std::collections::BTreeSet<_> = got.iter().cloned().collect();
         assert_eq!(dedup.len(), got.len(), "a file was found twice");
@@ -514,7 +574,7 @@ mod tests {
         let policy = Policy::new(&[], None).unwrap();
         let stop = AtomicBool::new(false);
         let mut got = Vec::new();
-        walk(&tree, FsKind::Other, &policy, &crate::progress::Silent, &stop, |c| got.push(c.path));
+        walk(&tree, FsKind::Other, &policy, &crate::progress::Silent, &stop, |c| got.push(c.path), || ());
         assert_eq!(got, vec![d.path().join("a")]);
     }
 }

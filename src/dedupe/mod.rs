@@ -213,18 +213,23 @@ pub fn execute(
         // the workers too.
         let dests = dest_coverage(plan);
         let batches: Vec<_> = dests.chunks(bookend::BATCH).collect();
-        out.merge(on_workers(&ctx, workers, &batches, |ex, batch| ex.free_bookends(batch, b)));
+        out.merge(on_workers(&ctx, workers, &batches, |_| None, |ex, batch| ex.free_bookends(batch, b)));
     }
-    out.merge(on_workers(&ctx, workers, &units(&plan.ranges), |ex, &(start, end)| {
+    let source = |&(start, _): &(usize, usize)| Some(plan.ranges[start].src);
+    out.merge(on_workers(&ctx, workers, &units(&plan.ranges), source, |ex, &(start, end)| {
         ex.run_unit(&plan.ranges[start..end])
     }));
     if let (Some(b), Mode::Share) = (bookends, mode) {
         // Parts found different stay in the old extent of their file,
         // which the rest of the file left: free it too.
         let failed = bookend::failed_parts(plan, std::mem::take(&mut out.differs));
-        out.merge(on_workers(&ctx, workers, &failed, |ex, (id, parts, covered)| {
-            ex.unpin_differing(*id, parts, *covered, b)
-        }));
+        out.merge(on_workers(
+            &ctx,
+            workers,
+            &failed,
+            |_| None,
+            |ex, (id, parts, covered)| ex.unpin_differing(*id, parts, *covered, b),
+        ));
     }
     out
 }

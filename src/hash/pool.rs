@@ -90,6 +90,11 @@ pub struct HashOutcome {
 /// the hashers by this much, no more (bounded memory).
 pub const HASH_QUEUE: usize = 4096;
 
+/// Files handed to the pool at once (at most). One at a time, each file
+/// cost a wake-up of the crawler thread, which waits on the full queue
+/// while the hashing holds it back.
+pub const HASH_BATCH: usize = 64;
+
 /// Counters the hashing threads update together.
 #[derive(Default)]
 struct Counters {
@@ -113,7 +118,7 @@ enum HashFail {
     Error(ErrorKind, std::io::Error),
 }
 
-/// Hash every file received on `to_hash` (a file and its row when known)
+/// Hash every file received on `to_hash` (in batches: a file and its row when known)
 /// on a pool of `opts.threads` threads, handing each result to `sink`.
 /// Files are taken one at a time as threads come free, in the order they
 /// arrive. Once `stop` is set, the files still queued are counted as not
@@ -122,7 +127,7 @@ pub fn hash_all(
     opts: &PoolOptions,
     policy: &Policy,
     tree: &Tree,
-    to_hash: Receiver<(FileFacts, Option<FileId>)>,
+    to_hash: Receiver<Vec<(FileFacts, Option<FileId>)>>,
     sink: &(dyn Fn(Hashed) + Sync),
     progress: &dyn Progress,
     stop: &AtomicBool,
@@ -140,7 +145,7 @@ pub fn hash_all(
         // rayon may run an init per item, so the read buffer lives in a
         // thread-local (a 1 MiB buffer per file would cost more than
         // hashing small files).
-        to_hash.into_iter().par_bridge().for_each(|(cand, id)| {
+        to_hash.into_iter().flatten().par_bridge().for_each(|(cand, id)| {
             if stop.load(Ordering::Relaxed) {
                 let mut t = counters.tally.lock().unwrap();
                 t.not_reached += 1;

@@ -2,6 +2,7 @@
 //! database writer thread, overlapped. Change detection ([`crate::changes`])
 //! sorts each file on the crawler thread as it is found.
 
+use std::cell::RefCell;
 use std::os::fd::AsFd;
 use std::os::unix::fs::MetadataExt;
 use std::path::Path;
@@ -17,7 +18,7 @@ use crate::db::reader::Reader;
 use crate::db::writer::{self, WriteOp, CHANNEL_CAP};
 use crate::db::Db;
 use crate::display::human;
-use crate::hash::pool::{self, HashOutcome, Hashed, PoolOptions, HASH_QUEUE};
+use crate::hash::pool::{self, HashOutcome, Hashed, PoolOptions, HASH_BATCH, HASH_QUEUE};
 use crate::policy::SkipReason;
 use crate::progress::Progress;
 
@@ -136,7 +137,7 @@ fn crawl_and_hash(
     progress: &dyn Progress,
     stop: &AtomicBool,
 ) -> Result<(Crawled, HashOutcome)> {
-    let (hash_tx, hash_rx) = sync_channel::<(FileFacts, Option<FileId>)>(HASH_QUEUE);
+    let (hash_tx, hash_rx) = sync_channel::<Vec<(FileFacts, Option<FileId>)>>(HASH_QUEUE / HASH_BATCH);
     let opts = PoolOptions {
         threads: job.scan.threads,
         block_size: job.scan.block_size,
@@ -170,12 +171,14 @@ fn crawl_and_hash(
 }
 
 /// The crawl: every file found is sorted by change detection; a move goes
-/// to the database writer, a file to read to the hashing pool.
+/// to the database writer, a file to read to the hashing pool, in batches
+/// of up to [`HASH_BATCH`] (sent early whenever the crawl has nothing more
+/// for the moment, so hashing starts with the first file found).
 fn crawl(
     job: &Job,
     index: Reader,
     writes: &SyncSender<WriteOp>,
-    to_hash: SyncSender<(FileFacts, Option<FileId>)>,
+    to_hash: SyncSender<Vec<(FileFacts, Option<FileId>)>>,
     progress: &dyn Progress,
     stop: &AtomicBool,
 ) -> Crawled {
@@ -184,7 +187,14 @@ fn crawl(
     // `st_dev` → volume key (btrfs subvolume id): files are known by
     // subvolume and inode, which survive a remount; `st_dev` does not.
     let mut keys = sys::SubvolIds::new();
-    let walked = walk::walk(&job.tree, job.scan.fs.kind, &job.policy, progress, stop, |mut c| {
+    let queued = RefCell::new(Vec::with_capacity(HASH_BATCH));
+    let hand_over = || {
+        let batch = std::mem::take(&mut *queued.borrow_mut());
+        if !batch.is_empty() {
+            let _ = to_hash.send(batch);
+        }
+    };
+    let each = |mut c: FileFacts| {
         // From here on a candidate's `dev` is its volume key. The parent
         // directory is opened below the starting paths, like every open.
         let st_dev = c.key.volume;
@@ -196,11 +206,20 @@ fn crawl(
                 let _ = writes.send(WriteOp::Renamed { id, dev: file.key.volume, path: file.path, ctime: file.ctime });
             }
             Sorted::ToHash { file, id } => {
-                let _ = to_hash.send((file, id));
+                let full = {
+                    let mut q = queued.borrow_mut();
+                    q.push((file, id));
+                    q.len() >= HASH_BATCH
+                };
+                if full {
+                    hand_over();
+                }
             }
             Sorted::Unchanged | Sorted::Left(_) => {}
         }
-    });
+    };
+    let walked = walk::walk(&job.tree, job.scan.fs.kind, &job.policy, progress, stop, each, hand_over);
+    hand_over();
     // The crawl is over: from here the scan has a total and an ETA.
     let n = classifier.counts();
     progress.set_total(n.queued_bytes, Some(n.queued_files));
