@@ -122,7 +122,11 @@ impl Db {
     /// A read-only connection to an existing database.
     fn open_readonly(path: &Path) -> Result<Connection, DbError> {
         let corrupt = |e: rusqlite::Error| DbError::Corrupt { path: path.to_owned(), reason: e.to_string() };
-        let conn = Connection::open_with_flags(path, OpenFlags::SQLITE_OPEN_READ_ONLY).map_err(corrupt)?;
+        // No mutex: a connection is used by one thread at a time (rusqlite's
+        // `Connection` is not `Sync`); with one, every column read locks and
+        // unlocks it.
+        let flags = OpenFlags::SQLITE_OPEN_READ_ONLY | OpenFlags::SQLITE_OPEN_NO_MUTEX;
+        let conn = Connection::open_with_flags(path, flags).map_err(corrupt)?;
         let v: i64 = conn.query_row("PRAGMA user_version", [], |r| r.get(0)).map_err(corrupt)?;
         if v > migrate::CURRENT {
             return Err(DbError::TooNew { found: v, supported: migrate::CURRENT });

@@ -4,7 +4,7 @@
 //! block it), and whole-table passes that hand rows to a callback instead
 //! of collecting them.
 
-use std::collections::HashMap;
+use rustc_hash::FxHashMap;
 use std::path::{Path, PathBuf};
 
 use rusqlite::{params, Connection};
@@ -22,7 +22,7 @@ pub struct Reader {
     run: i64,
     /// Every known file, loaded in one pass when there are at most
     /// [`PRELOAD_MAX`] of them; `None`: one indexed lookup per file.
-    preloaded: Option<HashMap<FileKey, Known>>,
+    preloaded: Option<FxHashMap<FileKey, Known>>,
 }
 
 /// Up to this many known files, change detection loads them all in one
@@ -47,7 +47,7 @@ impl Reader {
         let conn = Db::open_readonly(path)?;
         let count: i64 = conn.query_row("SELECT count(*) FROM files", [], |r| r.get(0))?;
         if count as u64 <= max {
-            let preloaded = Some(preload(&conn)?);
+            let preloaded = Some(preload(&conn, count as usize)?);
             return Ok(Reader { conn, run, preloaded });
         }
         warm(path);
@@ -93,10 +93,10 @@ fn known_row(r: &rusqlite::Row<'_>) -> rusqlite::Result<Known> {
 
 /// Every known file by `(volume key, inode)`, in one pass; of two rows of
 /// one inode (hard links) the first written, as [`KNOWN`] answers.
-fn preload(conn: &Connection) -> rusqlite::Result<HashMap<FileKey, Known>> {
+fn preload(conn: &Connection, count: usize) -> rusqlite::Result<FxHashMap<FileKey, Known>> {
     let mut st = conn.prepare(concat!(select_known!(), " ORDER BY f.id"))?;
     let mut rows = st.query([])?;
-    let mut map = HashMap::new();
+    let mut map = FxHashMap::with_capacity_and_hasher(count, Default::default());
     while let Some(r) = rows.next()? {
         let k = known_row(r)?;
         map.entry(k.file.key).or_insert(k);
