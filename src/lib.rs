@@ -7,6 +7,7 @@
 //! [`config`]). All ioctls and `unsafe` live in [`sys`].
 #![warn(missing_docs)]
 
+pub mod batched;
 pub mod blockmap;
 pub mod changes;
 pub mod cli;

@@ -31,11 +31,12 @@ use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::os::unix::ffi::OsStrExt;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::mpsc::{sync_channel, SyncSender, TryRecvError};
+use std::sync::mpsc::{sync_channel, TryRecvError};
 use std::sync::{Arc, Condvar, Mutex};
 
 use rustix::fs::{FileType, RawDir, Stat};
 
+use crate::batched::Batched;
 use crate::display::display_path;
 use crate::errors::ErrorKind;
 use crate::file::FileFacts;
@@ -75,38 +76,9 @@ enum Found {
 /// Most entries a crawler thread hands over at once.
 const FOUND_BATCH: usize = 64;
 
-/// What one crawler thread found, handed to the consumer in batches (a
-/// directory's entries, at most [`FOUND_BATCH`]): while the hashing holds
-/// the crawl back, a handover per entry cost a wake-up of the consumer and
-/// of the thread per file, about half a million futex calls and context
-/// switches on the 126,815-file benchmark corpus.
-struct Out {
-    tx: SyncSender<Vec<Found>>,
-    batch: Vec<Found>,
-}
-
-impl Out {
-    fn new(tx: SyncSender<Vec<Found>>) -> Out {
-        Out { tx, batch: Vec::new() }
-    }
-
-    /// Queue `found`; false once the consumer is gone.
-    fn send(&mut self, found: Found) -> bool {
-        self.batch.push(found);
-        self.batch.len() < FOUND_BATCH || self.flush()
-    }
-
-    /// Hand over what is queued (after each directory).
-    fn flush(&mut self) -> bool {
-        self.batch.is_empty() || self.tx.send(std::mem::take(&mut self.batch)).is_ok()
-    }
-}
-
-impl Drop for Out {
-    fn drop(&mut self) {
-        self.flush();
-    }
-}
+/// What one crawler thread found, handed to the consumer a directory's
+/// entries (at most [`FOUND_BATCH`]) at a time.
+type Out = Batched<Found>;
 
 /// A directory to read: an entry of an open parent, opened by the thread
 /// that reads it (so only directories being read, and parents with entries
@@ -213,7 +185,7 @@ pub fn walk(
             match start {
                 Start::Dir(fd) => {
                     let (ctx, queue) = (&ctx, &queue);
-                    let mut out = Out::new(tx.clone());
+                    let mut out = Out::new(tx.clone(), FOUND_BATCH);
                     s.spawn(move || {
                         let mut buf = vec![MaybeUninit::uninit(); DIRENT_BUF];
                         let jobs = read_dir(ctx, queue, Arc::new(fd), dir, &mut buf, &mut out);
@@ -221,7 +193,7 @@ pub fn walk(
                         queue.done(jobs);
                     });
                     for _ in 0..CRAWL_THREADS {
-                        let mut out = Out::new(tx.clone());
+                        let mut out = Out::new(tx.clone(), FOUND_BATCH);
                         s.spawn(move || {
                             let mut buf = vec![MaybeUninit::uninit(); DIRENT_BUF];
                             while let Some(job) = queue.take() {

@@ -33,7 +33,10 @@ const MAX_FN_LINES: usize = 80;
 const LAYERS: &[(&str, &[&str])] = &[
     // Vocabulary anyone may import; imports only each other (`sys/` holds
     // all unsafe code and every ioctl).
-    ("base", &["sys", "exit", "display", "errors", "file", "types", "blockmap", "progress", "policy", "corpus"]),
+    (
+        "base",
+        &["sys", "batched", "exit", "display", "errors", "file", "types", "blockmap", "progress", "policy", "corpus"],
+    ),
     // The pipeline stages, in the order data flows.
     ("walk", &["walk"]),
     ("hash", &["hash"]),

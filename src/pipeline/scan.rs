@@ -13,6 +13,7 @@ use std::time::Instant;
 use anyhow::{Context, Result};
 
 use super::{ms, Job};
+use crate::batched::Batched;
 use crate::changes::{ChangeCounts, Classifier, Probe, Sorted};
 use crate::db::reader::Reader;
 use crate::db::writer::{self, WriteOp, CHANNEL_CAP};
@@ -187,12 +188,10 @@ fn crawl(
     // `st_dev` → volume key (btrfs subvolume id): files are known by
     // subvolume and inode, which survive a remount; `st_dev` does not.
     let mut keys = sys::SubvolIds::new();
-    let queued = RefCell::new(Vec::with_capacity(HASH_BATCH));
+    // Files to hash; the walk sends what is queued whenever it waits.
+    let queued = RefCell::new(Batched::new(to_hash, HASH_BATCH));
     let hand_over = || {
-        let batch = std::mem::take(&mut *queued.borrow_mut());
-        if !batch.is_empty() {
-            let _ = to_hash.send(batch);
-        }
+        queued.borrow_mut().flush();
     };
     let each = |mut c: FileFacts| {
         // From here on a candidate's `dev` is its volume key. The parent
@@ -206,21 +205,14 @@ fn crawl(
                 let _ = writes.send(WriteOp::Renamed { id, dev: file.key.volume, path: file.path, ctime: file.ctime });
             }
             Sorted::ToHash { file, id } => {
-                let full = {
-                    let mut q = queued.borrow_mut();
-                    q.push((file, id));
-                    q.len() >= HASH_BATCH
-                };
-                if full {
-                    hand_over();
-                }
+                queued.borrow_mut().send((file, id));
             }
             Sorted::Unchanged | Sorted::Left(_) => {}
         }
     };
     let walked = walk::walk(&job.tree, job.scan.fs.kind, &job.policy, progress, stop, each, hand_over);
-    hand_over();
-    // The crawl is over: from here the scan has a total and an ETA.
+    drop(queued); // hands over the last batch
+                  // The crawl is over: from here the scan has a total and an ETA.
     let n = classifier.counts();
     progress.set_total(n.queued_bytes, Some(n.queued_files));
     Crawled { walked, classifier, walk_ms: ms(t) }
