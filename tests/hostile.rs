@@ -288,3 +288,54 @@ fn active_swap_files_are_left_alone() {
     assert_eq!(num(&r, "deduped_bytes"), 0);
     assert_eq!(shared_bytes(&swap), 0);
 }
+
+/// Once the starting paths are held open, no name below them is looked up
+/// from `/` again (open, stat or xattr by full path): a user could plant a
+/// symlink on the way between two lookups. Traced over a first run, and a
+/// second one after a rename and new hard links, where change detection
+/// asks whether a moved file's recorded name still leads to its inode.
+fn no_lookups_from_root(fs: Fs) {
+    let Some(vol) = Volume::new(fs, 512) else { return };
+    let data = vol.path("data");
+    dedupscan::corpus::build(&data, 3, 1).unwrap();
+    let trace = vol.db().with_extension("trace");
+    let strace = ["strace", "-f", "-qq", "-y", "-e", "trace=%file,%stat,%desc", "-o", s(&trace)];
+    let below = format!("\"{}/", data.display());
+    let lookups_from_root = |what: &str| {
+        let text = std::fs::read_to_string(&trace).unwrap();
+        assert!(text.lines().count() > 100, "{what}: the trace is almost empty: is strace working?");
+        let bad: Vec<&str> = text.lines().filter(|l| l.contains(&below)).collect();
+        assert!(
+            bad.is_empty(),
+            "{what}: {} lookups by full path, e.g.:\n{}",
+            bad.len(),
+            bad[..bad.len().min(5)].join("\n")
+        );
+    };
+    dedupscan().under(strace).arg(&data).arg("--progress=never").db(vol.db()).expect(0).run();
+    lookups_from_root("first run");
+    std::fs::rename(data.join("whole/b"), data.join("whole/moved")).unwrap();
+    std::fs::create_dir(data.join("links")).unwrap();
+    for f in ["file0.bin", "file1.bin"] {
+        std::fs::hard_link(data.join("whole/c").join(f), data.join("links").join(f)).unwrap();
+    }
+    let r = dedupscan().under(strace).arg(&data).json().arg("--progress=never").db(vol.db()).expect(0).run().json;
+    assert!(num(&r, "files_renamed") >= 3, "the rename was not seen as one: {r:#}");
+    lookups_from_root("run after a rename");
+    // A preview reads every planned range itself, to compare.
+    std::fs::write(data.join("links/new.bin"), std::fs::read(data.join("whole/a/file2.bin")).unwrap()).unwrap();
+    let r = dedupscan().under(strace).arg(&data).json().args(["--progress=never", "--dry-run", "--rehash"]);
+    let r = r.db(vol.db()).expect(0).run().json;
+    assert!(num(&r, "duplicate_bytes") > 0, "the preview verified nothing: {r:#}");
+    lookups_from_root("preview");
+}
+
+#[test]
+fn xfs_no_name_below_the_tree_is_looked_up_from_root() {
+    no_lookups_from_root(Fs::Xfs);
+}
+
+#[test]
+fn btrfs_no_name_below_the_tree_is_looked_up_from_root() {
+    no_lookups_from_root(Fs::Btrfs);
+}

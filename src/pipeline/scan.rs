@@ -3,7 +3,9 @@
 //! sorts each file on the crawler thread as it is found.
 
 use std::cell::RefCell;
+use std::ffi::CString;
 use std::os::fd::AsFd;
+use std::os::unix::ffi::OsStrExt;
 use std::os::unix::fs::MetadataExt;
 use std::path::Path;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -24,7 +26,7 @@ use crate::policy::SkipReason;
 use crate::progress::Progress;
 
 use crate::file::{FileFacts, FileId, IdSet};
-use crate::sys;
+use crate::sys::{self, beneath};
 use crate::walk::{self, WalkResult};
 
 /// What the scan phase found: its counts, and what planning needs.
@@ -227,8 +229,15 @@ struct FsProbe<'a, 'j> {
 }
 
 impl Probe for FsProbe<'_, '_> {
+    /// Looked up below the starting paths like every open: the recorded
+    /// name's directory is opened beneath them and the name `fstatat`ed
+    /// there, so a symlink planted on the way is not followed.
     fn same_inode(&self, recorded: &Path, c: &FileFacts) -> bool {
-        std::fs::symlink_metadata(recorded).is_ok_and(|m| m.dev() == self.st_dev && m.ino() == c.key.ino)
+        let (Some(parent), Some(name)) = (recorded.parent(), recorded.file_name()) else { return false };
+        let (Ok(dir), Ok(name)) = (self.job.tree.open_dir(parent), CString::new(name.as_bytes())) else {
+            return false;
+        };
+        beneath::stat_at(dir.as_fd(), &name).is_ok_and(|st| st.st_dev == self.st_dev && st.st_ino == c.key.ino)
     }
 
     /// The `user.nodedup` attribute of a moved file, read on the file the
