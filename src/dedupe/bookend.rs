@@ -261,7 +261,7 @@ impl Executor<'_> {
             return;
         }
         let Some(file) = self.open(id) else { return };
-        let done = self.copy_out(&file, size, parts, &b.tmp_dir).and_then(|tmp| self.share_back(&tmp, &file, parts));
+        let done = self.copy_out(&file, size, parts).and_then(|tmp| self.share_back(&tmp, &file, parts));
         if let Err(e) = done {
             let path = display_path(&self.files[&id].path);
             self.progress.info(&format!("{path}: cannot rewrite parts that differ from their source: {e}"));
@@ -279,7 +279,7 @@ impl Executor<'_> {
         let mut staged_bytes = 0;
         for (id, covered) in batch {
             let Some(rw) = self.judge_bookends(*id, covered, b) else { continue };
-            match self.copy_out(&rw.dest, rw.size, &rw.pieces, &b.tmp_dir) {
+            match self.copy_out(&rw.dest, rw.size, &rw.pieces) {
                 Ok(tmp) => {
                     staged_bytes += rw.pieces.iter().map(|p| p.1).sum::<u64>();
                     staged.push((rw, tmp));
@@ -382,17 +382,12 @@ impl Executor<'_> {
     }
 
     /// Copy `pieces` of `dest` into an unnamed temporary file on the same
-    /// filesystem, at the same offsets and of the same size, so that an
+    /// filesystem (in the first starting directory, opened through its held
+    /// descriptor), at the same offsets and of the same size, so that an
     /// unaligned tail ends at both EOFs (the kernel shares a partial block
     /// only there).
-    fn copy_out(
-        &mut self,
-        dest: &File,
-        size: u64,
-        pieces: &[(u64, u64)],
-        dir: &std::path::Path,
-    ) -> std::io::Result<File> {
-        let tmp = sys::inode::open_tmpfile(dir)?;
+    fn copy_out(&mut self, dest: &File, size: u64, pieces: &[(u64, u64)]) -> std::io::Result<File> {
+        let tmp = self.ctx.tree.tmpfile()?;
         tmp.set_len(size)?;
         for &(off, len) in pieces {
             let mut pos = 0;

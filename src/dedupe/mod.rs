@@ -31,7 +31,6 @@
 //! - [`bookend`]: rewriting partly covered extents (btrfs).
 
 use std::collections::{BTreeMap, HashMap, HashSet};
-use std::path::PathBuf;
 use std::sync::atomic::AtomicBool;
 use std::sync::{Mutex, OnceLock};
 
@@ -161,8 +160,6 @@ pub struct DedupeStatuses {
 /// Rewriting remainders of partly covered extents (btrfs; see [`bookend`]).
 #[derive(Debug, Clone)]
 pub struct Bookends {
-    /// A directory on the same filesystem for the unnamed temporary files.
-    pub tmp_dir: PathBuf,
     /// Rewrite a remainder only when it is at most this many times the
     /// covered part of its extent.
     pub max_ratio: f64,

@@ -25,18 +25,6 @@ pub fn open_readonly(path: &Path) -> std::io::Result<File> {
     }
 }
 
-/// Create an unnamed temporary file (`O_TMPFILE`, mode 0600) in `dir`:
-/// never visible in the tree, gone when closed or when the process dies.
-/// The only file dedupscan ever writes on a volume.
-pub fn open_tmpfile(dir: &Path) -> std::io::Result<File> {
-    std::fs::OpenOptions::new()
-        .read(true)
-        .write(true)
-        .mode(0o600)
-        .custom_flags(libc::O_TMPFILE | libc::O_CLOEXEC | libc::O_NOFOLLOW)
-        .open(dir)
-}
-
 /// Open a directory or file read-only for `fstatfs`/ioctls on it.
 pub fn open_path_readonly(path: &Path) -> std::io::Result<File> {
     std::fs::OpenOptions::new()
