@@ -86,7 +86,9 @@ fn dispatch(cfg: &Config) -> ExitCode {
 fn report_command(cfg: &Config, r: &ReportConfig, progress: &dyn Progress) -> anyhow::Result<ExitCode> {
     let s = summary::summarize_with(&cfg.db_path, progress, r.list)?;
     if let Some(html) = &r.html {
-        std::fs::write(html, s.to_html())
+        // Root's report names files in directories only root may list:
+        // readable by its owner only, and never written through a symlink.
+        dedupscan::sys::fs::write_replacing(html, s.to_html().as_bytes(), 0o600)
             .map_err(|e| anyhow::anyhow!("cannot write {}: {e}", dedupscan::display::display_path(html)))?;
     }
     print_out(cfg.json, &s, || s.to_text())?;

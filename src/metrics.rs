@@ -28,9 +28,7 @@
 
 use std::collections::BTreeSet;
 use std::fmt::Write as _;
-use std::fs::{File, OpenOptions};
-use std::io::{self, Write as _};
-use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
+use std::io;
 use std::path::Path;
 use std::time::{SystemTime, UNIX_EPOCH};
 
@@ -285,41 +283,13 @@ fn labelled(m: &mut Metrics, last: &Value, history: &[PastRun]) {
 }
 
 /// Render with the history of the database at `db` and write `path`
-/// atomically: into a temporary file next to it (named so the textfile
-/// collector, which reads only `*.prom`, ignores it), flushed to disk, then
-/// renamed over `path`. The file is made world-readable (0644) whatever the
-/// umask, because the collector usually runs as another user.
+/// atomically ([`crate::sys::fs::write_replacing`]: the temporary file's
+/// name does not end in `.prom`, so the textfile collector ignores it). The
+/// file is made world-readable (0644) whatever the umask, because the
+/// collector usually runs as another user.
 pub fn write_atomic(path: &Path, db: &Path, out: &Outcome) -> io::Result<()> {
     let text = render(out, &load_history(db), SystemTime::now());
-    let name = path
-        .file_name()
-        .ok_or_else(|| io::Error::new(io::ErrorKind::InvalidInput, "metrics file path has no file name"))?;
-    let dir = match path.parent() {
-        Some(d) if !d.as_os_str().is_empty() => d,
-        _ => Path::new("."),
-    };
-    let mut tmp_name = std::ffi::OsString::from(".");
-    tmp_name.push(name);
-    tmp_name.push(format!(".{}.tmp", std::process::id()));
-    let tmp = dir.join(tmp_name);
-    let result = (|| {
-        let mut f =
-            OpenOptions::new().write(true).create_new(true).mode(0o644).custom_flags(libc::O_CLOEXEC).open(&tmp)?;
-        f.set_permissions(std::fs::Permissions::from_mode(0o644))?;
-        f.write_all(text.as_bytes())?;
-        f.sync_all()?;
-        drop(f);
-        std::fs::rename(&tmp, path)?;
-        // Make the rename itself durable; failing to is not worth an error.
-        if let Ok(d) = File::open(dir) {
-            let _ = d.sync_all();
-        }
-        Ok(())
-    })();
-    if result.is_err() {
-        let _ = std::fs::remove_file(&tmp);
-    }
-    result
+    crate::sys::fs::write_replacing(path, text.as_bytes(), 0o644)
 }
 
 struct Metrics {

@@ -8,6 +8,7 @@
 mod common;
 
 use std::collections::BTreeMap;
+use std::os::unix::fs::PermissionsExt;
 
 use common::*;
 use dedupscan::corpus::Rng;
@@ -68,6 +69,17 @@ fn html_report_is_escaped_complete_and_matches_json() {
     let bad = out.path().join("missing/report.html");
     let err = dedupscan().args(["report", "--html"]).arg(&bad).db(&db).expect(3).run().stderr;
     assert!(err.contains("cannot write"), "{err}");
+    // A name planted as a symlink is replaced, never written through, and
+    // the page is readable by its owner only (it names files in
+    // directories only root may list).
+    let victim = out.path().join("victim");
+    std::fs::write(&victim, b"not a report").unwrap();
+    let planted = out.path().join("planted.html");
+    std::os::unix::fs::symlink(&victim, &planted).unwrap();
+    dedupscan().args(["report", "--html"]).arg(&planted).db(&db).expect(0).run();
+    assert_eq!(std::fs::read(&victim).unwrap(), b"not a report", "written through a symlink");
+    let m = std::fs::symlink_metadata(&planted).unwrap();
+    assert!(m.is_file() && m.permissions().mode() & 0o777 == 0o600, "{m:?}");
     let page = std::fs::read_to_string(&file).unwrap();
     // scripts/screenshot-report.sh takes this page to draw it.
     if let Some(keep) = std::env::var_os("DEDUPSCAN_HTML_OUT") {

@@ -2,6 +2,7 @@
 
 use super::*;
 use std::collections::{BTreeMap, BTreeSet, HashSet};
+use std::os::unix::fs::PermissionsExt;
 use std::time::Duration;
 
 fn sample_report() -> Report {
