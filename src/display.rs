@@ -7,9 +7,12 @@ use std::fmt::Write as _;
 use std::os::unix::ffi::OsStrExt;
 use std::path::Path;
 
-/// A path as shown in messages and JSON: valid UTF-8 as is, every other
-/// byte as `\xNN`, and a backslash as `\\`, so the form is lossless and can
-/// be turned back into the original bytes.
+/// A path as shown in messages and JSON: valid UTF-8 as is, a backslash as
+/// `\\`, and as `\xNN` every byte that is not valid UTF-8 or belongs to a
+/// control character (C0, DEL, C1) or a line or paragraph separator, so the
+/// form is lossless (it can be turned back into the original bytes) and a
+/// name cannot start a line of its own in a log or the journal (`\n<3>`
+/// would forge an error there) nor send escape sequences to a terminal.
 pub fn display_path(p: &Path) -> String {
     escape_bytes(p.as_os_str().as_bytes())
 }
@@ -40,6 +43,10 @@ fn push_escaped(out: &mut String, s: &str) {
     for c in s.chars() {
         if c == '\\' {
             out.push_str("\\\\");
+        } else if c.is_control() || c == '\u{2028}' || c == '\u{2029}' {
+            for byte in c.encode_utf8(&mut [0; 4]).bytes() {
+                let _ = write!(out, "\\x{byte:02x}");
+            }
         } else {
             out.push(c);
         }
@@ -98,6 +105,12 @@ mod tests {
     fn escapes_non_utf8_losslessly() {
         let p = Path::new(OsStr::from_bytes(b"/a/\xffb\\c/\xc3\xa9"));
         assert_eq!(display_path(p), "/a/\\xffb\\\\c/é");
+    }
+
+    #[test]
+    fn escapes_control_characters_losslessly() {
+        let p = Path::new(OsStr::from_bytes("/a\n<3>b\x1b[31m\t\u{85}\u{2028}é".as_bytes()));
+        assert_eq!(display_path(p), r"/a\x0a<3>b\x1b[31m\x09\xc2\x85\xe2\x80\xa8é");
     }
 
     #[test]

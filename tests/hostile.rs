@@ -28,8 +28,12 @@ fn hostile_tree(vol: &Volume) -> (Vec<PathBuf>, Vec<PathBuf>, std::os::unix::net
     // A name that is not UTF-8, holding the same data: must be shared.
     let weird = t.join(OsStr::from_bytes(b"plain/caf\xe9-\xff.bin"));
     std::fs::write(&weird, &payload).unwrap();
+    // A name that would forge a journal line and colour a terminal if
+    // printed raw: shared, and shown escaped.
+    let forging = t.join(OsStr::from_bytes(b"plain/evil\n<3>forged \x1b[31mred\r"));
+    std::fs::write(&forging, &payload).unwrap();
     let mut ordinary = ordinary;
-    ordinary.push(weird);
+    ordinary.extend([weird, forging]);
     // Hard link to an ordinary file: one inode, counted once.
     std::fs::hard_link(t.join("plain/a"), t.join("plain/a-link")).unwrap();
 
@@ -166,6 +170,8 @@ fn hostile_run(fs: Fs) {
     let listing = dedupscan().args(["report", "--list"]).db(vol.db()).expect(0).run().stdout;
     assert!(listing.contains(r"caf\xe9-\xff.bin"), "the non-UTF-8 name is not listed, escaped:\n{listing}");
     assert!(!listing.contains('\u{fffd}'), "a name was shown lossily:\n{listing}");
+    assert!(listing.contains(r"evil\x0a<3>forged \x1b[31mred\x0d"), "control bytes not escaped:\n{listing}");
+    assert!(!listing.contains("\n<3>") && !listing.contains('\x1b') && !listing.contains('\r'), "{listing}");
 }
 
 #[test]
