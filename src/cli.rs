@@ -165,6 +165,13 @@ pub struct ScanArgs {
     #[arg(long)]
     pub include_readonly_snapshots: bool,
 
+    /// Also share files of different owners. By default a file is shared
+    /// only with files of the same owner: sharing is visible to a file's
+    /// owner (FIEMAP), so a user could otherwise confirm a guess at the
+    /// content of a file they cannot read.
+    #[arg(long)]
+    pub share_across_owners: bool,
+
     /// Drop file data from the page cache once it is hashed, so a scan does
     /// not evict the server's working set (used by the systemd unit; costs
     /// rereads when ranges are shared, which then run on more workers).

@@ -67,6 +67,8 @@ pub struct ScanConfig {
     pub include_readonly_snapshots: bool,
     /// Drop hashed data from the page cache (`--drop-cache`).
     pub drop_cache: bool,
+    /// Match and share files of different owners (`--share-across-owners`).
+    pub share_across_owners: bool,
     /// Time budget of the run.
     pub max_runtime: Option<std::time::Duration>,
     /// Where to write the run's figures for Prometheus (`--metrics-file`).
@@ -194,6 +196,7 @@ fn scan_config(scan: ScanArgs, shares: bool) -> Result<ScanConfig> {
         exclude,
         exclude_from,
         include_readonly_snapshots,
+        share_across_owners,
         drop_cache,
         max_runtime,
         metrics_file,
@@ -251,6 +254,7 @@ fn scan_config(scan: ScanArgs, shares: bool) -> Result<ScanConfig> {
         incremental: !rehash,
         include_readonly_snapshots,
         drop_cache,
+        share_across_owners,
         max_runtime,
         metrics_file,
     })

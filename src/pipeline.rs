@@ -105,7 +105,7 @@ fn run_inner(
     let job = Job { db_path, scan, share, policy, tree };
     let db = Db::open(db_path, &scan.fs.uuid)?;
     let run_id = db.begin_run(job.command(), job.dry_run())?;
-    check_block_size(&job, &db, progress)?;
+    check_fingerprints(&job, &db, progress)?;
 
     let (db, scanned) = scan_phase(&job, db, run_id, progress, stop)?;
     let mut planned = None;
@@ -149,21 +149,37 @@ fn run_inner(
 /// Files hashed before it were matched and shared then.
 const LAST_SHARE_RUN: &str = "last_complete_share_run";
 
-/// A database hashed with another block size is hashed again from scratch.
-fn check_block_size(job: &Job, db: &Db, progress: &dyn Progress) -> Result<()> {
+/// A database hashed with another block size, or with fingerprints salted
+/// otherwise (by owner or not, `--share-across-owners`), is hashed again
+/// from scratch. Databases of builds before the salt have plain ones.
+fn check_fingerprints(job: &Job, db: &Db, progress: &dyn Progress) -> Result<()> {
     let block_size = job.scan.block_size.to_string();
-    if db.meta("block_size")?.as_deref() != Some(&block_size) {
-        if db.meta("block_size")?.is_some() {
-            progress.warn(&format!(
-                "{}: block size differs from the database's: every file is hashed again",
-                display_path(job.db_path)
-            ));
-        }
-        db.forget_all_hashes()?;
-        db.set_meta("block_size", &block_size)?;
+    let salting = if job.scan.share_across_owners { SALT_NONE } else { SALT_BY_OWNER };
+    let recorded = db.meta("block_size")?;
+    let recorded_salting = db.meta(SALTING)?.unwrap_or_else(|| SALT_NONE.to_owned());
+    let why = if recorded.as_deref() != Some(&block_size) {
+        "block size differs from the database's"
+    } else if recorded_salting != salting {
+        "fingerprints were taken with another --share-across-owners setting"
+    } else {
+        return Ok(());
+    };
+    if recorded.is_some() {
+        progress.warn(&format!("{}: {why}: every file is hashed again", display_path(job.db_path)));
     }
+    db.forget_all_hashes()?;
+    db.set_meta("block_size", &block_size)?;
+    db.set_meta(SALTING, salting)?;
     Ok(())
 }
+
+/// Meta key: how the recorded fingerprints are salted ([`SALT_BY_OWNER`]
+/// or [`SALT_NONE`]; see `hash::owner_salt`).
+const SALTING: &str = "fingerprint_salt";
+/// Each owner's fingerprints salted apart (the default).
+const SALT_BY_OWNER: &str = "owner";
+/// Plain fingerprints (`--share-across-owners`, and older databases).
+const SALT_NONE: &str = "none";
 
 /// A row of the `pending` table: destination, why, planned bytes.
 type PendingRow = (FileId, String, u64);
@@ -379,7 +395,10 @@ fn share_phase(
 fn sharing(job: &Job, stats: &PlanStats, progress: &dyn Progress) -> dedupe::Sharing {
     // A source range is compared with each destination: up to twice the
     // planned bytes are read, from the page cache or from disk.
-    let sharing = dedupe::sharing(stats.bytes.saturating_mul(2), job.scan.drop_cache);
+    let sharing = dedupe::Sharing {
+        across_owners: job.scan.share_across_owners,
+        ..dedupe::sharing(stats.bytes.saturating_mul(2), job.scan.drop_cache)
+    };
     if sharing.from_disk {
         progress.info(&format!(
             "share phase: {} workers, the data to compare is read from disk ({})",

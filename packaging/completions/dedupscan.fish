@@ -1,6 +1,6 @@
 # Print an optspec for argparse to handle cmd's options that are independent of any subcommand.
 function __fish_dedupscan_global_optspecs
-    string join \n incremental rehash block-size= threads= exclude= exclude-from= include-readonly-snapshots drop-cache max-runtime= metrics-file= n/dry-run min-range= rewrite-ratio= list db= json v/verbose q/quiet log-level= progress= h/help V/version
+    string join \n incremental rehash block-size= threads= exclude= exclude-from= include-readonly-snapshots share-across-owners drop-cache max-runtime= metrics-file= n/dry-run min-range= rewrite-ratio= list db= json v/verbose q/quiet log-level= progress= h/help V/version
 end
 
 function __fish_dedupscan_needs_command
@@ -42,6 +42,7 @@ never\t'Plain log lines with a rate and, once known, an ETA'"
 complete -c dedupscan -n "__fish_dedupscan_needs_command" -l incremental -d 'Rehash only files whose size, mtime or ctime changed since the last run (the default: a rerun, also after an interrupted run, carries on where the database stands). Kept for scripts that say so'
 complete -c dedupscan -n "__fish_dedupscan_needs_command" -l rehash -d 'Rehash every file, even those unchanged since the last run, and plan every duplicate again (not only those involving new files)'
 complete -c dedupscan -n "__fish_dedupscan_needs_command" -l include-readonly-snapshots -d 'Also share into read-only btrfs snapshots (left alone by default: sharing into many snapshots can grow metadata instead of freeing space)'
+complete -c dedupscan -n "__fish_dedupscan_needs_command" -l share-across-owners -d 'Also share files of different owners. By default a file is shared only with files of the same owner: sharing is visible to a file\'s owner (FIEMAP), so a user could otherwise confirm a guess at the content of a file they cannot read'
 complete -c dedupscan -n "__fish_dedupscan_needs_command" -l drop-cache -d 'Drop file data from the page cache once it is hashed, so a scan does not evict the server\'s working set (used by the systemd unit; costs rereads when ranges are shared, which then run on more workers)'
 complete -c dedupscan -n "__fish_dedupscan_needs_command" -s n -l dry-run -d 'Show what would be shared, verified byte for byte, and change nothing on the volume'
 complete -c dedupscan -n "__fish_dedupscan_needs_command" -l list -d 'Also list every planned range (source, destination, offsets, bytes): with --dry-run, what would be shared'
@@ -69,6 +70,7 @@ never\t'Plain log lines with a rate and, once known, an ETA'"
 complete -c dedupscan -n "__fish_dedupscan_using_subcommand scan" -l incremental -d 'Rehash only files whose size, mtime or ctime changed since the last run (the default: a rerun, also after an interrupted run, carries on where the database stands). Kept for scripts that say so'
 complete -c dedupscan -n "__fish_dedupscan_using_subcommand scan" -l rehash -d 'Rehash every file, even those unchanged since the last run, and plan every duplicate again (not only those involving new files)'
 complete -c dedupscan -n "__fish_dedupscan_using_subcommand scan" -l include-readonly-snapshots -d 'Also share into read-only btrfs snapshots (left alone by default: sharing into many snapshots can grow metadata instead of freeing space)'
+complete -c dedupscan -n "__fish_dedupscan_using_subcommand scan" -l share-across-owners -d 'Also share files of different owners. By default a file is shared only with files of the same owner: sharing is visible to a file\'s owner (FIEMAP), so a user could otherwise confirm a guess at the content of a file they cannot read'
 complete -c dedupscan -n "__fish_dedupscan_using_subcommand scan" -l drop-cache -d 'Drop file data from the page cache once it is hashed, so a scan does not evict the server\'s working set (used by the systemd unit; costs rereads when ranges are shared, which then run on more workers)'
 complete -c dedupscan -n "__fish_dedupscan_using_subcommand scan" -l json -d 'Print the report as one JSON document on stdout'
 complete -c dedupscan -n "__fish_dedupscan_using_subcommand scan" -s v -l verbose -d 'More detail (repeatable)'

@@ -105,6 +105,12 @@ pub(super) struct Executor<'a> {
 /// Why sharing stops when the filesystem cannot share extents at all.
 const REFUSED: &str = "the filesystem does not support sharing extents (FIDEDUPERANGE: operation not supported); on XFS this needs a filesystem made with reflink=1";
 
+/// The owner of an open file (`None` if `fstat` fails).
+fn owner(f: &File) -> Option<u32> {
+    use std::os::unix::fs::MetadataExt;
+    f.metadata().ok().map(|m| m.uid())
+}
+
 /// Statuses that may mean "this filesystem cannot share" rather than "this
 /// file": then [`probe_can_share`] decides.
 fn unsupported(s: DedupeStatus) -> bool {
@@ -248,6 +254,23 @@ impl<'a> Executor<'a> {
         }
     }
 
+    /// A destination owned by another user than its source: left alone and
+    /// counted as changed. The plan pairs files of one owner only (their
+    /// fingerprints are salted apart), so an owner that differs now changed
+    /// since the scan; sharing them would show the owner of one, in FIEMAP,
+    /// that it holds the other's content.
+    fn other_owner(&mut self, dest: FileId, src: FileId) {
+        if locked(&self.ctx.bad).insert(dest) {
+            let name = |id| self.files.get(&id).map(|c| display_path(&c.path)).unwrap_or_default();
+            self.progress.warn(&format!(
+                "{}: owned by another user than its source {}; left alone, it is rehashed next run",
+                name(dest),
+                name(src)
+            ));
+            self.out.changed_files += 1;
+        }
+    }
+
     /// Share one source range into its destinations. They are opened,
     /// mapped and submitted [`MAX_DESTS`] at a time (one request's worth), so
     /// that a file with thousands of copies keeps at most that many files
@@ -261,6 +284,7 @@ impl<'a> Executor<'a> {
     /// on FULL/btrfs before this).
     fn source_group(&mut self, src: &File, r: &Range, group: &[Range]) {
         let mut src_map: Option<Vec<Option<u64>>> = None;
+        let src_owner = owner(src);
         // A source that may be inline is mapped first, as before: sharing
         // from an inline extent into a destination that is not makes btrfs
         // copy the bytes into the destination every run instead of sharing.
@@ -280,6 +304,10 @@ impl<'a> Executor<'a> {
                     continue;
                 }
                 let Some(file) = self.open(d.dest) else { continue };
+                if !self.ctx.across_owners && owner(&file) != src_owner {
+                    self.other_owner(d.dest, r.src);
+                    continue;
+                }
                 if self.ctx.unshared.contains(d.dest) {
                     // Unchanged since the scan found every extent of it its
                     // own: nothing shares the source's blocks yet, and it

@@ -201,6 +201,7 @@ pub fn execute(
         used_once: used_once(plan),
         solo: Mutex::new(BTreeMap::new()),
         from_disk: sharing.from_disk,
+        across_owners: sharing.across_owners,
     };
     let mut out = Outcome::default();
     if let Some(b) = bookends {

@@ -71,12 +71,17 @@ pub struct Sharing {
     /// in a 1 GiB cgroup: share phase 13.1–13.3 s → 7.8–8.5 s. On cached
     /// data it would only copy every page once more.
     pub from_disk: bool,
+    /// Files of different owners may be shared (`--share-across-owners`).
+    /// Otherwise a destination owned by another user than its source is
+    /// refused: the plan never pairs them (their fingerprints are salted
+    /// apart by owner), unless a file changed owner since it was hashed.
+    pub across_owners: bool,
 }
 
 impl Sharing {
     /// `workers` workers on data expected in the page cache.
     pub fn cached(workers: usize) -> Sharing {
-        Sharing { workers, from_disk: false }
+        Sharing { workers, from_disk: false, across_owners: false }
     }
 }
 
@@ -107,7 +112,7 @@ fn sharing_for(bytes: u64, drop_cache: bool, memory: Option<u64>, fd_limit: u64,
     // A worker holds a request's destinations and its source open; leave
     // room for the database, the directories held and the standard streams.
     let fit = fd_limit.saturating_sub(64) / (crate::sys::dedupe::MAX_DESTS as u64 + 1);
-    Sharing { workers: (fit as usize).clamp(cpu_workers.min(IO_WORKERS), IO_WORKERS), from_disk }
+    Sharing { workers: (fit as usize).clamp(cpu_workers.min(IO_WORKERS), IO_WORKERS), from_disk, across_owners: false }
 }
 
 /// Do `work` on every item, on up to `workers` executors, each on its own
@@ -313,6 +318,8 @@ pub(super) struct WorkerContext<'a> {
     pub(super) solo: Mutex<BTreeMap<u64, u64>>,
     /// Read each request's pages before submitting it ([`Sharing::from_disk`]).
     pub(super) from_disk: bool,
+    /// [`Sharing::across_owners`].
+    pub(super) across_owners: bool,
 }
 
 impl WorkerContext<'_> {
@@ -385,7 +392,7 @@ mod tests {
     #[test]
     fn more_workers_only_when_the_data_comes_from_disk() {
         let (gib, fds) = (1u64 << 30, 1 << 20);
-        let disk = |workers| Sharing { workers, from_disk: true };
+        let disk = |workers| Sharing { workers, from_disk: true, across_owners: false };
         // Fits in half the memory: as many as CPUs.
         assert_eq!(sharing_for(4 * gib, false, Some(24 * gib), fds, 2), Sharing::cached(2));
         assert_eq!(sharing_for(4 * gib, false, None, fds, 3), Sharing::cached(3));

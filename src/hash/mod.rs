@@ -100,18 +100,39 @@ fn block_fp(blk: &[u8]) -> Fp {
     }
 }
 
+/// The salt of the fingerprints of files owned by `uid`: an odd multiplier
+/// (a bijection of 32-bit values that keeps 0, the zero block, at 0 and
+/// every other fingerprint non-zero), 1 for root, so the same content owned
+/// by two users gets fingerprints that do not match. The planner then never
+/// joins files of different owners, which must not be shared (sharing shows
+/// in FIEMAP: a user could confirm a guess at a file they cannot read), and
+/// the database of a root-owned tree reads as before.
+pub fn owner_salt(uid: u32) -> Fp {
+    if uid == 0 {
+        return 1;
+    }
+    let mut z = u64::from(uid).wrapping_add(0x9e37_79b9_7f4a_7c15);
+    z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+    match ((z ^ (z >> 31)) as u32) | 1 {
+        1 => 3,
+        m => m,
+    }
+}
+
 /// Hash `file`, expected to be `size` bytes long, in blocks of `block_size`.
 ///
 /// `buf` is a reusable read buffer (grown to [`CHUNK`]). A file that turns
 /// out shorter than `size` yields an `UnexpectedEof` error: the caller treats
 /// it as changed during the scan.
 pub fn hash_file(file: &File, size: u64, block_size: u64, buf: &mut Vec<u8>) -> io::Result<FileHash> {
-    hash_file_with(file, size, block_size, buf, false, None)
+    hash_file_with(file, size, block_size, buf, false, None, 1)
 }
 
 /// [`hash_file`], optionally dropping every chunk from the page cache once
-/// it is hashed (`drop_behind`, see `--drop-cache`) and reusing the
-/// fingerprints of physical extents hashed earlier in the run (`cache`).
+/// it is hashed (`drop_behind`, see `--drop-cache`), reusing the
+/// fingerprints of physical extents hashed earlier in the run (`cache`),
+/// with every fingerprint recorded salted by `salt` ([`owner_salt`]).
 pub fn hash_file_with(
     file: &File,
     size: u64,
@@ -119,6 +140,7 @@ pub fn hash_file_with(
     buf: &mut Vec<u8>,
     drop_behind: bool,
     cache: Option<&ExtentCache>,
+    salt: Fp,
 ) -> io::Result<FileHash> {
     assert!(block_size.is_power_of_two() && block_size as usize <= CHUNK);
     if buf.len() < CHUNK {
@@ -141,6 +163,7 @@ pub fn hash_file_with(
             unshared: false,
         },
         mapped: None,
+        salt,
     };
     // A file that fits in one read is read in one `pread`: no hole search,
     // no read-ahead advice (four system calls fewer per small file; a hole
@@ -185,6 +208,11 @@ fn map_err(e: MapError) -> io::Error {
     io::Error::new(kind, e)
 }
 
+/// Record the next block's fingerprint `fp` in `out`, salted by `salt`.
+fn record(out: &mut FileHash, salt: Fp, fp: Fp) -> io::Result<()> {
+    out.map.push_short(fp.wrapping_mul(salt)).map_err(map_err)
+}
+
 /// One file being hashed.
 struct Hasher<'a> {
     file: &'a File,
@@ -197,17 +225,24 @@ struct Hasher<'a> {
     /// `None` until FIEMAP mapped a region; then whether every extent it
     /// showed was the file's own (see [`FileHash::unshared`]).
     mapped: Option<bool>,
+    /// [`owner_salt`] of the file's owner (1: fingerprints as they are).
+    salt: Fp,
 }
 
 impl Hasher<'_> {
+    /// Record the next block's fingerprint, salted. The extent cache keeps
+    /// them unsalted: a reflinked copy may belong to another owner.
+    fn push(&mut self, fp: Fp) -> io::Result<()> {
+        record(&mut self.out, self.salt, fp)
+    }
+
     /// Read and hash `[start, end)` in chunks.
     fn read(&mut self, start: u64, end: u64) -> io::Result<()> {
         let mut pos = start;
         while pos < end {
             let got = self.read_chunk(pos, end)?;
             for blk in self.buf[..got].chunks(self.bs as usize) {
-                let fp = block_fp(blk);
-                self.out.map.push_short(fp).map_err(map_err)?;
+                record(&mut self.out, self.salt, block_fp(blk))?;
             }
             self.after_chunk(pos, got as u64);
             pos += got as u64;
@@ -293,6 +328,18 @@ mod tests {
 
     fn dense(h: &FileHash) -> Vec<Fp> {
         h.map.to_dense(u64::MAX).unwrap()
+    }
+
+    #[test]
+    fn owner_salts_keep_zero_and_tell_owners_apart() {
+        assert_eq!(owner_salt(0), 1, "root's fingerprints are the plain ones");
+        let salts: std::collections::HashSet<Fp> = (0..10_000).map(owner_salt).collect();
+        assert_eq!(salts.len(), 10_000, "two owners share a salt");
+        for s in salts {
+            assert_eq!(s % 2, 1, "an even salt is not a bijection");
+            assert_eq!(0u32.wrapping_mul(s), 0);
+            assert_ne!(1u32.wrapping_mul(s), 0);
+        }
     }
 
     #[test]

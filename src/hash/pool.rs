@@ -43,6 +43,9 @@ pub struct PoolOptions {
     /// Filesystem of the files: only btrfs and XFS share extents, so only
     /// there is the extent cache used.
     pub fs: FsKind,
+    /// Fingerprints of one owner's files never equal another owner's
+    /// (see [`super::owner_salt`]); false with `--share-across-owners`.
+    pub by_owner: bool,
 }
 
 /// A file the pool is done with, for the database.
@@ -241,7 +244,9 @@ fn hash_one(
     if now.size == 0 {
         return Err(HashFail::Skip(SkipReason::Empty));
     }
-    let h = match super::hash_file_with(&file, now.size, opts.block_size, buf, opts.drop_cache, cache) {
+    // The opened file's owner, from the same fstat as its facts.
+    let salt = if opts.by_owner { super::owner_salt(before.uid()) } else { 1 };
+    let h = match super::hash_file_with(&file, now.size, opts.block_size, buf, opts.drop_cache, cache, salt) {
         Ok(h) => h,
         Err(e) if e.kind() == std::io::ErrorKind::UnexpectedEof => {
             return Err(HashFail::Skip(SkipReason::ChangedDuringScan))

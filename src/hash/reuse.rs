@@ -16,7 +16,7 @@ use std::sync::{Condvar, Mutex};
 
 use rustc_hash::FxHashMap;
 
-use super::{block_fp, map_err, Hasher, CHUNK};
+use super::{block_fp, record, Hasher, CHUNK};
 use crate::blockmap::Fp;
 use crate::sys::fiemap::{self, Extent};
 
@@ -95,7 +95,7 @@ impl Hasher<'_> {
             match claim {
                 Claim::Hit(fps) => {
                     for fp in fps {
-                        self.out.map.push_short(fp).map_err(map_err)?;
+                        self.push(fp)?;
                     }
                     self.out.bytes_reused += len;
                 }
@@ -105,7 +105,7 @@ impl Hasher<'_> {
                     for blk in self.buf[..got].chunks(self.bs as usize) {
                         let fp = block_fp(blk);
                         fps.push(fp);
-                        self.out.map.push_short(fp).map_err(map_err)?;
+                        record(&mut self.out, self.salt, fp)?;
                     }
                     if pos + len < end {
                         let (npb, nn, _) = piece(pos + len);
@@ -140,7 +140,7 @@ impl Hasher<'_> {
                 fp
             }
         };
-        self.out.map.push_short(fp).map_err(map_err)
+        self.push(fp)
     }
 }
 

@@ -146,6 +146,7 @@ fn crawl_and_hash(
         block_size: job.scan.block_size,
         drop_cache: job.scan.drop_cache,
         fs: job.scan.fs.kind,
+        by_owner: !job.scan.share_across_owners,
     };
     let sink = |h: Hashed| {
         let _ = writes.send(match h {
