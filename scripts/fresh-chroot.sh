@@ -110,7 +110,7 @@ step "README: scripts/quickstart.sh PATH without a terminal: previews, shares no
 inside 'truncate -s 300M /var/tmp/path.img && mkfs.btrfs -q /var/tmp/path.img && mkdir -p /mnt/v &&
         mount -o loop /var/tmp/path.img /mnt/v && mkdir /mnt/v/data &&
         head -c 1M /dev/urandom >/mnt/v/data/a && cp --reflink=never /mnt/v/data/a /mnt/v/data/b && sync &&
-        { scripts/quickstart.sh /mnt/v/data --db /var/tmp/path.sqlite; echo "exit status $?"; } ;
+        { scripts/quickstart.sh /mnt/v/data --db /root/path.sqlite; echo "exit status $?"; } ;
         umount /mnt/v; rm -f /var/tmp/path.img' 2>&1 | tee "$work/path.log"
 grep -q 'nothing shared' "$work/path.log" || { echo "fresh-chroot: quickstart.sh PATH did not refuse" >&2; exit 1; }
 

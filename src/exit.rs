@@ -12,7 +12,8 @@ pub enum ExitCode {
     /// Bad command line or unusable paths, found before the database is
     /// opened: nothing was done.
     Usage = 2,
-    /// Could not run at all (database unusable, …).
+    /// Could not run at all (database unusable, or in a place another user
+    /// could redirect or read, …).
     Fatal = 3,
     /// Another run holds the database's lock.
     Locked = 4,
@@ -50,7 +51,9 @@ impl ExitCode {
             ExitCode::Success => "success",
             ExitCode::PartialErrors => "finished, but some paths or ranges had errors (counted in the report)",
             ExitCode::Usage => "usage error (bad option or glob, missing path, paths on different filesystems); nothing done",
-            ExitCode::Fatal => "fatal error (database unreadable or from a newer version, …)",
+            ExitCode::Fatal => {
+                "fatal error (database unreadable, from a newer version, or where another user could tamper with it, …)"
+            }
             ExitCode::Locked => "the database is locked by another run",
             ExitCode::Interrupted => {
                 "stopped before finishing (SIGINT, SIGTERM or --max-runtime); work done is kept, the next run carries on"

@@ -95,15 +95,19 @@ fn run_inner(
     stop: &AtomicBool,
 ) -> Result<Report> {
     let t0 = Instant::now();
-    // The globs were compiled by Config, and the policy is built before the
-    // database is opened.
-    let mut policy = Policy::with_excludes(scan.excludes.clone(), Some(db_path));
-    policy.include_readonly_snapshots = scan.include_readonly_snapshots;
+    // The database first: a database inside the tree is then there to be
+    // listed (btrfs lists from a directory descriptor only the entries that
+    // existed when it was opened: a first run would not see it, a second
+    // would), and the policy, built once it is open (the globs were compiled
+    // by Config), knows its directory, so its files are left out from the
+    // first run on, those SQLite creates later included.
+    let db = Db::open(db_path, &scan.fs.uuid)?;
     let tree = Tree::open(&scan.paths).with_context(|| {
         format!("cannot open {}", scan.paths.iter().map(|p| display_path(p)).collect::<Vec<_>>().join(", "))
     })?;
+    let mut policy = Policy::with_excludes(scan.excludes.clone(), Some(&db.own_files()));
+    policy.include_readonly_snapshots = scan.include_readonly_snapshots;
     let job = Job { db_path, scan, share, policy, tree };
-    let db = Db::open(db_path, &scan.fs.uuid)?;
     let run_id = db.begin_run(job.command(), job.dry_run())?;
     check_fingerprints(&job, &db, progress)?;
 

@@ -7,9 +7,11 @@
 //! counted in the report.
 
 use std::collections::HashSet;
+use std::ffi::OsString;
 use std::os::fd::BorrowedFd;
+use std::os::unix::ffi::OsStrExt;
 use std::os::unix::fs::MetadataExt;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
 use globset::{Glob, GlobSet, GlobSetBuilder};
 
@@ -123,11 +125,33 @@ pub struct Policy {
     /// run (so that a glob matching nothing can be warned about).
     exclude_globs: Vec<String>,
     exclude_hits: Vec<std::sync::atomic::AtomicBool>,
-    /// (dev, inode) of files never to touch: our database files, swap files.
+    /// The database's files, by directory and name; and (dev, inode) of
+    /// those that existed when the run opened it (a starting path naming
+    /// one, a hard link to one), and of swap files.
+    db_files: Option<DbFiles>,
     own_files: HashSet<(u64, u64)>,
     swap_files: HashSet<(u64, u64)>,
     /// Enter read-only btrfs snapshots too.
     pub include_readonly_snapshots: bool,
+}
+
+/// The tool's own database files, as the run found them once it had
+/// opened the database (`db::Db::own_files`).
+///
+/// Known by the identity of their directory and their names, not only by
+/// inode: SQLite creates its `-wal`, `-shm` and `-journal` during the run
+/// and removes them at the end, so the inodes of the files that existed
+/// when the policy was built miss those of a first run and any recreated
+/// later (a first run used to hash its own database).
+#[derive(Debug, Clone, Default)]
+pub struct DbFiles {
+    /// `(st_dev, st_ino)` of the directory holding the database.
+    pub dir: (u64, u64),
+    /// The database's name and every name derived from it (WAL, shared
+    /// memory, journal, lock).
+    pub names: Vec<OsString>,
+    /// `(st_dev, st_ino)` of those that existed then.
+    pub inodes: Vec<(u64, u64)>,
 }
 
 /// Exclude globs compiled once (by `Config`, before the database is
@@ -151,24 +175,15 @@ impl Excludes {
 
 impl Policy {
     /// Build from exclude globs (matched against the full path) and the
-    /// database path.
-    pub fn new(excludes: &[String], db_path: Option<&Path>) -> Result<Policy, globset::Error> {
-        Ok(Policy::with_excludes(Excludes::new(excludes.to_vec())?, db_path))
+    /// database's files.
+    pub fn new(excludes: &[String], db: Option<&DbFiles>) -> Result<Policy, globset::Error> {
+        Ok(Policy::with_excludes(Excludes::new(excludes.to_vec())?, db))
     }
 
-    /// Build from compiled exclude globs and the database path.
-    pub fn with_excludes(excludes: Excludes, db_path: Option<&Path>) -> Policy {
+    /// Build from compiled exclude globs and the database's files.
+    pub fn with_excludes(excludes: Excludes, db: Option<&DbFiles>) -> Policy {
         let Excludes { set, globs } = excludes;
-        let mut own_files = HashSet::new();
-        if let Some(db) = db_path {
-            for suffix in ["", "-wal", "-shm", ".lock", "-journal"] {
-                let mut p = db.as_os_str().to_owned();
-                p.push(suffix);
-                if let Ok(m) = std::fs::symlink_metadata(PathBuf::from(p)) {
-                    own_files.insert((m.dev(), m.ino()));
-                }
-            }
-        }
+        let own_files = db.iter().flat_map(|d| d.inodes.iter().copied()).collect();
         let swap_files = sys::fs::swap_files()
             .iter()
             .filter_map(|p| std::fs::symlink_metadata(p).ok())
@@ -178,6 +193,7 @@ impl Policy {
             excludes: set,
             exclude_hits: globs.iter().map(|_| Default::default()).collect(),
             exclude_globs: globs,
+            db_files: db.cloned(),
             own_files,
             swap_files,
             include_readonly_snapshots: false,
@@ -239,6 +255,12 @@ impl Policy {
     pub fn check_ancestors(&self, path: &Path) -> Result<(), SkipReason> {
         // Excludes do not apply above the starting path.
         path.ancestors().skip(1).try_for_each(|a| self.check_dir_marks(a))
+    }
+
+    /// Whether the entry `name` of the directory `dir` (`st_dev`, `st_ino`)
+    /// is one of the database's files, existing yet or not.
+    pub fn is_own_database(&self, dir: (u64, u64), name: &[u8]) -> bool {
+        self.db_files.as_ref().is_some_and(|d| d.dir == dir && d.names.iter().any(|n| n.as_bytes() == name))
     }
 
     /// Checks on a regular file that need nothing but its path and inode.
@@ -303,6 +325,18 @@ mod tests {
         assert_eq!(p.check_file(Path::new("/a/b/x.iso"), 0, 1), Err(SkipReason::Excluded));
         assert_eq!(p.check_file(Path::new("/srv/tmp/a"), 0, 2), Err(SkipReason::Excluded));
         assert_eq!(p.check_file(Path::new("/srv/data/a"), 0, 3), Ok(()));
+    }
+
+    #[test]
+    fn database_files_are_known_by_directory_and_name() {
+        let names = ["db", "db-wal", "db.lock"].map(OsString::from).to_vec();
+        let db = DbFiles { dir: (1, 2), names, inodes: vec![(1, 9)] };
+        let p = Policy::new(&[], Some(&db)).unwrap();
+        assert!(p.is_own_database((1, 2), b"db-wal"));
+        assert!(!p.is_own_database((1, 3), b"db-wal"), "another directory");
+        assert!(!p.is_own_database((1, 2), b"db-shm-x"));
+        assert_eq!(p.check_file(Path::new("/elsewhere/link"), 1, 9), Err(SkipReason::OwnDatabase));
+        assert!(!Policy::new(&[], None).unwrap().is_own_database((1, 2), b"db"));
     }
 
     #[test]

@@ -143,7 +143,9 @@ pub fn summarize(path: &Path) -> Result<Summary> {
 /// Summarize the database at `path`, showing progress (measuring every file
 /// and range takes a while on a large volume); `list`: include every range.
 pub fn summarize_with(path: &Path, progress: &dyn Progress, list: bool) -> Result<Summary> {
-    if !path.exists() {
+    // Not `exists()`: a dangling symlink at the name is refused by the
+    // database's checks, not taken for a missing database.
+    if path.symlink_metadata().is_err() {
         anyhow::bail!("no database at {}: run `dedupscan PATH` or `dedupscan scan PATH` first", display_path(path));
     }
     summarize_inner(path, progress, list).map_err(|e| crate::db::explain::explain_db_error(path, e))

@@ -183,12 +183,12 @@ pub fn walk(
         let queue = Queue { state: Mutex::new((Vec::new(), 1)), wake: Condvar::new() };
         std::thread::scope(|s| {
             match start {
-                Start::Dir(fd) => {
+                Start::Dir(fd, id) => {
                     let (ctx, queue) = (&ctx, &queue);
                     let mut out = Out::new(tx.clone(), FOUND_BATCH);
                     s.spawn(move || {
                         let mut buf = vec![MaybeUninit::uninit(); DIRENT_BUF];
-                        let jobs = read_dir(ctx, queue, Arc::new(fd), dir, &mut buf, &mut out);
+                        let jobs = read_dir(ctx, queue, (Arc::new(fd), id), dir, &mut buf, &mut out);
                         out.flush();
                         queue.done(jobs);
                     });
@@ -277,7 +277,8 @@ fn consume(
 
 /// How a starting path begins: a directory to read, or a single file.
 enum Start {
-    Dir(OwnedFd),
+    /// The directory and its `(st_dev, st_ino)`.
+    Dir(OwnedFd, (u64, u64)),
     File(PathBuf, Stat),
 }
 
@@ -341,7 +342,7 @@ fn start(
         *result.skipped_dirs.entry(r).or_default() += 1;
         return None;
     }
-    Some((Start::Dir(fd), st.st_dev))
+    Some((Start::Dir(fd, (st.st_dev, st.st_ino)), st.st_dev))
 }
 
 /// Read the directory entry `job` on a crawler thread: open it relative to
@@ -383,20 +384,21 @@ fn enter(ctx: &Ctx<'_>, queue: &Queue, job: Job, buf: &mut [MaybeUninit<u8>], ou
         out.send(Found::SkipDir(r));
         return Vec::new();
     }
-    read_dir(ctx, queue, Arc::new(fd), &job.path, buf, out)
+    read_dir(ctx, queue, (Arc::new(fd), (st.st_dev, st.st_ino)), &job.path, buf, out)
 }
 
 /// Subdirectories queued at once by a thread listing a directory, so that
 /// idle threads can start on them before the listing ends.
 const PUSH_BATCH: usize = 4;
 
-/// List the open directory `fd` (at `path`): files and other entries go to
-/// `out`, subdirectories become jobs holding `fd` (queued in batches of
-/// [`PUSH_BATCH`] while listing; the last ones are returned).
+/// List the open directory `fd` (at `path`, `(st_dev, st_ino)` `id`):
+/// files and other entries go to `out`, subdirectories become jobs holding
+/// `fd` (queued in batches of [`PUSH_BATCH`] while listing; the last ones
+/// are returned).
 fn read_dir(
     ctx: &Ctx<'_>,
     queue: &Queue,
-    fd: Arc<OwnedFd>,
+    (fd, id): (Arc<OwnedFd>, (u64, u64)),
     path: &Path,
     buf: &mut [MaybeUninit<u8>],
     out: &mut Out,
@@ -421,6 +423,14 @@ fn read_dir(
         let child = path.join(OsStr::from_bytes(name.to_bytes()));
         let mut ft = entry.file_type();
         let mut st = None;
+        // The database's files by name, before any stat: SQLite creates
+        // and removes some of them while the crawl runs.
+        if matches!(ft, FileType::RegularFile | FileType::Unknown) && ctx.policy.is_own_database(id, name.to_bytes()) {
+            if !out.send(Found::Skip(SkipReason::OwnDatabase)) {
+                break;
+            }
+            continue;
+        }
         if matches!(ft, FileType::RegularFile | FileType::Unknown) {
             // d_type said regular (or nothing); fstatat must agree (the name
             // may have been replaced by a FIFO in between).

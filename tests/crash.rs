@@ -193,7 +193,9 @@ fn full_disk_under_the_database_stops_cleanly_and_keeps_it_intact() {
         let st = Command::new("mount").args(["-t", "tmpfs", "-o", opts, "tmpfs"]).arg(&dbdir).status().unwrap();
         assert!(st.success());
     };
-    mount("size=192k");
+    // 0700: the database is refused in a directory others can write (a
+    // tmpfs is 1777 by default).
+    mount("size=192k,mode=0700");
     let db = dbdir.join("db.sqlite");
     let full = dedupscan().arg("scan").arg(&data).db(&db).arg("--progress=never").run();
     let remount = Command::new("mount").args(["-o", "remount,size=64m"]).arg(&dbdir).status().unwrap();

@@ -235,7 +235,7 @@ fn hand_written() -> Roff {
             "Usage error: a bad command line (including a bad or relative --exclude glob), or paths that cannot be used \
              (missing, unreadable, on two filesystems). Found before the database is opened: nothing was done.",
         ),
-        (ExitCode::Fatal, "Fatal error: could not run at all (e.g. the database cannot be opened, read or migrated)."),
+        (ExitCode::Fatal, "Fatal error: could not run at all (e.g. the database cannot be opened, read or migrated, or lies where another user could tamper with it)."),
         (ExitCode::Locked, "Another dedupscan run holds the database's lock; nothing was done."),
         (
             ExitCode::Interrupted,
@@ -286,7 +286,7 @@ fn hand_written() -> Roff {
     tagged(
         &mut r,
         "/var/lib/dedupscan/<filesystem-uuid>.sqlite",
-        [roman("The database of a filesystem, when run as root (mode 0600: it lists every path on the volume). Other users: "), italic("$XDG_STATE_HOME/dedupscan/<filesystem-uuid>.sqlite"), roman(", by default "), italic("~/.local/state/dedupscan/"), roman(". Changed with "), bold("--db"), roman(".")],
+        [roman("The database of a filesystem, when run as root (mode 0600: it lists every path on the volume). Other users: "), italic("$XDG_STATE_HOME/dedupscan/<filesystem-uuid>.sqlite"), roman(", by default "), italic("~/.local/state/dedupscan/"), roman(". Changed with "), bold("--db"), roman("; a database is refused (exit status 3) in a directory another user can write (sticky or not), below one another user could rename, or when it or its lock is a symbolic link or another user's file.")],
     );
     tagged(
         &mut r,

@@ -12,6 +12,7 @@
 pub mod explain;
 pub mod maps;
 pub mod migrate;
+pub mod place;
 pub mod reader;
 pub mod summary;
 pub mod writer;
@@ -22,7 +23,6 @@ use std::borrow::Cow;
 use std::collections::{HashMap, HashSet};
 use std::fs::File;
 use std::os::unix::ffi::OsStrExt;
-use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
 
 use nix::fcntl::{Flock, FlockArg};
@@ -32,6 +32,8 @@ use rusqlite::{params, Connection, OpenFlags, OptionalExtension};
 use crate::blockmap::{BlockMap, Fp};
 pub use crate::file::Known;
 use crate::file::{FileFacts, FileId, FileKey};
+use crate::policy::DbFiles;
+use place::Place;
 
 /// Why a database could not be used. Each message says what to do.
 #[derive(Debug, thiserror::Error)]
@@ -54,6 +56,10 @@ pub enum DbError {
     /// The file, its directory or its lock file could not be created.
     #[error("cannot create database {path}: {source}")]
     Create { path: PathBuf, source: std::io::Error },
+    /// Another user could redirect or read the database there (see
+    /// [`place`]): nothing was opened or created.
+    #[error("refusing database {path}: {reason}; keep the database in a directory that only root (or the user running dedupscan) can write, such as the default /var/lib/dedupscan")]
+    Unsafe { path: PathBuf, reason: String },
     /// Any other SQLite error.
     #[error(transparent)]
     Sqlite(#[from] rusqlite::Error),
@@ -64,36 +70,29 @@ pub struct Db {
     /// Private: callers go through the query methods (here, [`maps`],
     /// [`summary`]), so every SQL statement lives in `db/`.
     conn: Connection,
-    /// Where the database lives.
+    /// Where the database lives: its directory made canonical (no symlink).
     pub path: PathBuf,
+    /// Its directory, checked and held.
+    place: Place,
     /// The run lock; `None` for a read-only [`Db::open_for_report`].
     _lock: Option<Flock<File>>,
 }
 
 impl Db {
     /// Open (creating if needed, mode 0600) the database at `path` for the
-    /// filesystem `fs_uuid`, take its lock, and migrate it.
+    /// filesystem `fs_uuid`, take its lock, and migrate it. Its directory
+    /// and files are checked first ([`place`]): one another user could
+    /// redirect or read is refused ([`DbError::Unsafe`]).
     pub fn open(path: &Path, fs_uuid: &str) -> Result<Db, DbError> {
-        if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
-            std::fs::DirBuilder::new()
-                .recursive(true)
-                .mode(0o700)
-                .create(dir)
-                .map_err(|source| DbError::Create { path: path.to_owned(), source })?;
-        }
-        let lock = take_lock(path)?;
-        // Create the file ourselves so that it is 0600 from the first byte:
-        // it lists every path and fingerprint on the volume.
-        std::fs::OpenOptions::new()
-            .create(true)
-            .append(true)
-            .mode(0o600)
-            .open(path)
-            .map_err(|source| DbError::Create { path: path.to_owned(), source })?;
+        let place = Place::prepare(path)?;
+        place.check_files()?;
+        let lock = take_lock(&place)?;
+        place.create_database()?;
+        let path = place.path.clone();
         let corrupt = |e: rusqlite::Error| DbError::Corrupt { path: path.to_owned(), reason: e.to_string() };
-        let mut conn =
-            Connection::open_with_flags(path, OpenFlags::SQLITE_OPEN_READ_WRITE | OpenFlags::SQLITE_OPEN_NO_MUTEX)
-                .map_err(corrupt)?;
+        let flags =
+            OpenFlags::SQLITE_OPEN_READ_WRITE | OpenFlags::SQLITE_OPEN_NO_MUTEX | OpenFlags::SQLITE_OPEN_NOFOLLOW;
+        let mut conn = Connection::open_with_flags(&path, flags).map_err(corrupt)?;
         conn.busy_timeout(std::time::Duration::from_secs(5))?;
         let mode: String = conn.query_row("PRAGMA journal_mode=WAL", [], |r| r.get(0)).map_err(corrupt)?;
         debug_assert_eq!(mode.to_lowercase(), "wal");
@@ -102,7 +101,7 @@ impl Db {
             DbError::Sqlite(s) => corrupt(s),
             other => other,
         })?;
-        let db = Db { conn, path: path.to_owned(), _lock: Some(lock) };
+        let db = Db { conn, path: path.clone(), place, _lock: Some(lock) };
         match db.meta("filesystem")? {
             Some(found) if found != fs_uuid => {
                 return Err(DbError::WrongFilesystem { path: path.to_owned(), found, expected: fs_uuid.to_owned() })
@@ -115,17 +114,31 @@ impl Db {
 
     /// Open an existing database read-only for `report`, without the lock
     /// (WAL readers never block the writer, so a report works during a run).
+    /// Its directory and files are checked as for a run: `report` reads
+    /// every path and fingerprint too.
     pub fn open_for_report(path: &Path) -> Result<Db, DbError> {
-        Ok(Db { conn: Self::open_readonly(path)?, path: path.to_owned(), _lock: None })
+        let place = Place::existing(path)?;
+        place.check_files()?;
+        let path = place.path.clone();
+        Ok(Db { conn: Self::open_readonly(&path)?, path, place, _lock: None })
     }
 
-    /// A read-only connection to an existing database.
+    /// The database's files (itself, SQLite's, the lock), for the crawl to
+    /// leave alone: by the directory's identity and their names, so those
+    /// SQLite creates during the run are known before they exist.
+    pub fn own_files(&self) -> DbFiles {
+        self.place.own_files()
+    }
+
+    /// A read-only connection to an existing database at `path`, a path
+    /// a [`Place`] made canonical (a symlink in it is refused).
     fn open_readonly(path: &Path) -> Result<Connection, DbError> {
         let corrupt = |e: rusqlite::Error| DbError::Corrupt { path: path.to_owned(), reason: e.to_string() };
         // No mutex: a connection is used by one thread at a time (rusqlite's
         // `Connection` is not `Sync`); with one, every column read locks and
         // unlocks it.
-        let flags = OpenFlags::SQLITE_OPEN_READ_ONLY | OpenFlags::SQLITE_OPEN_NO_MUTEX;
+        let flags =
+            OpenFlags::SQLITE_OPEN_READ_ONLY | OpenFlags::SQLITE_OPEN_NO_MUTEX | OpenFlags::SQLITE_OPEN_NOFOLLOW;
         let conn = Connection::open_with_flags(path, flags).map_err(corrupt)?;
         let v: i64 = conn.query_row("PRAGMA user_version", [], |r| r.get(0)).map_err(corrupt)?;
         if v > migrate::CURRENT {
@@ -323,20 +336,16 @@ pub fn path_bytes(p: &Path) -> &[u8] {
 
 /// Take `<db>.lock` exclusively without waiting. The lock belongs to the
 /// open descriptor, so the kernel releases it even when the run is killed.
-fn take_lock(path: &Path) -> Result<Flock<File>, DbError> {
-    let mut lock_path = path.as_os_str().to_owned();
-    lock_path.push(".lock");
-    let f = std::fs::OpenOptions::new()
-        .create(true)
-        .truncate(false)
-        .write(true)
-        .mode(0o600)
-        .open(&lock_path)
-        .map_err(|source| DbError::Create { path: PathBuf::from(&lock_path), source })?;
+fn take_lock(place: &Place) -> Result<Flock<File>, DbError> {
+    let f = place.open_lock()?;
     match Flock::lock(f, FlockArg::LockExclusiveNonblock) {
         Ok(guard) => Ok(guard),
-        Err((_, nix::errno::Errno::EWOULDBLOCK)) => Err(DbError::Locked { path: path.to_owned() }),
-        Err((_, e)) => Err(DbError::Create { path: PathBuf::from(&lock_path), source: e.into() }),
+        Err((_, nix::errno::Errno::EWOULDBLOCK)) => Err(DbError::Locked { path: place.path.clone() }),
+        Err((_, e)) => {
+            let mut lock_path = place.path.as_os_str().to_owned();
+            lock_path.push(".lock");
+            Err(DbError::Create { path: PathBuf::from(lock_path), source: e.into() })
+        }
     }
 }
 
