@@ -330,6 +330,17 @@ fn start(
             return None;
         }
     };
+    // The crawl meets a read-only snapshot at its root (`dir_allowed_fd`);
+    // a starting path below that root is inside it all the same.
+    if fs == FsKind::Btrfs && !policy.include_readonly_snapshots && crate::sys::inode::in_readonly_subvolume(dir_fd) {
+        progress.warn(&format!(
+            "{}: skipped, inside a read-only btrfs snapshot (see --include-readonly-snapshots)",
+            display_path(&path)
+        ));
+        let counts = if file.is_some() { &mut result.skipped } else { &mut result.skipped_dirs };
+        *counts.entry(SkipReason::ReadonlySnapshot).or_default() += 1;
+        return None;
+    }
     if file.is_some() {
         let dev = st.st_dev;
         return match FileType::from_raw_mode(st.st_mode) {
