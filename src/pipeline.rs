@@ -97,6 +97,14 @@ fn run_inner(
     let t0 = Instant::now();
     // The globs were compiled by Config, and the policy is built before the
     // database is opened.
+    // Config dropped them; the run goes on as if each was given once.
+    for (dropped, covering) in &scan.overlapping {
+        progress.warn(&if dropped == covering {
+            format!("{}: given twice, scanned once", display_path(dropped))
+        } else {
+            format!("{}: inside {}, scanned once as part of it", display_path(dropped), display_path(covering))
+        });
+    }
     let mut policy = Policy::with_excludes(scan.excludes.clone(), Some(db_path));
     policy.include_readonly_snapshots = scan.include_readonly_snapshots;
     let tree = Tree::open(&scan.paths).with_context(|| {
