@@ -127,7 +127,8 @@ pub enum ProgressMode {
 /// Options of a scan (shared by the default command and `scan`).
 #[derive(Debug, Args, Clone)]
 pub struct ScanArgs {
-    /// Paths to scan: directories or files, all on one filesystem.
+    /// Paths to scan: directories or files, all on one filesystem (a path
+    /// inside another one given is scanned once, as part of it).
     #[arg(value_name = "PATH")]
     pub paths: Vec<PathBuf>,
 
@@ -160,8 +161,9 @@ pub struct ScanArgs {
     #[arg(long, value_name = "FILE")]
     pub exclude_from: Vec<PathBuf>,
 
-    /// Also share into read-only btrfs snapshots (left alone by default:
-    /// sharing into many snapshots can grow metadata instead of freeing space).
+    /// Also share into read-only btrfs snapshots (left alone by default, a
+    /// path given inside one too: sharing into many snapshots can grow
+    /// metadata instead of freeing space).
     #[arg(long)]
     pub include_readonly_snapshots: bool,
 

@@ -51,8 +51,12 @@ pub enum Action {
 /// How to scan (the default command and `scan`).
 #[derive(Debug, Clone)]
 pub struct ScanConfig {
-    /// Canonical starting paths, all on one filesystem.
+    /// Canonical starting paths, all on one filesystem, none inside
+    /// another.
     pub paths: Vec<PathBuf>,
+    /// Starting paths given that were the same as or inside another one,
+    /// dropped (each with the path that covers it), to be warned about.
+    pub overlapping: Vec<(PathBuf, PathBuf)>,
     /// Filesystem of the paths.
     pub fs: FsInfo,
     /// Bytes per fingerprinted block (`--block-size`).
@@ -222,6 +226,7 @@ fn scan_config(scan: ScanArgs, shares: bool) -> Result<ScanConfig> {
         canon.push(c);
     }
     let fs = fs.expect("at least one path");
+    let (canon, overlapping) = drop_overlaps(canon);
     if shares {
         let fs_name = match fs.kind {
             FsKind::Other => Some(fs_name(fs.magic)),
@@ -245,6 +250,7 @@ fn scan_config(scan: ScanArgs, shares: bool) -> Result<ScanConfig> {
     });
     Ok(ScanConfig {
         paths: canon,
+        overlapping,
         fs,
         block_size,
         threads: threads.max(1),
@@ -258,6 +264,26 @@ fn scan_config(scan: ScanArgs, shares: bool) -> Result<ScanConfig> {
         max_runtime,
         metrics_file,
     })
+}
+
+/// Split canonical starting paths into those to crawl and those that are
+/// the same as or lie inside another one (each with a path covering it):
+/// crawled twice, their files were counted twice, recorded twice and
+/// planned against themselves. Compared by components (`/srv/a` is not
+/// inside `/srv/ab`); of equal paths the first given is kept.
+fn drop_overlaps(canon: Vec<PathBuf>) -> (Vec<PathBuf>, Vec<(PathBuf, PathBuf)>) {
+    let covering = |i: usize| {
+        let p = &canon[i];
+        (canon.iter().enumerate()).find(|&(j, q)| j != i && p.starts_with(q) && (p != q || j < i)).map(|(_, q)| q)
+    };
+    let (mut kept, mut dropped) = (Vec::new(), Vec::new());
+    for (i, p) in canon.iter().enumerate() {
+        match covering(i) {
+            Some(q) => dropped.push((p.clone(), q.clone())),
+            None => kept.push(p.clone()),
+        }
+    }
+    (kept, dropped)
 }
 
 /// The `--exclude` globs and those of the `--exclude-from` files, checked
@@ -357,6 +383,18 @@ mod tests {
         let e = check_exclude("./tmp/**").unwrap_err();
         assert!(e.contains("relative") && e.contains("'**/tmp/**'"), "{e}");
         assert!(check_exclude("tmp").is_err());
+    }
+
+    #[test]
+    fn a_starting_path_inside_another_or_given_twice_is_dropped() {
+        let p = |s: &str| PathBuf::from(s);
+        let (kept, dropped) = drop_overlaps(vec![p("/t9"), p("/t9/sub"), p("/t9"), p("/t90"), p("/x/f"), p("/x")]);
+        assert_eq!(kept, vec![p("/t9"), p("/t90"), p("/x")]);
+        assert_eq!(dropped, vec![(p("/t9/sub"), p("/t9")), (p("/t9"), p("/t9")), (p("/x/f"), p("/x"))]);
+        // Nested three deep, the innermost first: only the outermost stays.
+        let (kept, dropped) = drop_overlaps(vec![p("/a/b/c"), p("/a/b"), p("/a")]);
+        assert_eq!(kept, vec![p("/a")]);
+        assert_eq!(dropped.len(), 2);
     }
 
     #[test]

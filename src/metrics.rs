@@ -85,7 +85,7 @@ const STATUSES: [&str; 2] = ["same", "differs"];
 const ERROR_KINDS: [&str; 2] = [ErrorKind::Unreadable.name(), ErrorKind::Vanished.name()];
 const COMMANDS: [&str; 2] = ["run", "scan"];
 /// The names of [`crate::policy::SkipReason`].
-const SKIP_REASONS: [&str; 20] = [
+const SKIP_REASONS: [&str; 21] = [
     "fifo",
     "socket",
     "device",
@@ -93,6 +93,7 @@ const SKIP_REASONS: [&str; 20] = [
     "empty",
     "mount_point",
     "hardlink",
+    "hardlink_outside",
     "excluded",
     "nodedup",
     "immutable",

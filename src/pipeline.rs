@@ -95,6 +95,14 @@ fn run_inner(
     stop: &AtomicBool,
 ) -> Result<Report> {
     let t0 = Instant::now();
+    // Config dropped them; the run goes on as if each was given once.
+    for (dropped, covering) in &scan.overlapping {
+        progress.warn(&if dropped == covering {
+            format!("{}: given twice, scanned once", display_path(dropped))
+        } else {
+            format!("{}: inside {}, scanned once as part of it", display_path(dropped), display_path(covering))
+        });
+    }
     // The database first: a database inside the tree is then there to be
     // listed (btrfs lists from a directory descriptor only the entries that
     // existed when it was opened: a first run would not see it, a second

@@ -44,6 +44,12 @@ pub enum SkipReason {
     MountPoint,
     /// A second name of an inode already seen: counted once.
     Hardlink,
+    /// A file with more than one name, not all of them seen by this run's
+    /// crawl (one outside the starting paths, or in a directory left out)
+    /// or one left out (`--exclude`): hashed and counted as scanned, but
+    /// kept out of the plan, as source and as destination. Sharing writes
+    /// the inode under every name.
+    HardlinkOutside,
     /// Matched an `--exclude` glob.
     Excluded,
     /// `user.nodedup` xattr or `.nodedup` marker.
@@ -100,6 +106,7 @@ impl SkipReason {
             SkipReason::Empty => "empty",
             SkipReason::MountPoint => "mount_point",
             SkipReason::Hardlink => "hardlink",
+            SkipReason::HardlinkOutside => "hardlink_outside",
             SkipReason::Excluded => "excluded",
             SkipReason::Nodedup => "nodedup",
             SkipReason::Immutable => "immutable",
@@ -350,7 +357,8 @@ mod tests {
 
     #[test]
     fn names_match_serde() {
-        for r in [SkipReason::MountPoint, SkipReason::OwnDatabase, SkipReason::AppendOnly] {
+        for r in [SkipReason::MountPoint, SkipReason::OwnDatabase, SkipReason::AppendOnly, SkipReason::HardlinkOutside]
+        {
             assert_eq!(serde_json::to_string(&r).unwrap(), format!("\"{}\"", r.name()));
         }
     }

@@ -5,8 +5,10 @@
 //! tags from `fstatat` without following symlinks, and `st_dev` as its
 //! volume: change detection resolves the volume key), handed to a callback
 //! as it is found, plus a [`WalkResult`]: counts of everything skipped, by
-//! reason, and of errors, by [`ErrorKind`]. Directories are read by eight
-//! threads; files are only `fstatat`ed, never opened.
+//! reason, and of errors, by [`ErrorKind`], and the files handed on that a
+//! hard link keeps out of the plan (`links.rs`: known only once the crawl
+//! is over). Directories are read by eight threads; files are only
+//! `fstatat`ed, never opened.
 //!
 //! The crawl cannot be redirected by a user who renames or replaces what
 //! they own while it runs: every directory is opened relative to its
@@ -44,6 +46,9 @@ use crate::policy::{Policy, SkipReason};
 use crate::progress::Progress;
 use crate::sys::beneath::{self, Tree};
 use crate::sys::FsKind;
+use links::HardLinks;
+
+mod links;
 
 /// What the crawl counted (the files themselves go to its callback).
 #[derive(Debug, Default)]
@@ -55,6 +60,10 @@ pub struct WalkResult {
     pub skipped_dirs: BTreeMap<SkipReason, u64>,
     /// Errors by kind, each already warned about.
     pub errors: BTreeMap<ErrorKind, u64>,
+    /// `(st_dev, ino)` of the multiply-linked files handed to the callback
+    /// that must stay out of this run's plan: the crawl did not see every
+    /// one of their names, or left one out (the rule: `walk/links.rs`).
+    pub links_outside: Vec<(u64, u64)>,
 }
 
 /// Directories are read and their entries `fstatat`ed by this many threads
@@ -174,7 +183,7 @@ pub fn walk(
 ) -> WalkResult {
     let mounts = crate::sys::fs::mount_points();
     let mut result = WalkResult::default();
-    let mut seen_inodes: HashSet<(u64, u64)> = HashSet::new();
+    let mut links = HardLinks::default();
     for i in 0.. {
         let Some((dir, dir_fd, file)) = tree.root(i) else { break };
         let Some((start, root_dev)) = start(dir, dir_fd, file, fs, policy, progress, &mut result) else { continue };
@@ -224,24 +233,26 @@ pub fn walk(
                     Err(TryRecvError::Disconnected) => break,
                 };
                 for found in batch {
-                    consume(found, policy, progress, &mut seen_inodes, &mut result, &mut each);
+                    consume(found, policy, progress, &mut links, &mut result, &mut each);
                 }
             }
         });
     }
+    result.links_outside = links.outside();
     result
 }
 
 /// On the calling thread, one thing a crawler thread found: count it, or
-/// apply the rules that need one view of everything (hard links) and the
-/// file rules of the policy, and hand an eligible file to `each`.
-/// `seen_inodes`: `(st_dev, ino)` of the inodes with more than one name
-/// met so far.
+/// apply the file rules of the policy and the rules that need one view of
+/// everything (hard links: `links`, the names met so far), and hand an
+/// eligible file to `each`. Every name of a multiply-linked file is judged
+/// by the policy, so a name let in after one left out is still handed on
+/// (and then kept out of the plan, see [`HardLinks`]).
 fn consume(
     found: Found,
     policy: &Policy,
     progress: &dyn Progress,
-    seen_inodes: &mut HashSet<(u64, u64)>,
+    links: &mut HardLinks,
     result: &mut WalkResult,
     each: &mut impl FnMut(FileFacts),
 ) {
@@ -260,12 +271,15 @@ fn consume(
             return;
         }
     };
-    let skip = if st.st_nlink > 1 && !seen_inodes.insert((st.st_dev, st.st_ino)) {
-        Some(SkipReason::Hardlink)
-    } else if st.st_size == 0 {
+    let skip = if st.st_size == 0 {
         Some(SkipReason::Empty)
     } else {
-        policy.check_file(&path, st.st_dev, st.st_ino).err()
+        let skip = policy.check_file(&path, st.st_dev, st.st_ino).err();
+        if st.st_nlink > 1 && !links.name((st.st_dev, st.st_ino), st.st_nlink, skip) && skip.is_none() {
+            Some(SkipReason::Hardlink)
+        } else {
+            skip
+        }
     };
     match skip {
         Some(r) => *result.skipped.entry(r).or_default() += 1,
@@ -317,6 +331,17 @@ fn start(
             return None;
         }
     };
+    // The crawl meets a read-only snapshot at its root (`dir_allowed_fd`);
+    // a starting path below that root is inside it all the same.
+    if fs == FsKind::Btrfs && !policy.include_readonly_snapshots && crate::sys::inode::in_readonly_subvolume(dir_fd) {
+        progress.warn(&format!(
+            "{}: skipped, inside a read-only btrfs snapshot (see --include-readonly-snapshots)",
+            display_path(&path)
+        ));
+        let counts = if file.is_some() { &mut result.skipped } else { &mut result.skipped_dirs };
+        *counts.entry(SkipReason::ReadonlySnapshot).or_default() += 1;
+        return None;
+    }
     if file.is_some() {
         let dev = st.st_dev;
         return match FileType::from_raw_mode(st.st_mode) {

@@ -100,3 +100,44 @@ fn xfs_on_another_device_number_rehashes_nothing() {
     assert_eq!((num(&again, "files_removed"), num(&again, "files_unchanged")), (0, 4), "{again:#}");
     before.assert_same(&Snapshot::take(&d));
 }
+
+/// A starting path below the root of a read-only snapshot is inside it as
+/// much as the root is: left alone (unless `--include-readonly-snapshots`),
+/// counted and warned about, whether it is a directory or a file. The crawl
+/// recognised a read-only snapshot only at its root directory.
+#[test]
+fn a_starting_path_inside_a_readonly_snapshot_is_left_alone() {
+    let Some(vol) = Volume::new(Fs::Btrfs, 256) else { return };
+    btrfs(&["subvolume", "create"], &vol.path("sv2"));
+    let data = Rng::new(14).bytes(1 << 20);
+    std::fs::create_dir(vol.path("sv2/sub")).unwrap();
+    for f in ["a", "b", "c"] {
+        std::fs::write(vol.path("sv2/sub").join(f), &data).unwrap();
+    }
+    sh(Command::new("btrfs").args(["-q", "subvolume", "snapshot", "-r"]).arg(vol.path("sv2")).arg(vol.path("snapro2")));
+    btrfs(&["-q", "subvolume", "delete"], &vol.path("sv2"));
+    // Until the deleted subvolume is cleaned up, its files still hold the
+    // extents and nothing would be shared anyway (`pending`).
+    btrfs(&["subvolume", "sync"], &vol.mnt);
+    let sub = vol.path("snapro2/sub");
+    let files: Vec<_> = ["a", "b", "c"].iter().map(|f| sub.join(f)).collect();
+    let phys = |p: &std::path::Path| physical_blocks(p, 0, 1 << 20);
+    let phys_before: Vec<_> = files.iter().map(|p| phys(p)).collect();
+    let before = Snapshot::take(&sub);
+
+    let dir = dedupscan().arg(&sub).json().db(vol.db()).expect(0).run();
+    let by_file = dedupscan().args(&files).json().db(vol.db()).expect(0).run();
+    before.assert_same(&Snapshot::take(&sub));
+    for (p, was) in files.iter().zip(&phys_before) {
+        assert_eq!(&phys(p), was, "{} in the read-only snapshot was moved", p.display());
+        assert_eq!(shared_bytes(p), 0, "{} in the read-only snapshot was shared", p.display());
+    }
+    for (what, out, skipped, n) in [("directory", &dir, "skipped_dirs", 1), ("files", &by_file, "skipped", 3)] {
+        let r = &out.json;
+        validate_report(r);
+        assert_eq!(num(r, "deduped_bytes"), 0, "{what}: {r:#}");
+        assert_eq!(num(r, "files_scanned"), 0, "{what}: {r:#}");
+        assert_eq!(r[skipped]["readonly_snapshot"].as_u64(), Some(n), "{what}: {r:#}");
+        assert!(out.stderr.contains("read-only btrfs snapshot"), "{what}: no warning:\n{}", out.stderr);
+    }
+}

@@ -281,6 +281,16 @@ fn hand_written() -> Roff {
                and dedupscan's own database. The report counts skipped files by reason.",
         ),
     ]);
+    r.control("PP", []).text([roman(
+        "A directory's marker takes effect when the crawl lists that directory: one added while a run is \
+         already past it takes effect at the next run. A file's own user.nodedup is read again when the file \
+         is hashed.",
+    )]);
+    r.control("PP", []).text([roman(
+        "A file with more than one hard link is shared only when the run found all of its names below the \
+         paths given and left none of them out: a name behind a marker or an --exclude, or outside the paths, \
+         keeps the file out of sharing (counted hardlink_outside in the report).",
+    )]);
 
     r.control("SH", ["FILES"]);
     tagged(

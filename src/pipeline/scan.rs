@@ -20,12 +20,12 @@ use crate::changes::{ChangeCounts, Classifier, Probe, Sorted};
 use crate::db::reader::Reader;
 use crate::db::writer::{self, WriteOp, CHANNEL_CAP};
 use crate::db::Db;
-use crate::display::human;
+use crate::display::{display_path, human};
 use crate::hash::pool::{self, HashOutcome, Hashed, PoolOptions, HASH_BATCH, HASH_QUEUE};
 use crate::policy::SkipReason;
 use crate::progress::Progress;
 
-use crate::file::{FileFacts, FileId, IdSet};
+use crate::file::{FileFacts, FileId, FileKey, IdSet};
 use crate::sys::{self, beneath};
 use crate::walk::{self, WalkResult};
 
@@ -101,7 +101,7 @@ pub(super) fn scan_phase(
         pruned.map_err(|e| anyhow::anyhow!("reading the database: {e}"))?;
     }
     drop(tx);
-    let (walked, walk_ms) = (crawled.walked, crawled.walk_ms);
+    let (mut walked, walk_ms) = (crawled.walked, crawled.walk_ms);
     let (mut seen, changes) = crawled.classifier.finish().map_err(|e| anyhow::anyhow!("reading the database: {e}"))?;
     let (db, written) =
         writer.join().map_err(|_| anyhow::anyhow!("database writer panicked"))?.context("writing the database")?;
@@ -113,6 +113,7 @@ pub(super) fn scan_phase(
             seen.remove(id);
         }
     }
+    keep_links_outside(&db, &crawled.links_outside, &mut seen, &mut walked, progress)?;
     let unshared = written.unshared;
     let out = ScanOutcome { walked, changes, hashed, removed, interrupted, walk_ms, scan_ms: ms(t), seen, unshared };
     progress.finish_phase(&format!(
@@ -129,6 +130,48 @@ struct Crawled {
     pub(super) walked: WalkResult,
     classifier: Classifier<Reader>,
     pub(super) walk_ms: u64,
+    /// [`WalkResult::links_outside`], known by volume key.
+    links_outside: Vec<FileKey>,
+}
+
+/// Keep the multiply-linked files the crawl could not vouch for
+/// ([`WalkResult::links_outside`]) out of the plan: out of `seen`, on every
+/// run, hashed or known unchanged (the file itself may be fine; it is
+/// another of its names that is protected or outside the run, and that may
+/// change without the file changing). Counted `hardlink_outside` (they stay
+/// in `files_scanned`, like a file found changed at share time) and named
+/// with `-v`.
+fn keep_links_outside(
+    db: &Db,
+    keys: &[FileKey],
+    seen: &mut IdSet,
+    walked: &mut WalkResult,
+    progress: &dyn Progress,
+) -> Result<()> {
+    let mut ids = Vec::new();
+    for key in keys {
+        // Not recorded (failed, or found protected when opened): nothing
+        // to keep out.
+        match db.id_of(*key)? {
+            Some(id) if seen.contains(id) => ids.push(id),
+            _ => {}
+        }
+    }
+    for id in &ids {
+        seen.remove(*id);
+    }
+    if !ids.is_empty() {
+        *walked.skipped.entry(SkipReason::HardlinkOutside).or_default() += ids.len() as u64;
+        let mut names: Vec<_> = db.file_facts(ids.iter().copied())?.into_values().map(|f| f.path).collect();
+        names.sort();
+        for path in names {
+            progress.info(&format!(
+                "{}: not shared: another of its hard links is outside the paths scanned, or left out",
+                display_path(&path)
+            ));
+        }
+    }
+    Ok(())
 }
 
 /// Run the crawl (on its own thread, sorting files as found) and the
@@ -218,7 +261,10 @@ fn crawl(
                   // The crawl is over: from here the scan has a total and an ETA.
     let n = classifier.counts();
     progress.set_total(n.queued_bytes, Some(n.queued_files));
-    Crawled { walked, classifier, walk_ms: ms(t) }
+    // Each of these files was handed on, so its st_dev was asked for a key.
+    let links_outside =
+        walked.links_outside.iter().map(|&(dev, ino)| FileKey { volume: keys.given(dev), ino }).collect();
+    Crawled { walked, classifier, walk_ms: ms(t), links_outside }
 }
 
 /// Change detection's questions, answered on the volume: opens go below

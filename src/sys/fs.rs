@@ -229,6 +229,13 @@ impl SubvolIds {
         }
     }
 
+    /// The key [`SubvolIds::id_for`] gave files with `st_dev` `dev`,
+    /// without asking the kernel: remembered, else [`unproven_key`] (what it
+    /// gave when the kernel did not answer).
+    pub fn given(&self, dev: u64) -> u64 {
+        self.by_dev.get(&dev).copied().unwrap_or_else(|| unproven_key(dev))
+    }
+
     /// [`SubvolIds::id_for`] for a file found by the crawl, asking its
     /// parent directory (same subvolume: a subvolume boundary is a
     /// directory), which `open_parent` opens only when `dev` is new.

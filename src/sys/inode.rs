@@ -137,6 +137,50 @@ pub fn is_readonly_subvolume_fd(dir: BorrowedFd<'_>) -> bool {
     }
 }
 
+/// `struct btrfs_ioctl_get_subvol_info_args` from `<linux/btrfs.h>` (504
+/// bytes); only `flags` is read.
+#[repr(C)]
+struct SubvolInfo {
+    treeid: u64,
+    name: [u8; 256],
+    parent_id: u64,
+    dirid: u64,
+    generation: u64,
+    flags: u64,
+    uuid: [u8; 16],
+    parent_uuid: [u8; 16],
+    received_uuid: [u8; 16],
+    transids: [u64; 4],
+    /// Four `struct btrfs_ioctl_timespec` (`u64` seconds, `u32`
+    /// nanoseconds, padded to 16 bytes each).
+    times: [u64; 8],
+    reserved: [u64; 8],
+}
+nix::ioctl_read!(
+    /// `BTRFS_IOC_GET_SUBVOL_INFO` (Linux 4.18): no privilege needed.
+    ioctl_btrfs_get_subvol_info, 0x94, 60, SubvolInfo
+);
+/// `BTRFS_ROOT_SUBVOL_RDONLY`: the root item's flag, as
+/// `BTRFS_IOC_GET_SUBVOL_INFO` reports it (not [`BTRFS_SUBVOL_RDONLY`]).
+const BTRFS_ROOT_SUBVOL_RDONLY: u64 = 1;
+
+/// Whether the btrfs subvolume holding `fd` (any file or directory in it,
+/// not only its root) is read-only: a starting path deep inside a read-only
+/// snapshot is inside it as much as its root is. Not btrfs, or a kernel
+/// without the ioctl: `false`.
+pub fn in_readonly_subvolume(fd: BorrowedFd<'_>) -> bool {
+    let mut info = std::mem::MaybeUninit::<SubvolInfo>::zeroed();
+    // SAFETY: `info` is a zeroed, writable `struct
+    // btrfs_ioctl_get_subvol_info_args` of the size the request code names;
+    // the kernel fills it in.
+    match unsafe { ioctl_btrfs_get_subvol_info(fd.as_raw_fd(), info.as_mut_ptr()) } {
+        // SAFETY: every field is plain integers, valid when zeroed, and the
+        // kernel wrote the rest.
+        Ok(_) => unsafe { info.assume_init() }.flags & BTRFS_ROOT_SUBVOL_RDONLY != 0,
+        Err(_) => false,
+    }
+}
+
 /// Whether `path` (not followed if a symlink) carries the extended attribute
 /// `name`. Filesystems without xattrs, and unreadable paths, answer `false`.
 pub fn has_xattr(path: &Path, name: &str) -> bool {
@@ -158,6 +202,19 @@ mod tests {
         let x = nix::request_code_read!(b'X', 31, std::mem::size_of::<FsXattr>());
         assert_eq!(x as u64, 0x801c_581f);
         assert_eq!(std::mem::size_of::<FsXattr>(), 28);
+    }
+
+    #[test]
+    fn subvol_info_matches_the_kernel() {
+        assert_eq!(std::mem::size_of::<SubvolInfo>(), 504);
+        assert_eq!(std::mem::offset_of!(SubvolInfo, flags), 288);
+        let code = nix::request_code_read!(0x94, 60, std::mem::size_of::<SubvolInfo>());
+        assert_eq!(code as u64, 0x81f8_943c);
+        // Not btrfs (or not read-only): false, never an error.
+        let d = tempfile::tempdir().unwrap();
+        let f = std::fs::File::open(d.path()).unwrap();
+        use std::os::fd::AsFd;
+        assert!(!in_readonly_subvolume(f.as_fd()));
     }
 
     #[test]
