@@ -218,6 +218,15 @@ pub struct RunArgs {
     #[arg(long, value_name = "RATIO", default_value_t = 1.0, value_parser = parse_ratio)]
     pub rewrite_ratio: f64,
 
+    /// btrfs: also share into files whose extents a read-only snapshot (or
+    /// another file outside the run) still keeps. Nothing is freed until
+    /// those snapshots are deleted, and sharing adds metadata meanwhile; by
+    /// default such files wait, counted as pending. Meant for rotating
+    /// snapshots (snapper, timeshift), where every old extent is always
+    /// kept by the newest snapshot and would otherwise wait forever.
+    #[arg(long)]
+    pub share_snapshotted: bool,
+
     /// Also list every planned range (source, destination, offsets, bytes):
     /// with --dry-run, what would be shared.
     #[arg(long)]

@@ -88,6 +88,8 @@ pub struct ShareConfig {
     pub min_range: u64,
     /// See `--rewrite-ratio`.
     pub rewrite_ratio: f64,
+    /// Share into extents read-only snapshots keep (`--share-snapshotted`).
+    pub share_snapshotted: bool,
     /// `--list`: include every planned range in the report.
     pub list: bool,
 }
@@ -148,6 +150,7 @@ impl Config {
                     dry_run: r.dry_run,
                     min_range: r.min_range,
                     rewrite_ratio: r.rewrite_ratio,
+                    share_snapshotted: r.share_snapshotted,
                     list: r.list,
                 };
                 let db_path = db_path(g.db, &scan.fs)?;

@@ -409,6 +409,7 @@ fn sharing(job: &Job, stats: &PlanStats, progress: &dyn Progress) -> dedupe::Sha
     // planned bytes are read, from the page cache or from disk.
     let sharing = dedupe::Sharing {
         across_owners: job.scan.share_across_owners,
+        pinned_too: job.share.is_some_and(|s| s.share_snapshotted),
         ..dedupe::sharing(stats.bytes.saturating_mul(2), job.scan.drop_cache)
     };
     if sharing.from_disk {

@@ -6,17 +6,18 @@
 
 mod common;
 
+use std::path::{Path, PathBuf};
 use std::process::Command;
 
 use common::*;
 use dedupscan::corpus::Rng;
 
-#[test]
-fn extents_pinned_by_a_readonly_snapshot_are_left_until_it_is_gone() {
-    let Some(vol) = Volume::new(Fs::Btrfs, 256) else { return };
+/// A subvolume `sub` holding two copies `a` and `b` of `len` bytes, and a
+/// read-only snapshot `snap` of it.
+fn snapshotted_copies(len: usize) -> Option<(Volume, PathBuf, PathBuf)> {
+    let vol = Volume::new(Fs::Btrfs, 256)?;
     let sub = vol.path("sub");
     btrfs(&["subvolume", "create"], &sub);
-    let len = 4 << 20;
     let data = Rng::new(9).bytes(len);
     std::fs::write(sub.join("a"), &data).unwrap();
     std::fs::write(sub.join("b"), &data).unwrap();
@@ -24,6 +25,21 @@ fn extents_pinned_by_a_readonly_snapshot_are_left_until_it_is_gone() {
     let snap = vol.path("snap");
     let out = Command::new("btrfs").args(["subvolume", "snapshot", "-r"]).arg(&sub).arg(&snap).output().unwrap();
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    Some((vol, sub, snap))
+}
+
+/// Delete the snapshot and let the cleaner drop its references.
+fn delete_snapshot(vol: &Volume, snap: &Path) {
+    btrfs(&["subvolume", "delete"], snap);
+    // A commit wakes the cleaner, which drops the snapshot's references.
+    btrfs(&["filesystem", "sync"], &vol.mnt);
+    btrfs(&["subvolume", "sync"], &vol.mnt);
+}
+
+#[test]
+fn extents_pinned_by_a_readonly_snapshot_are_left_until_it_is_gone() {
+    let len = 4 << 20;
+    let Some((vol, sub, snap)) = snapshotted_copies(len) else { return };
     let path = sub.to_str().unwrap();
     let before = Snapshot::take(&sub);
 
@@ -41,10 +57,7 @@ fn extents_pinned_by_a_readonly_snapshot_are_left_until_it_is_gone() {
 
     // The snapshot goes: the next incremental run, with nothing changed,
     // shares and frees the copy.
-    btrfs(&["subvolume", "delete"], &snap);
-    // A commit wakes the cleaner, which drops the snapshot's references.
-    btrfs(&["filesystem", "sync"], &vol.mnt);
-    btrfs(&["subvolume", "sync"], &vol.mnt);
+    delete_snapshot(&vol, &snap);
     let free0 = free_bytes(&vol.mnt);
     let second = run_json(&vol, &[path, "--incremental"]);
     let freed = free_bytes(&vol.mnt) as i64 - free0 as i64;
@@ -54,4 +67,32 @@ fn extents_pinned_by_a_readonly_snapshot_are_left_until_it_is_gone() {
     assert_eq!(num(&second, "pending_bytes"), 0, "{second:#}");
     assert!(freed >= len as i64 * 95 / 100, "freed {freed}: {second:#}");
     assert!(same_physical(&sub.join("a"), 0, &sub.join("b"), 0, len as u64));
+}
+
+/// `--share-snapshotted` (rotating snapshots: the newest always keeps every
+/// old extent): shared at once, nothing freed while the snapshot stays, the
+/// copy's old extent freed with the snapshot.
+#[test]
+fn share_snapshotted_shares_now_and_frees_when_the_snapshot_goes() {
+    let len = 4 << 20;
+    let Some((vol, sub, snap)) = snapshotted_copies(len) else { return };
+    let before = Snapshot::take(&sub);
+    let kept = Snapshot::take(&snap);
+    let phys = |p: &Path| physical_blocks(p, 0, len as u64);
+    let snap_blocks = (phys(&snap.join("a")), phys(&snap.join("b")));
+
+    let r = run_json(&vol, &[sub.to_str().unwrap(), "--share-snapshotted"]);
+    before.assert_same(&Snapshot::take(&sub));
+    kept.assert_same(&Snapshot::take(&snap));
+    assert_eq!(num(&r, "deduped_bytes"), len as u64, "{r:#}");
+    assert_eq!(num(&r, "pending_bytes"), 0, "{r:#}");
+    assert!(same_physical(&sub.join("a"), 0, &sub.join("b"), 0, len as u64), "{r:#}");
+    assert_eq!((phys(&snap.join("a")), phys(&snap.join("b"))), snap_blocks, "the snapshot's extents moved");
+
+    // The snapshot held the only other reference to one copy's old extent.
+    let free0 = free_bytes(&vol.mnt);
+    delete_snapshot(&vol, &snap);
+    let freed = free_bytes(&vol.mnt) as i64 - free0 as i64;
+    assert!(freed >= len as i64 * 95 / 100, "deleting the snapshot freed {freed}");
+    before.assert_same(&Snapshot::take(&sub));
 }

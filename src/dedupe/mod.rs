@@ -202,6 +202,7 @@ pub fn execute(
         solo: Mutex::new(BTreeMap::new()),
         from_disk: sharing.from_disk,
         across_owners: sharing.across_owners,
+        pinned_too: sharing.pinned_too,
     };
     let mut out = Outcome::default();
     if let Some(b) = bookends {

@@ -4,7 +4,8 @@
 //! it would free nothing and only add metadata. btrfs is asked who
 //! references such an extent (`BTRFS_IOC_LOGICAL_INO_V2`, through
 //! [`sys::fs::extent_owners`]); the parts it keeps are left pending
-//! ([`Pending::Pinned`]).
+//! ([`Pending::Pinned`]), unless `--share-snapshotted` asks to share them
+//! anyway (rotating snapshots: freed once they are deleted).
 
 use std::os::fd::BorrowedFd;
 
@@ -34,7 +35,7 @@ impl Executor<'_> {
         extents: &[sys::Extent],
         parts: Vec<(u64, u64)>,
     ) -> Vec<(u64, u64)> {
-        if self.no_owners || parts.is_empty() {
+        if self.no_owners || self.ctx.pinned_too || parts.is_empty() {
             return parts;
         }
         let mut kept = Vec::with_capacity(parts.len());

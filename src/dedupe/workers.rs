@@ -76,12 +76,16 @@ pub struct Sharing {
     /// refused: the plan never pairs them (their fingerprints are salted
     /// apart by owner), unless a file changed owner since it was hashed.
     pub across_owners: bool,
+    /// Share into destination extents a file outside the run (a read-only
+    /// snapshot) keeps too (`--share-snapshotted`), instead of leaving
+    /// them pending ([`super::Pending::Pinned`]).
+    pub pinned_too: bool,
 }
 
 impl Sharing {
     /// `workers` workers on data expected in the page cache.
     pub fn cached(workers: usize) -> Sharing {
-        Sharing { workers, from_disk: false, across_owners: false }
+        Sharing { workers, from_disk: false, across_owners: false, pinned_too: false }
     }
 }
 
@@ -112,7 +116,8 @@ fn sharing_for(bytes: u64, drop_cache: bool, memory: Option<u64>, fd_limit: u64,
     // A worker holds a request's destinations and its source open; leave
     // room for the database, the directories held and the standard streams.
     let fit = fd_limit.saturating_sub(64) / (crate::sys::dedupe::MAX_DESTS as u64 + 1);
-    Sharing { workers: (fit as usize).clamp(cpu_workers.min(IO_WORKERS), IO_WORKERS), from_disk, across_owners: false }
+    let workers = (fit as usize).clamp(cpu_workers.min(IO_WORKERS), IO_WORKERS);
+    Sharing { workers, from_disk, across_owners: false, pinned_too: false }
 }
 
 /// Do `work` on every item, on up to `workers` executors, each on its own
@@ -320,6 +325,8 @@ pub(super) struct WorkerContext<'a> {
     pub(super) from_disk: bool,
     /// [`Sharing::across_owners`].
     pub(super) across_owners: bool,
+    /// [`Sharing::pinned_too`].
+    pub(super) pinned_too: bool,
 }
 
 impl WorkerContext<'_> {
@@ -392,7 +399,7 @@ mod tests {
     #[test]
     fn more_workers_only_when_the_data_comes_from_disk() {
         let (gib, fds) = (1u64 << 30, 1 << 20);
-        let disk = |workers| Sharing { workers, from_disk: true, across_owners: false };
+        let disk = |workers| Sharing { workers, from_disk: true, across_owners: false, pinned_too: false };
         // Fits in half the memory: as many as CPUs.
         assert_eq!(sharing_for(4 * gib, false, Some(24 * gib), fds, 2), Sharing::cached(2));
         assert_eq!(sharing_for(4 * gib, false, None, fds, 3), Sharing::cached(3));
