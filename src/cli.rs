@@ -212,6 +212,8 @@ pub struct RunArgs {
     /// btrfs: where a destination extent is only partly shared, copy its
     /// remainder into a fresh extent so the old one is freed — when the
     /// remainder is at most RATIO times the shared part. 0 turns it off.
+    /// Where bytes stay pinned below RATIO, the run's report says what
+    /// 2, 4, 8 and 16 would free and copy.
     // 1, not 3: on SMALL/btrfs 3 freed 100.8 % of the ideal instead of
     // 95.9 %, but on FULL (copied with cp -a: 128 MiB extents) 60.9 %
     // instead of 88.3 % (docs/BENCHMARKS.md, 2026-11-23, issue 13).

@@ -31,7 +31,7 @@ use crate::policy::{Policy, SkipReason};
 use crate::progress::Progress;
 
 use crate::file::{FileFacts, FileId, IdSet};
-use crate::report::{ListedRange, Report};
+use crate::report::{ListedRange, Report, RewriteWhatIf};
 use crate::sys::beneath::Tree;
 use crate::sys::{self, FsKind};
 use batches::Batches;
@@ -511,6 +511,15 @@ fn add_sharing(r: &mut Report, e: &Executed) {
     r.pinned_bytes = e.pinned_by_reason.values().sum();
     r.pinned_by_reason = e.pinned_by_reason.iter().map(|(k, n)| (k.name().to_owned(), *n)).collect();
     r.sources_swapped = out.swapped_sources;
+    let what_if = dedupe::bookend::WHAT_IF_RATIOS.iter().zip(out.rewrite_what_if);
+    r.rewrite_what_if = what_if
+        .filter(|(_, (free, _))| *free > 0)
+        .map(|(&rewrite_ratio, (would_free_bytes, would_copy_bytes))| RewriteWhatIf {
+            rewrite_ratio,
+            would_free_bytes,
+            would_copy_bytes,
+        })
+        .collect();
     // Found only now: these files were considered (and hashed or known
     // unchanged), they stay in files_scanned; they are left out of sharing.
     r.skip(SkipReason::ChangedDuringScan, out.changed_files);

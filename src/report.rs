@@ -44,6 +44,20 @@ pub struct PendingWork {
     pub bytes: u64,
 }
 
+/// What a larger `--rewrite-ratio` would have done about the bytes this run
+/// left pinned below the ratio in use (btrfs): an estimate from the extents
+/// the run judged, so an administrator can weigh the copying against the
+/// space before choosing a ratio.
+#[derive(Debug, Default, Clone, Serialize)]
+pub struct RewriteWhatIf {
+    /// The `--rewrite-ratio` value.
+    pub rewrite_ratio: f64,
+    /// Pinned bytes it would have freed.
+    pub would_free_bytes: u64,
+    /// Remainder bytes it would have copied into fresh extents to do so.
+    pub would_copy_bytes: u64,
+}
+
 /// Everything one run did.
 #[derive(Debug, Default, Clone, Serialize)]
 pub struct Report {
@@ -111,6 +125,9 @@ pub struct Report {
     /// [`crate::dedupe::PinReason`]): `below_rewrite_ratio`, `compressed`,
     /// `inline`, `not_rewritable`, `rewrite_failed`.
     pub pinned_by_reason: BTreeMap<String, u64>,
+    /// Of the bytes pinned `below_rewrite_ratio`, what larger ratios would
+    /// free and copy; only ratios that would free something.
+    pub rewrite_what_if: Vec<RewriteWhatIf>,
     /// Whole-file groups shared from a copy far less fragmented than the
     /// planned source, so no copy ends up as fragmented as the source was.
     pub sources_swapped: u64,
@@ -353,6 +370,10 @@ impl Report {
                 t.row(["pinned".to_owned(), human(self.pinned_bytes), why.to_owned()]);
                 for (reason, n) in &self.pinned_by_reason {
                     t.row([format!("  {reason}"), human(*n), String::new()]);
+                }
+                for w in &self.rewrite_what_if {
+                    let copy = format!("would be freed by copying {}", human(w.would_copy_bytes));
+                    t.row([format!("    --rewrite-ratio {}", w.rewrite_ratio), human(w.would_free_bytes), copy]);
                 }
             }
             t.row(["freed".to_owned(), human_signed(self.freed_bytes), "measured with statfs".to_owned()]);

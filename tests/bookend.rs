@@ -260,6 +260,48 @@ fn btrfs_pinned_bytes_by_file_and_reason() {
     assert_eq!(files(&db_report(&vol)), got[1..], "account of a changed file kept");
 }
 
+/// The run says what a larger `--rewrite-ratio` would free and copy about
+/// the bytes it left pinned, and a run with that ratio does it: three
+/// identical layouts with different data (one run for the figures, one for
+/// the text, one at the larger ratio), x (2 MiB) at the start of one 8
+/// MiB extent and at the end of another, so the destination's extent is
+/// covered 2 MiB and holds 6 MiB more (3 times: pinned at the default 1).
+#[test]
+fn btrfs_what_a_larger_rewrite_ratio_would_free_is_what_it_frees() {
+    let Some(vol) = Volume::new(Fs::Btrfs, 512) else { return };
+    let dirs = [vol.path("one"), vol.path("two"), vol.path("three")];
+    for (seed, d) in (90..).zip(&dirs) {
+        std::fs::create_dir(d).unwrap();
+        let mut rng = Rng::new(seed);
+        let x = rng.bytes(2 << 20);
+        std::fs::write(d.join("big1"), [x.clone(), rng.bytes(6 << 20)].concat()).unwrap();
+        std::fs::write(d.join("big2"), [rng.bytes(6 << 20), x].concat()).unwrap();
+    }
+    free_bytes(&vol.mnt);
+    let before: Vec<Snapshot> = dirs.iter().map(|d| Snapshot::take(d)).collect();
+
+    let r = run_json(&vol, &[s(&dirs[0])]);
+    assert_eq!(num(&r, "pinned_bytes"), 2 << 20, "{r:#}");
+    let what_if = |ratio: f64, free: u64, copy: u64| serde_json::json!({"rewrite_ratio": ratio, "would_free_bytes": free, "would_copy_bytes": copy});
+    let expected: Vec<_> = [4.0, 8.0, 16.0].map(|k| what_if(k, 2 << 20, 6 << 20)).into();
+    assert_eq!(r["rewrite_what_if"], serde_json::Value::from(expected), "{r:#}");
+    // The text says it under the pinned bytes.
+    let text = dedupscan().arg(s(&dirs[2])).db(vol.db()).expect(0).run().stdout;
+    let line = text.lines().find(|l| l.contains("--rewrite-ratio 4")).unwrap_or_else(|| panic!("{text}"));
+    assert!(line.contains("2.0 MiB") && line.ends_with("would be freed by copying 6.0 MiB"), "{text}");
+
+    // The same layout, run at the ratio the first run suggested.
+    let free0 = free_bytes(&vol.mnt);
+    let r = run_json(&vol, &[s(&dirs[1]), "--rewrite-ratio", "4"]);
+    let freed = free_bytes(&vol.mnt) as i64 - free0 as i64;
+    assert_eq!((num(&r, "pinned_bytes"), num(&r, "rewritten_bytes")), (0, 6 << 20), "{r:#}");
+    assert_eq!(r["rewrite_what_if"], serde_json::json!([]), "{r:#}");
+    assert!((freed - (2 << 20)).abs() * 20 <= 2 << 20, "freed {freed}, predicted 2 MiB: {r:#}");
+    for (b, d) in before.iter().zip(&dirs) {
+        b.assert_same(&Snapshot::take(d));
+    }
+}
+
 /// A block whose 8 bytes `i` (little-endian) repeat to fill 4 KiB.
 fn counter_block(i: u64) -> Vec<u8> {
     i.to_le_bytes().repeat(512)

@@ -90,6 +90,9 @@ pub struct Outcome {
     /// their uncovered rest (btrfs): shared, but freeing nothing; by
     /// destination and why. Only files with such bytes, so it stays small.
     pub pinned: BTreeMap<(FileId, PinReason), u64>,
+    /// Of the bytes pinned [`PinReason::BelowRewriteRatio`], what each of
+    /// [`bookend::WHAT_IF_RATIOS`] would have freed and copied instead.
+    pub rewrite_what_if: bookend::WhatIf,
     /// Parts of destinations, `(file, offset, length)`, the kernel found
     /// different from their source and did not share: two blocks whose
     /// 32-bit fingerprints collide (about a hundred pairs in a million
@@ -138,6 +141,13 @@ impl Pending {
             Pending::NoSpaceShare => "no_space_share",
             Pending::Pinned => "referenced_outside_run",
         }
+    }
+}
+
+/// Add `more` to `to`, ratio by ratio.
+fn add_what_if(to: &mut bookend::WhatIf, more: &bookend::WhatIf) {
+    for (t, m) in to.iter_mut().zip(more) {
+        *t = (t.0 + m.0, t.1 + m.1);
     }
 }
 
@@ -272,6 +282,7 @@ impl Outcome {
         for (k, n) in o.pinned {
             *self.pinned.entry(k).or_default() += n;
         }
+        add_what_if(&mut self.rewrite_what_if, &o.rewrite_what_if);
         self.pin_checked.extend(o.pin_checked);
         self.differs.extend(o.differs);
         for (k, n) in o.errors {
