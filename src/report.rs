@@ -128,8 +128,12 @@ pub struct Report {
     /// Of the bytes pinned `below_rewrite_ratio`, what larger ratios would
     /// free and copy; only ratios that would free something.
     pub rewrite_what_if: Vec<RewriteWhatIf>,
-    /// Whole-file groups shared from a copy far less fragmented than the
-    /// planned source, so no copy ends up as fragmented as the source was.
+    /// Whole-file groups shared from one of their copies instead of the
+    /// planned source, the source becoming one more destination: a copy a
+    /// read-only snapshot (a file outside the run) keeps, so the source's
+    /// extents are freed now instead of the copy left pending; or a copy
+    /// far less fragmented, so no copy ends up as fragmented as the source
+    /// was.
     pub sources_swapped: u64,
     /// Free space after minus free space before, from statfs (0 in a dry run).
     pub freed_bytes: i64,

@@ -96,3 +96,99 @@ fn share_snapshotted_shares_now_and_frees_when_the_snapshot_goes() {
     assert!(freed >= len as i64 * 95 / 100, "deleting the snapshot freed {freed}");
     before.assert_same(&Snapshot::take(&sub));
 }
+
+/// A subvolume `sub` with two copies of `len` random bytes, `a` and `b`
+/// (separate extents), of which a read-only snapshot `snap` holds `b` only
+/// (its `a` is empty): `a` is created first, so the planner, which orders
+/// equal copies by inode, picks `a` as the source and plans the copy the
+/// snapshot keeps as its destination.
+fn snapshotted_destination(len: usize) -> Option<(Volume, PathBuf, PathBuf)> {
+    let vol = Volume::new(Fs::Btrfs, 256)?;
+    let sub = vol.path("sub");
+    btrfs(&["subvolume", "create"], &sub);
+    let data = Rng::new(12).bytes(len);
+    std::fs::write(sub.join("a"), b"").unwrap();
+    std::fs::write(sub.join("b"), &data).unwrap();
+    btrfs(&["filesystem", "sync"], &vol.mnt);
+    let snap = vol.path("snap");
+    let out = Command::new("btrfs").args(["subvolume", "snapshot", "-r"]).arg(&sub).arg(&snap).output().unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    std::fs::write(sub.join("a"), &data).unwrap();
+    btrfs(&["filesystem", "sync"], &vol.mnt);
+    assert!(!same_physical(&sub.join("a"), 0, &sub.join("b"), 0, len as u64), "setup: a and b share");
+    assert!(same_physical(&sub.join("b"), 0, &snap.join("b"), 0, len as u64), "setup: the snapshot's b is not b's");
+    Some((vol, sub, snap))
+}
+
+/// The planned source is `a`, the destination the snapshotted `b`.
+fn assert_planned_a_into_b(report: &serde_json::Value, sub: &Path) {
+    let ranges = report["ranges"].as_array().unwrap_or_else(|| panic!("no ranges: {report:#}"));
+    assert_eq!(ranges.len(), 1, "{report:#}");
+    assert_eq!(ranges[0]["source"], s(&sub.join("a")), "setup: the planner picked another source: {report:#}");
+    assert_eq!(ranges[0]["destination"], s(&sub.join("b")), "{report:#}");
+}
+
+/// The planner picked the copy nobody else keeps as the source and the
+/// copy a read-only snapshot keeps as its destination: sharing into that
+/// would free nothing, so the roles are swapped: the source is shared into
+/// the snapshot's extent and its own extent is freed now.
+#[test]
+fn a_copy_a_snapshot_keeps_becomes_the_source() {
+    let len = 6 << 20;
+    let Some((vol, sub, snap)) = snapshotted_destination(len) else { return };
+    let (a, b, snap_b) = (sub.join("a"), sub.join("b"), snap.join("b"));
+    let before = Snapshot::take(&sub);
+    let kept = Snapshot::take(&snap);
+    let snap_blocks = physical_blocks(&snap_b, 0, len as u64);
+
+    let free0 = free_bytes(&vol.mnt);
+    let out = dedupscan().args([s(&sub), "--list"]).json().db(vol.db()).expect(0).run();
+    let freed = free_bytes(&vol.mnt) as i64 - free0 as i64;
+    validate_report(&out.json);
+    let r = out.json;
+    assert_planned_a_into_b(&r, &sub);
+    before.assert_same(&Snapshot::take(&sub));
+    kept.assert_same(&Snapshot::take(&snap));
+    assert_eq!(physical_blocks(&snap_b, 0, len as u64), snap_blocks, "the snapshot's extents moved");
+    assert!(same_physical(&a, 0, &snap_b, 0, len as u64), "a does not share the snapshot's extent: {r:#}");
+    assert!(same_physical(&b, 0, &snap_b, 0, len as u64), "b left the snapshot's extent: {r:#}");
+    assert_eq!(num(&r, "sources_swapped"), 1, "{r:#}");
+    assert_eq!(num(&r, "deduped_bytes"), len as u64, "{r:#}");
+    assert_eq!(num(&r, "pending_bytes"), 0, "{r:#}");
+    assert!(r["pending"].as_object().is_some_and(|p| p.is_empty()), "{r:#}");
+    assert!(freed >= len as i64 * 95 / 100, "freed {freed} of {len}: {r:#}");
+    assert!(r["freed_bytes"].as_i64().unwrap() >= len as i64 * 95 / 100, "{r:#}");
+
+    // A rerun finds everything shared: nothing submitted, nothing pending.
+    let again = run_json(&vol, &[s(&sub)]);
+    assert_eq!(num(&again, "duplicate_bytes"), 0, "{again:#}");
+    assert_eq!(num(&again, "pending_bytes"), 0, "{again:#}");
+    before.assert_same(&Snapshot::take(&sub));
+    kept.assert_same(&Snapshot::take(&snap));
+}
+
+/// The dry run decides the swap the same way: its preview counts what the
+/// real run then does, and it changes nothing.
+#[test]
+fn the_preview_counts_the_swap_to_a_snapshotted_copy() {
+    let len = 3 << 20;
+    let Some((vol, sub, snap)) = snapshotted_destination(len) else { return };
+    let before = Snapshot::take(&sub);
+    let kept = Snapshot::take(&snap);
+
+    let dry = run_json(&vol, &[s(&sub), "--dry-run", "--list"]);
+    assert_planned_a_into_b(&dry, &sub);
+    before.assert_same(&Snapshot::take(&sub));
+    assert!(!same_physical(&sub.join("a"), 0, &sub.join("b"), 0, len as u64), "the dry run shared");
+    assert_eq!(num(&dry, "duplicate_bytes"), len as u64, "{dry:#}");
+    assert_eq!(num(&dry, "sources_swapped"), 1, "{dry:#}");
+
+    let real = run_json(&vol, &[s(&sub)]);
+    before.assert_same(&Snapshot::take(&sub));
+    kept.assert_same(&Snapshot::take(&snap));
+    for key in ["duplicate_bytes", "sources_swapped", "ranges_planned"] {
+        assert_eq!(num(&real, key), num(&dry, key), "{key}: preview {dry:#}\nrun {real:#}");
+    }
+    assert_eq!(num(&real, "deduped_bytes"), len as u64, "{real:#}");
+    assert_eq!(num(&real, "pending_bytes"), 0, "{real:#}");
+}

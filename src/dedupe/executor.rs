@@ -50,13 +50,13 @@ use crate::sys::{self, dedupe::MAX_DESTS, dedupe::MAX_REQUEST_LEN, DedupeStatus}
 
 /// One destination of a source range, maybe split into the sub-ranges that
 /// are not shared yet (offsets relative to the range start).
-struct Dest {
-    id: FileId,
-    file: File,
-    off: u64,
-    parts: Vec<(u64, u64)>,
+pub(super) struct Dest {
+    pub(super) id: FileId,
+    pub(super) file: File,
+    pub(super) off: u64,
+    pub(super) parts: Vec<(u64, u64)>,
     /// FIEMAP extents in the range (fragmentation); `None`: not mapped.
-    extents: Option<usize>,
+    pub(super) extents: Option<usize>,
 }
 
 /// One destination of one request: borrows the open file of a [`Dest`].
@@ -68,7 +68,7 @@ pub(super) struct Target<'f> {
 
 impl Dest {
     /// This destination at `rel` bytes into the range, for one request.
-    fn target(&self, rel: u64) -> Target<'_> {
+    pub(super) fn target(&self, rel: u64) -> Target<'_> {
         Target { id: self.id, file: &self.file, off: self.off + rel }
     }
 }
@@ -297,8 +297,7 @@ impl<'a> Executor<'a> {
             if self.halted() {
                 return;
             }
-            let mut whole: Vec<Dest> = Vec::new();
-            let mut partial: Vec<Dest> = Vec::new();
+            let (mut whole, mut partial, mut pinned): (Vec<Dest>, Vec<Dest>, Vec<Dest>) = Default::default();
             for d in batch {
                 if locked(&self.ctx.deferred).contains(&d.dest) {
                     continue;
@@ -330,73 +329,25 @@ impl<'a> Executor<'a> {
                 };
                 let unshared: u64 = parts.iter().map(|p| p.1).sum();
                 self.out.already_shared_bytes += r.len - unshared;
+                let all = unshared == r.len;
                 let parts = if dst.shared { self.drop_pinned(file.as_fd(), d, &dst.extents, parts) } else { parts };
-                if parts.is_empty() {
+                let dest = Dest { id: d.dest, file, off: d.dest_off, parts, extents: Some(dst.extents.len()) };
+                if dest.parts.is_empty() {
+                    // Kept whole by a file outside the plan: maybe the
+                    // better source (see `swap.rs`).
+                    if all {
+                        pinned.push(dest);
+                    }
                     continue;
                 }
-                let dest = Dest { id: d.dest, file, off: d.dest_off, parts, extents: Some(dst.extents.len()) };
                 if dest.parts == [(0, r.len)] {
                     whole.push(dest);
                 } else {
                     partial.push(dest);
                 }
             }
-            if let Some(k) = self.less_fragmented_copy(src, r, group, &whole, &partial) {
-                // The copy becomes the source and the source one more
-                // destination (see `less_fragmented_copy`).
-                let best = &whole[k];
-                let mut targets = vec![Target { id: r.src, file: src, off: r.src_off }];
-                targets.extend(whole.iter().enumerate().filter(|&(i, _)| i != k).map(|(_, d)| d.target(0)));
-                self.out.swapped_sources += 1;
-                self.submit(&best.file, best.off, r.len, &targets);
-            } else if !whole.is_empty() {
-                let targets: Vec<Target<'_>> = whole.iter().map(|d| d.target(0)).collect();
-                self.submit(src, r.src_off, r.len, &targets);
-            }
-            for d in &partial {
-                for &(o, l) in &d.parts {
-                    self.submit(src, r.src_off + o, l, &[d.target(o)]);
-                }
-            }
+            self.share_batch(src, r, group, (&whole, &partial, &pinned));
         }
-    }
-
-    /// The copy to share from instead of the planned source, if the source
-    /// is far more fragmented than one of its copies: sharing a contiguous
-    /// copy from a 20,000-extent file leaves the copy with 20,000 extents;
-    /// the other way round, every copy ends contiguous. The planner picks
-    /// sources by rank alone, so this is decided here, and only where it is
-    /// safe whatever the other workers do: a whole-file group (one source
-    /// range, every destination whole and still unshared) whose source and
-    /// chosen copy appear in no other range of the plan. "Far more": at
-    /// least 4 times the extents and 32 more; files under 1 MiB are never
-    /// considered (one FIEMAP more per source, on btrfs a back-reference
-    /// walk per extent).
-    fn less_fragmented_copy(
-        &mut self,
-        src: &File,
-        r: &Range,
-        group: &[Range],
-        whole: &[Dest],
-        partial: &[Dest],
-    ) -> Option<usize> {
-        const MIN_LEN: u64 = 1 << 20;
-        let size = self.files.get(&r.src)?.size;
-        if r.len < MIN_LEN || r.src_off != 0 || r.len != size || !partial.is_empty() || whole.len() != group.len() {
-            return None;
-        }
-        if !self.ctx.used_once.contains(&r.src) || whole.iter().any(|d| d.off != 0) {
-            return None;
-        }
-        let count = |f: &File| sys::fiemap(f.as_fd(), 0, r.len).map_or(usize::MAX, |e| e.len());
-        let (k, best) = whole
-            .iter()
-            .enumerate()
-            .filter(|(_, d)| self.ctx.used_once.contains(&d.id))
-            .map(|(k, d)| (k, d.extents.unwrap_or_else(|| count(&d.file))))
-            .min_by_key(|&(_, n)| n)?;
-        let src_extents = sys::fiemap(src.as_fd(), 0, r.len).ok()?.len();
-        (best != usize::MAX && src_extents >= 4 * best && src_extents >= best + 32).then_some(k)
     }
 
     /// The source side of range `r`, mapped on first use only (`None`: it
@@ -448,7 +399,7 @@ impl<'a> Executor<'a> {
 
     /// Share (or verify) `src[off..off+len]` into every destination, in
     /// requests of at most 16 MiB.
-    fn submit(&mut self, src: &File, off: u64, len: u64, dests: &[Target<'_>]) {
+    pub(super) fn submit(&mut self, src: &File, off: u64, len: u64, dests: &[Target<'_>]) {
         let mut alive: Vec<bool> = vec![true; dests.len()];
         let mut done = 0;
         while done < len && alive.iter().any(|&a| a) && !self.refused() {

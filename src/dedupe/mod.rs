@@ -22,6 +22,9 @@
 //!   the starting paths and check it, map it (FIEMAP), call
 //!   `FIDEDUPERANGE`, and keep the pending (ENOSPC, pinned) accounts;
 //! - `pinned.rs`: which shared extents a file outside the plan keeps;
+//! - `swap.rs`: which copy a whole-file group is shared from (a copy a
+//!   snapshot keeps, or a far less fragmented one, may take the planned
+//!   source's role);
 //! - `ready.rs`: getting a request's pages into the page cache before the
 //!   kernel compares them (read-ahead advice; a read of our own when the
 //!   data comes from disk);
@@ -49,6 +52,7 @@ mod executor;
 pub mod extents;
 mod pinned;
 mod ready;
+mod swap;
 mod verify;
 mod workers;
 
@@ -80,8 +84,9 @@ pub struct Outcome {
     pub changed_files: u64,
     /// Files whose data is inline in metadata (btrfs): nothing to share.
     pub inline_files: u64,
-    /// Whole-file groups shared from a copy far less fragmented than the
-    /// planned source.
+    /// Whole-file groups shared from one of their copies instead of the
+    /// planned source: a copy a file outside the plan (a read-only
+    /// snapshot) keeps, or one far less fragmented (see `swap.rs`).
     pub swapped_sources: u64,
     /// Bytes of partly covered extents copied into fresh extents so the old
     /// ones can be freed (btrfs); in a dry run, what would be.
