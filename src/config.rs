@@ -229,7 +229,8 @@ fn scan_config(scan: ScanArgs, shares: bool) -> Result<ScanConfig> {
         canon.push(c);
     }
     let fs = fs.expect("at least one path");
-    let (canon, overlapping) = drop_overlaps(canon);
+    let in_fs = sys::fs::paths_in_fs(&canon);
+    let (canon, overlapping) = drop_overlaps(canon, &in_fs);
     if shares {
         let fs_name = match fs.kind {
             FsKind::Other => Some(fs_name(fs.magic)),
@@ -272,12 +273,18 @@ fn scan_config(scan: ScanArgs, shares: bool) -> Result<ScanConfig> {
 /// Split canonical starting paths into those to crawl and those that are
 /// the same as or lie inside another one (each with a path covering it):
 /// crawled twice, their files were counted twice, recorded twice and
-/// planned against themselves. Compared by components (`/srv/a` is not
-/// inside `/srv/ab`); of equal paths the first given is kept.
-fn drop_overlaps(canon: Vec<PathBuf>) -> (Vec<PathBuf>, Vec<(PathBuf, PathBuf)>) {
+/// planned against themselves. Compared by where they lie in the
+/// filesystem (`in_fs`, [`sys::fs::paths_in_fs`]), not by their own paths,
+/// which a bind mount makes differ: `/srv/data` and a bind mount of it (or
+/// of a directory in it) elsewhere were both crawled, and no file was
+/// shared (exit 0). Compared by components (`/srv/a` is not inside
+/// `/srv/ab`); of equal ones the first given is kept.
+fn drop_overlaps(canon: Vec<PathBuf>, in_fs: &[PathBuf]) -> (Vec<PathBuf>, Vec<(PathBuf, PathBuf)>) {
     let covering = |i: usize| {
-        let p = &canon[i];
-        (canon.iter().enumerate()).find(|&(j, q)| j != i && p.starts_with(q) && (p != q || j < i)).map(|(_, q)| q)
+        let p = &in_fs[i];
+        (in_fs.iter().enumerate())
+            .find(|&(j, q)| j != i && p.starts_with(q) && (p != q || j < i))
+            .map(|(j, _)| &canon[j])
     };
     let (mut kept, mut dropped) = (Vec::new(), Vec::new());
     for (i, p) in canon.iter().enumerate() {
@@ -391,13 +398,21 @@ mod tests {
     #[test]
     fn a_starting_path_inside_another_or_given_twice_is_dropped() {
         let p = |s: &str| PathBuf::from(s);
-        let (kept, dropped) = drop_overlaps(vec![p("/t9"), p("/t9/sub"), p("/t9"), p("/t90"), p("/x/f"), p("/x")]);
+        let same = |v: Vec<PathBuf>| {
+            let in_fs = v.clone();
+            drop_overlaps(v, &in_fs)
+        };
+        let (kept, dropped) = same(vec![p("/t9"), p("/t9/sub"), p("/t9"), p("/t90"), p("/x/f"), p("/x")]);
         assert_eq!(kept, vec![p("/t9"), p("/t90"), p("/x")]);
         assert_eq!(dropped, vec![(p("/t9/sub"), p("/t9")), (p("/t9"), p("/t9")), (p("/x/f"), p("/x"))]);
         // Nested three deep, the innermost first: only the outermost stays.
-        let (kept, dropped) = drop_overlaps(vec![p("/a/b/c"), p("/a/b"), p("/a")]);
+        let (kept, dropped) = same(vec![p("/a/b/c"), p("/a/b"), p("/a")]);
         assert_eq!(kept, vec![p("/a")]);
         assert_eq!(dropped.len(), 2);
+        // Bind mounts: `/b` shows `/t9`, `/c` shows `/t9/sub`.
+        let (kept, dropped) = drop_overlaps(vec![p("/t9"), p("/b"), p("/c")], &[p("/t9"), p("/t9"), p("/t9/sub")]);
+        assert_eq!(kept, vec![p("/t9")]);
+        assert_eq!(dropped, vec![(p("/b"), p("/t9")), (p("/c"), p("/t9"))]);
     }
 
     #[test]

@@ -99,6 +99,12 @@ fn run_inner(
     for (dropped, covering) in &scan.overlapping {
         progress.warn(&if dropped == covering {
             format!("{}: given twice, scanned once", display_path(dropped))
+        } else if !dropped.starts_with(covering) {
+            format!(
+                "{}: the same directory as {} or one inside it, through a bind mount; scanned once as part of it",
+                display_path(dropped),
+                display_path(covering)
+            )
         } else {
             format!("{}: inside {}, scanned once as part of it", display_path(dropped), display_path(covering))
         });

@@ -171,3 +171,49 @@ fn xfs_database_inside_the_tree_is_never_hashed() {
 fn btrfs_database_inside_the_tree_is_never_hashed() {
     database_inside_the_tree_is_never_hashed(Fs::Btrfs);
 }
+
+/// A symlink another user planted on the way to `--db`: in a sticky
+/// world-writable directory (`/tmp`, with `fs.protected_symlinks` off) or
+/// in their own directory, pointing at a root-owned directory of their
+/// choosing (`/etc/cron.d`, say). Resolved blindly, the path ended in that
+/// directory, which passed every check; root then created the database
+/// there, and the directories still missing below it. Refused, and nothing
+/// is created; a symlink root owns in the sticky directory is followed.
+fn a_symlink_another_user_planted_on_the_way_is_not_followed(fs: Fs) {
+    let Some(vol) = Volume::new(fs, 320) else { return };
+    let t = vol.path("t22");
+    std::fs::create_dir(&t).unwrap();
+    let data = Rng::new(22).bytes(256 << 10);
+    std::fs::write(t.join("a"), &data).unwrap();
+    std::fs::write(t.join("b"), &data).unwrap();
+    let top = tempfile::Builder::new().prefix("dedupscan-atk-").tempdir_in("/var/tmp").unwrap();
+    let (sticky, own, target) = (top.path().join("tmp"), top.path().join("home"), top.path().join("rootonly"));
+    for d in [&sticky, &own, &target] {
+        std::fs::create_dir(d).unwrap();
+    }
+    chmod(&sticky, 0o1777);
+    chmod(&target, 0o700);
+    chown(&own, Some(NOBODY), Some(NOBODY)).unwrap();
+    for at in [sticky.join("dbdir"), own.join("state")] {
+        symlink(&target, &at).unwrap();
+        lchown(&at, Some(NOBODY), Some(NOBODY)).unwrap();
+        for db in [at.join("dd.sqlite"), at.join("new/dd.sqlite")] {
+            assert_refused(&t, &db, "symbolic link owned by uid 65534", &[&target]);
+        }
+    }
+    let mine = sticky.join("rootlink");
+    symlink(&target, &mine).unwrap();
+    let r = dedupscan().arg(&t).db(mine.join("dd.sqlite")).json().expect(0).run().json;
+    assert_eq!(num(&r, "deduped_bytes"), 256 << 10, "{r:#}");
+    assert!(target.join("dd.sqlite").exists());
+}
+
+#[test]
+fn xfs_a_symlink_another_user_planted_on_the_way_is_not_followed() {
+    a_symlink_another_user_planted_on_the_way_is_not_followed(Fs::Xfs);
+}
+
+#[test]
+fn btrfs_a_symlink_another_user_planted_on_the_way_is_not_followed() {
+    a_symlink_another_user_planted_on_the_way_is_not_followed(Fs::Btrfs);
+}

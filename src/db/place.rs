@@ -20,7 +20,11 @@
 //!   rename the checked directory away and put one of their own at its path
 //!   between this check and SQLite's opens, which go by path;
 //! - the path is made canonical here, once (so `SQLITE_OPEN_NOFOLLOW`, which
-//!   refuses a symlink in any component, can be passed to SQLite), and the
+//!   refuses a symlink in any component, can be passed to SQLite), following
+//!   only symlinks root or that user owns, in directories that pass the
+//!   check above ([`resolve`]): the checks of the canonical directory would
+//!   not see a symlink a user planted on the way (in `/tmp`, or in their own
+//!   directory) to a root-owned directory of their choosing; and the
 //!   directories still missing are created 0700 only below a directory that
 //!   passed the check;
 //! - the database file and its lock are opened relative to the checked
@@ -31,9 +35,8 @@ use std::ffi::{OsStr, OsString};
 use std::fs::File;
 use std::io;
 use std::os::fd::OwnedFd;
-use std::os::unix::ffi::OsStrExt;
 use std::os::unix::fs::DirBuilderExt;
-use std::path::{Path, PathBuf};
+use std::path::{Component, Path, PathBuf};
 
 use rustix::fs::{AtFlags, FileType, Mode, OFlags, Stat};
 
@@ -91,7 +94,11 @@ impl Place {
         };
         let parent = path.parent().filter(|p| !p.as_os_str().is_empty()).unwrap_or(Path::new("."));
         let io_err = |source: io::Error| DbError::Create { path: path.to_owned(), source };
-        let (found, missing) = existing_ancestor(parent).map_err(io_err)?;
+        let fail = |e: Resolve| match e {
+            Resolve::Io(source) => io_err(source),
+            Resolve::Unsafe(why) => refuse(path, why),
+        };
+        let (found, missing) = resolve(parent).map_err(fail)?;
         if !missing.is_empty() {
             if !create {
                 return Err(io_err(io::Error::from(io::ErrorKind::NotFound)));
@@ -108,7 +115,13 @@ impl Place {
                 }
             }
         }
-        let dir_path = std::fs::canonicalize(found.join(missing.iter().rev().collect::<PathBuf>())).map_err(io_err)?;
+        // Resolved again: a name just created in a sticky directory may
+        // have been taken by another user first.
+        let (dir_path, still_missing) =
+            resolve(&found.join(missing.iter().rev().collect::<PathBuf>())).map_err(fail)?;
+        if !still_missing.is_empty() {
+            return Err(io_err(io::Error::from(io::ErrorKind::NotFound)));
+        }
         let checked = check_chain(&dir_path, true).map_err(|why| refuse(path, why))?;
         let dir = rustix::fs::open(
             &dir_path,
@@ -210,24 +223,76 @@ impl Place {
     }
 }
 
-/// The longest ancestor of `dir` (itself included) that exists, canonical,
-/// and the names below it still missing (innermost first).
-fn existing_ancestor(dir: &Path) -> io::Result<(PathBuf, Vec<OsString>)> {
-    let mut missing = Vec::new();
-    let mut p = dir.to_path_buf();
-    loop {
-        match std::fs::canonicalize(if p.as_os_str().is_empty() { Path::new(".") } else { &p }) {
-            Ok(c) => return Ok((c, missing)),
-            Err(e) if e.kind() == io::ErrorKind::NotFound => match p.file_name() {
-                Some(n) if !matches!(n.as_bytes(), b"." | b"..") => {
-                    missing.push(n.to_owned());
-                    p.pop();
-                }
-                _ => return Err(e),
-            },
-            Err(e) => return Err(e),
+/// Why [`resolve`] stopped.
+enum Resolve {
+    /// A component cannot be read, is not a directory, or symlinks loop.
+    Io(io::Error),
+    /// A symlink on the way that another user could have put there.
+    Unsafe(String),
+}
+
+/// `dir` made canonical one component at a time, as `canonicalize` does,
+/// but a symlink met on the way is followed only if root or the user
+/// running dedupscan owns it and the directory holding it passes
+/// [`check_chain`] (so nobody else could have put it there or replaced
+/// it). `canonicalize` followed any: a symlink a user planted in `/tmp`,
+/// or in their own directory, at a name of `--db`'s path sent the database
+/// (and the directories still missing) into any root-owned directory they
+/// chose, which the checks of the canonical path then accepted. Returns
+/// the longest existing prefix, canonical, and the names below it still
+/// missing (innermost first).
+fn resolve(dir: &Path) -> Result<(PathBuf, Vec<OsString>), Resolve> {
+    /// Components of `p` pushed so that the first is popped first.
+    fn push(todo: &mut Vec<OsString>, p: &Path) {
+        for c in p.components().rev() {
+            match c {
+                Component::Normal(n) => todo.push(n.to_owned()),
+                Component::ParentDir => todo.push("..".into()),
+                _ => {}
+            }
         }
     }
+    let mut cur = if dir.is_absolute() { PathBuf::from("/") } else { std::env::current_dir().map_err(Resolve::Io)? };
+    let (mut todo, mut links) = (Vec::new(), 0);
+    push(&mut todo, dir);
+    while let Some(name) = todo.pop() {
+        if name == ".." {
+            cur.pop();
+            continue;
+        }
+        let next = cur.join(&name);
+        let st = match rustix::fs::lstat(&next) {
+            Ok(st) => st,
+            Err(rustix::io::Errno::NOENT) if !todo.iter().any(|n| n == "..") => {
+                todo.push(name);
+                return Ok((cur, todo));
+            }
+            Err(e) => return Err(Resolve::Io(e.into())),
+        };
+        match FileType::from_raw_mode(st.st_mode) {
+            FileType::Directory => cur = next,
+            FileType::Symlink if links >= 40 => return Err(Resolve::Io(io::Error::from_raw_os_error(libc::ELOOP))),
+            FileType::Symlink => {
+                links += 1;
+                if st.st_uid != 0 && st.st_uid != euid() {
+                    return Err(Resolve::Unsafe(format!(
+                        "{} on the way is a symbolic link owned by uid {}: only root or uid {} may own one",
+                        display_path(&next),
+                        st.st_uid,
+                        euid()
+                    )));
+                }
+                check_chain(&cur, false).map_err(Resolve::Unsafe)?;
+                let target = std::fs::read_link(&next).map_err(Resolve::Io)?;
+                if target.is_absolute() {
+                    cur = PathBuf::from("/");
+                }
+                push(&mut todo, &target);
+            }
+            _ => return Err(Resolve::Io(io::Error::from_raw_os_error(libc::ENOTDIR))),
+        }
+    }
+    Ok((cur, Vec::new()))
 }
 
 /// Check the canonical directory `dir` and every directory above it (see
@@ -338,6 +403,31 @@ mod tests {
         std::fs::remove_file(d.path().join("db.lock")).unwrap();
         std::fs::create_dir(d.path().join("db-wal")).unwrap();
         assert!(p.check_files().unwrap_err().to_string().contains("not a regular file"));
+    }
+
+    #[test]
+    fn a_symlink_on_the_way_is_followed_only_if_ours_in_a_checked_directory() {
+        let d = tempfile::tempdir().unwrap();
+        std::fs::create_dir(d.path().join("real")).unwrap();
+        std::os::unix::fs::symlink("real", d.path().join("link")).unwrap();
+        // Ours, but in a directory others could write: they could replace it.
+        chmod(d.path(), 0o777);
+        let e = Place::prepare(&d.path().join("link/db")).err().expect("refused");
+        assert!(e.to_string().contains("writable by others"), "{e}");
+        chmod(d.path(), 0o700);
+        if euid() == 0 {
+            rustix::fs::chownat(
+                rustix::fs::CWD,
+                d.path().join("link"),
+                Some(rustix::fs::Uid::from_raw(65534)),
+                None,
+                AtFlags::SYMLINK_NOFOLLOW,
+            )
+            .unwrap();
+            let e = Place::prepare(&d.path().join("link/new/db")).err().expect("refused");
+            assert!(e.to_string().contains("symbolic link owned by uid 65534"), "{e}");
+            assert!(!d.path().join("real/new").exists());
+        }
     }
 
     #[test]

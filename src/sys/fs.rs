@@ -331,6 +331,39 @@ pub fn mount_points() -> HashSet<PathBuf> {
         .collect()
 }
 
+/// Where each of `paths` (canonical) lies within its filesystem: the root
+/// of the mount holding it (the fourth field of `/proc/self/mountinfo`:
+/// the filesystem's directory that mount shows, `/` for a plain mount, the
+/// bound directory for a bind mount, with the subvolume's path on btrfs)
+/// joined with the rest of the path below that mount point. Two paths of
+/// one filesystem that lead to the same directory, a bind mount of it
+/// included, give the same answer, which their own paths do not. A path
+/// under no listed mount is returned as it is.
+pub fn paths_in_fs(paths: &[PathBuf]) -> Vec<PathBuf> {
+    let text = std::fs::read("/proc/self/mountinfo").unwrap_or_default();
+    let mounts: Vec<(PathBuf, PathBuf)> = text
+        .split(|&b| b == b'\n')
+        .filter_map(|line| {
+            let mut f = line.split(|&b| b == b' ').skip(3);
+            let (root, at) = (f.next()?, f.next()?);
+            let path = |p: &[u8]| PathBuf::from(OsStr::from_bytes(&unescape_octal(p)));
+            Some((path(root), path(at)))
+        })
+        .collect();
+    paths
+        .iter()
+        .map(|p| {
+            // The deepest mount point above `p`; of equal ones the last
+            // listed, mounted over the others.
+            let holding = mounts.iter().filter(|(_, at)| p.starts_with(at)).max_by_key(|(_, at)| at.as_os_str().len());
+            match holding {
+                Some((root, at)) => root.join(p.strip_prefix(at).unwrap_or(p)),
+                None => p.clone(),
+            }
+        })
+        .collect()
+}
+
 /// Files in use as swap, from `/proc/swaps` (never to be touched).
 pub fn swap_files() -> Vec<PathBuf> {
     let text = std::fs::read("/proc/swaps").unwrap_or_default();
