@@ -112,7 +112,6 @@ btrfs | xfs) filesystems=("$fs_arg") ;;
 both) filesystems=(btrfs xfs) ;;
 *) usage ;;
 esac
-IDEAL=${IDEAL_DUP:-$ROOT/../shared/tools/ideal-dup.py}
 DUPEREMOVE=${DUPEREMOVE:-duperemove}
 # Extra duperemove flags, e.g. DUPEREMOVE_ARGS="-b 4k --dedupe-options=partial"
 # (default: none, i.e. what `duperemove -dr --hashfile=FILE` does out of the box).
@@ -120,8 +119,12 @@ read -r -a DUPEREMOVE_ARGS <<<"${DUPEREMOVE_ARGS:-}"
 
 log() { printf '[compare %s] %s\n' "$(date +%T)" "$*" >&2; }
 die() { printf 'compare.sh: %s\n' "$*" >&2; exit 1; }
-# cgroup_setup/cgroup_remove, cold, attach, mount_vol/umount_vol (on $MNT, $LOOP).
+# cgroup_setup/cgroup_remove, cold, attach, mount_vol/umount_vol (on $MNT, $LOOP);
+# build_corpus, make_pristine, fresh_copy, step, tool_step, record, free_bytes,
+# db_bytes, manifest, check_unchanged, permute_names (shared with rivals.sh).
+# shellcheck source=benches/lib.sh
 . "$HERE/lib.sh"
+IDEAL=$(ideal_path)
 
 [[ -z $permute || $permute =~ ^[0-9]+$ ]] || die "--permute-names takes a number (the seed)"
 [[ $EUID -eq 0 ]] || die "must run as root (loop devices, mount, drop_caches)"
@@ -184,136 +187,6 @@ if [[ -n $memory_limit ]]; then
     log "every timed step runs in $CGROUP, limited to $(numfmt --to=iec "$memory_limit")"
 fi
 
-# --- helpers -------------------------------------------------------------------
-
-# record KEY=VALUE...: one JSON object per line in $STEPS; numbers stay numbers.
-record() {
-    python3 - "$@" >>"$STEPS" <<'EOF'
-import json, sys
-d = {}
-for a in sys.argv[1:]:
-    k, v = a.split("=", 1)
-    for conv in (int, float):
-        try:
-            v = conv(v)
-            break
-        except ValueError:
-            pass
-    d[k] = v
-print(json.dumps(d))
-EOF
-}
-
-# free_bytes FS: statfs free bytes of the mounted volume, after committing
-# everything (btrfs releases freed extents at transaction commit).
-free_bytes() {
-    sync -f "$MNT"
-    if [[ $1 == btrfs ]]; then
-        btrfs filesystem sync "$MNT" >/dev/null
-        sleep 1
-        btrfs filesystem sync "$MNT" >/dev/null
-    fi
-    sync -f "$MNT"
-    # Shell arithmetic, not awk: mawk's printf %d clamps at 2^31 - 1, which
-    # made every volume over 2 GiB look like it freed nothing.
-    local free size
-    read -r free size < <(stat -f -c '%f %S' "$MNT")
-    echo $((free * size))
-}
-
-# step FS NAME CMD...: drop caches, run CMD under /usr/bin/time -v with stdout
-# in $LOGS/FS-NAME.out, record wall time, peak RSS, exit status.
-step() {
-    local fs=$1 name=$2
-    shift 2
-    local base=$LOGS/$fs-$name rc=0 t0 t1 rss load
-    cold
-    load=$(cut -d' ' -f1 /proc/loadavg)
-    t0=$(date +%s%N)
-    /usr/bin/time -v -o "$base.time" "${IN_CGROUP[@]}" "$@" >"$base.out" 2>"$base.err" || rc=$?
-    t1=$(date +%s%N)
-    rss=$(awk -F': ' '/Maximum resident set size/ {print $2}' "$base.time")
-    record fs="$fs" step="$name" wall_s="$(awk -v a="$t0" -v b="$t1" 'BEGIN {printf "%.3f", (b - a) / 1e9}')" \
-        max_rss_kb="${rss:-0}" rc="$rc" load1="$load"
-    log "$fs $name: $(awk -v a="$t0" -v b="$t1" 'BEGIN {printf "%.2f", (b - a) / 1e9}') s, peak RSS ${rss:-?} KiB, exit $rc"
-    if [[ $rc -ne 0 ]]; then
-        log "  stderr: $(tail -3 "$base.err" | tr '\n' ' ')"
-    fi
-}
-
-# Steps that change the volume: free space before and after.
-tool_step() { # FS NAME CMD...
-    local fs=$1 name=$2 before after
-    before=$(free_bytes "$fs")
-    step "$@"
-    after=$(free_bytes "$fs")
-    record fs="$fs" step="$name" free_before="$before" free_after="$after" freed="$((after - before))"
-    log "$fs $name: freed $(numfmt --to=iec -- $((after - before))) (statfs)"
-}
-
-db_bytes() { # FILE: the database and its WAL
-    local n=0 f
-    for f in "$1" "$1-wal"; do
-        [[ -e $f ]] && n=$((n + $(stat -c %s "$f")))
-    done
-    echo "$n"
-}
-
-manifest() { # > list of SHA-256 of every file, in path order
-    (cd "$DATA" && find . -type f -print0 | sort -z | xargs -0 -r sha256sum)
-}
-
-check_unchanged() { # FS NAME
-    [[ $verify -eq 1 ]] || return 0
-    if manifest | cmp -s - "$WORK/manifest-$1"; then
-        record fs="$1" step="$2" content_unchanged=1
-    else
-        record fs="$1" step="$2" content_unchanged=0
-        log "ERROR: $1 $2: file contents changed! (diff in $1-$2.manifest-diff)"
-        manifest | diff "$WORK/manifest-$1" - >"$LOGS/$1-$2.manifest-diff" || true
-    fi
-}
-
-# permute_names DIR SEED: rename DIR's subdirectories and theirs to
-# NN-<name>, NN from a seeded shuffle (second level first, then top level).
-permute_names() {
-    python3 - "$1" "$2" <<'EOF'
-import os, random, sys
-root, seed = sys.argv[1], int(sys.argv[2])
-rng = random.Random(seed)
-def permute(parent):
-    names = sorted(n for n in os.listdir(parent)
-                   if os.path.isdir(os.path.join(parent, n)) and not os.path.islink(os.path.join(parent, n)))
-    order = names[:]
-    rng.shuffle(order)
-    for i, n in enumerate(order):
-        new = f"{i:02d}-{n}"
-        os.rename(os.path.join(parent, n), os.path.join(parent, new))
-        print(f"{os.path.relpath(os.path.join(parent, n), root)} -> {new}")
-for top in sorted(os.listdir(root)):
-    if os.path.isdir(os.path.join(root, top)) and not os.path.islink(os.path.join(root, top)):
-        permute(os.path.join(root, top))
-permute(root)
-EOF
-}
-
-fresh_copy() { # FS LABEL
-    umount_vol
-    rm -f "$WORK/work.img"
-    local t0
-    t0=$(date +%s%N)
-    cp --sparse=always --reflink=never "$WORK/pristine-$1.img" "$WORK/work.img"
-    mount_vol "$1" "$WORK/work.img"
-    log "$1: fresh copy $2 of the pristine volume ($(awk -v a="$t0" -v b="$(date +%s%N)" 'BEGIN {printf "%.1f", (b - a) / 1e9}') s)"
-    # Settle: read the copy once (in no ratio), so that every timed step starts
-    # from the same state. The first read of a fresh copy is slower than the
-    # next ones (FULL/btrfs: 14.5 s, then 12.8 and 13.0 s, P64), presumably
-    # the host still writing the copy back: without this the raw reads and
-    # the scan (2nd-4th reads of copy A) were timed warm and the full run
-    # (1st read of copy B) cold.
-    step "$1" "settle_$2" sh -c 'cd "$1" && find . -type f -print0 | xargs -0 -n 32 -P 64 cat >/dev/null' sh "$DATA"
-}
-
 # --- run -------------------------------------------------------------------------
 
 t_start=$(date +%s)
@@ -331,42 +204,14 @@ record step=meta started="$(date -u +%FT%TZ)" size_name="$size_name" size_bytes=
     duperemove_version="$("$DUPEREMOVE" --version 2>&1 | head -1)" duperemove_args="${DUPEREMOVE_ARGS[*]}" \
     btrfs_progs="$(mkfs.btrfs --version 2>&1 | head -1)" xfsprogs="$(mkfs.xfs -V 2>&1 | head -1)"
 
-log "building the corpus ($size_name, $(numfmt --to=iec "$size"))"
-t0=$(date +%s)
-"$HERE/corpus.sh" "$WORK/corpus" "$size" 2>"$LOGS/corpus.log" || { cat "$LOGS/corpus.log" >&2; die "corpus.sh failed"; }
-record step=meta corpus_build_s="$(($(date +%s) - t0))"
-tail -7 "$LOGS/corpus.log" >&2
+build_corpus
 
 for fs in "${filesystems[@]}"; do
     log "=== $fs ==="
-    img=$WORK/pristine-$fs.img
-    truncate -s "$vol_bytes" "$img"
-    attach "$img"
-    case $fs in
-    btrfs) mkfs.btrfs -q -f "$LOOP" >"$LOGS/$fs-mkfs.log" 2>&1 ;;
-    xfs) mkfs.xfs -q -f -m reflink=1 "$LOOP" >"$LOGS/$fs-mkfs.log" 2>&1 ;;
-    esac
-    losetup -d "$LOOP"
-    LOOP=
-    mount_vol "$fs" "$img"
-    mkdir "$DATA"
-    cp -a --sparse=always --reflink=never "$WORK/corpus/." "$DATA/"
-    if [[ -n $permute ]]; then
-        permute_names "$DATA" "$permute" >"$LOGS/permute-names.log"
-        log "$fs: directory names permuted (seed $permute): $(tr '\n' ' ' <"$LOGS/permute-names.log" | cut -c1-200)"
-    fi
-    sync -f "$MNT"
-    # Corpus facts on this volume, and the yardstick.
-    read -r files logical < <(find "$DATA" -type f -printf '%s\n' | awk '{n++; s += $1} END {printf "%d %.0f\n", n, s}')
-    python3 "$IDEAL" "$DATA" >"$LOGS/$fs-ideal.json"
-    record fs="$fs" step=corpus files="$files" logical_bytes="$logical" \
-        allocated_bytes="$(du -sB1 "$DATA" | cut -f1)" \
-        "$(python3 -c 'import json,sys; d=json.load(open(sys.argv[1])); print("ideal_dup_block_bytes_4k=%d" % d["dup_block_bytes_4k"])' "$LOGS/$fs-ideal.json")" \
-        "$(python3 -c 'import json,sys; d=json.load(open(sys.argv[1])); print("ideal_dup_file_bytes=%d" % d["dup_file_bytes"])' "$LOGS/$fs-ideal.json")" \
-        "$(python3 -c 'import json,sys; d=json.load(open(sys.argv[1])); print("ideal_zero_block_bytes=%d" % d["zero_block_bytes"])' "$LOGS/$fs-ideal.json")"
-    log "$fs: corpus $files files, $(numfmt --to=iec "$logical") logical; ideal: $(cat "$LOGS/$fs-ideal.json")"
+    make_pristine "$fs" "$permute"
     [[ $verify -eq 1 ]] && manifest >"$WORK/manifest-$fs"
     umount_vol
+    img=$WORK/pristine-$fs.img
 
     # Copy A: raw read and scan only (nothing on the volume changes).
     fresh_copy "$fs" A
