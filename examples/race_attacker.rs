@@ -11,11 +11,14 @@
 //! - `Crawl`: when `sub` itself is opened (the crawler is about to list it);
 //! - `Share`: when a file of `sub` is opened a second time (the hashing
 //!   pool opens each file once, so the second open is the share phase's).
+//!
+//! With `RACE_MOMENT=Move` it makes no symlink and moves `sub` (see
+//! [`move_twice`]).
 
 use std::collections::HashSet;
 use std::io::Write;
 use std::mem::MaybeUninit;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 use rustix::fs::inotify::{self, ReadFlags, WatchFlags};
 
@@ -26,31 +29,62 @@ fn var(name: &str) -> String {
 fn main() {
     let user = PathBuf::from(var("RACE_USER_DIR"));
     let (sub, link) = (user.join("sub"), user.join("link"));
-    std::os::unix::fs::symlink(var("RACE_LINK"), &link).unwrap();
     let share = match var("RACE_MOMENT").as_str() {
         "Crawl" => false,
         "Share" => true,
-        other => panic!("RACE_MOMENT={other}: want Crawl or Share"),
+        "Move" => return move_twice(&sub, &PathBuf::from(var("RACE_LINK"))),
+        other => panic!("RACE_MOMENT={other}: want Crawl, Share or Move"),
     };
+    std::os::unix::fs::symlink(var("RACE_LINK"), &link).unwrap();
+    let mut opened: HashSet<Vec<u8>> = HashSet::new();
+    until_open(&sub, |name, is_dir| match name {
+        None => !share,
+        Some(name) => share && !is_dir && !opened.insert(name.to_vec()),
+    });
+    rustix::fs::renameat_with(rustix::fs::CWD, &sub, rustix::fs::CWD, &link, rustix::fs::RenameFlags::EXCHANGE)
+        .unwrap();
+    swapped();
+}
+
+/// `RACE_MOMENT=Move`: once a file of `sub` has been opened (the hashers
+/// got its first name), move `sub` to `to` (inside a directory the crawl
+/// has not listed yet), so the crawl meets the directory a second time;
+/// when it is opened there, move it back, so the first names are valid
+/// again for the share phase.
+fn move_twice(sub: &Path, to: &Path) {
+    let mut moved = false;
+    until_open(sub, |name, is_dir| {
+        if !moved && name.is_some() && !is_dir {
+            std::fs::rename(sub, to).unwrap();
+            moved = true;
+        }
+        moved && name.is_none()
+    });
+    std::fs::rename(to, sub).unwrap();
+    swapped();
+}
+
+fn swapped() {
+    println!("swapped");
+    std::io::stdout().flush().unwrap();
+}
+
+/// Watch `dir` (inotify follows the directory itself, wherever it is
+/// moved), print `ready`, and call `at` with each open in it: the name
+/// opened (None: the directory itself) and whether it is a directory,
+/// until `at` says true.
+fn until_open(dir: &Path, mut at: impl FnMut(Option<&[u8]>, bool) -> bool) {
     let fd = inotify::init(inotify::CreateFlags::CLOEXEC).unwrap();
-    inotify::add_watch(&fd, &sub, WatchFlags::OPEN).unwrap();
+    inotify::add_watch(&fd, dir, WatchFlags::OPEN).unwrap();
     println!("ready");
     std::io::stdout().flush().unwrap();
     let mut buf = [MaybeUninit::uninit(); 8192];
     let mut reader = inotify::Reader::new(&fd, &mut buf);
-    let mut opened: HashSet<Vec<u8>> = HashSet::new();
     loop {
         let ev = reader.next().unwrap();
-        let go = match ev.file_name() {
-            None => !share && ev.events().contains(ReadFlags::OPEN),
-            Some(name) if share && !ev.events().contains(ReadFlags::ISDIR) => !opened.insert(name.to_bytes().to_vec()),
-            Some(_) => false,
-        };
-        if go {
-            rustix::fs::renameat_with(rustix::fs::CWD, &sub, rustix::fs::CWD, &link, rustix::fs::RenameFlags::EXCHANGE)
-                .unwrap();
-            println!("swapped");
-            std::io::stdout().flush().unwrap();
+        if ev.events().contains(ReadFlags::OPEN)
+            && at(ev.file_name().map(|n| n.to_bytes()), ev.events().contains(ReadFlags::ISDIR))
+        {
             return;
         }
     }

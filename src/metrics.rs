@@ -85,7 +85,7 @@ const STATUSES: [&str; 2] = ["same", "differs"];
 const ERROR_KINDS: [&str; 2] = [ErrorKind::Unreadable.name(), ErrorKind::Vanished.name()];
 const COMMANDS: [&str; 2] = ["run", "scan"];
 /// The names of [`crate::policy::SkipReason`].
-const SKIP_REASONS: [&str; 21] = [
+const SKIP_REASONS: [&str; 22] = [
     "fifo",
     "socket",
     "device",
@@ -107,6 +107,7 @@ const SKIP_REASONS: [&str; 21] = [
     "own_database",
     "changed_during_scan",
     "vanished",
+    "moved_during_crawl",
 ];
 
 /// Render the exposition (text format 0.0.4) at time `now`.

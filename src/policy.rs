@@ -76,6 +76,10 @@ pub enum SkipReason {
     ChangedDuringScan,
     /// Vanished between listing and opening.
     Vanished,
+    /// A directory met a second time, under another name: it was moved
+    /// while the crawl ran, and its files were already found once (see
+    /// `walk::Listed`).
+    MovedDuringCrawl,
 }
 
 impl SkipReason {
@@ -120,6 +124,7 @@ impl SkipReason {
             SkipReason::OwnDatabase => "own_database",
             SkipReason::ChangedDuringScan => "changed_during_scan",
             SkipReason::Vanished => "vanished",
+            SkipReason::MovedDuringCrawl => "moved_during_crawl",
         }
     }
 }

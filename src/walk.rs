@@ -159,6 +159,30 @@ struct Ctx<'a> {
     mounts: &'a HashSet<PathBuf>,
     policy: &'a Policy,
     stop: &'a AtomicBool,
+    listed: &'a Listed,
+}
+
+/// Every directory the crawl listed, by `(st_dev, st_ino)`, over all
+/// starting paths: a directory is listed once. One met again was moved
+/// (renamed into a part of the tree not listed yet) while the crawl ran.
+/// Listing it again would find each of its files a second time: a file
+/// with one name recorded twice and planned against itself, and — the
+/// reason this exists — every name of a hard-linked file counted twice, so
+/// a file with one name in the tree and one behind `.nodedup` or outside
+/// the starting paths would pass the hard-link rule ([`HardLinks`]) and be
+/// shared (a user moving a directory of theirs back and forth could do it
+/// on purpose). The second meeting is counted `moved_during_crawl`; the
+/// files keep the names of the first, which may be gone by the share phase
+/// (counted vanished then; the next run records the new names). About 30
+/// bytes a directory, less than the writer's path of each.
+#[derive(Default)]
+struct Listed(Mutex<rustc_hash::FxHashSet<(u64, u64)>>);
+
+impl Listed {
+    /// Whether the directory `id` is met for the first time (and now listed).
+    fn first(&self, id: (u64, u64)) -> bool {
+        self.0.lock().unwrap_or_else(std::sync::PoisonError::into_inner).insert(id)
+    }
 }
 
 /// Crawl the starting paths held by `tree` (canonical paths on one
@@ -184,10 +208,11 @@ pub fn walk(
     let mounts = crate::sys::fs::mount_points();
     let mut result = WalkResult::default();
     let mut links = HardLinks::default();
+    let listed = Listed::default();
     for i in 0.. {
         let Some((dir, dir_fd, file)) = tree.root(i) else { break };
         let Some((start, root_dev)) = start(dir, dir_fd, file, fs, policy, progress, &mut result) else { continue };
-        let ctx = Ctx { root_dev, fs, mounts: &mounts, policy, stop };
+        let ctx = Ctx { root_dev, fs, mounts: &mounts, policy, stop, listed: &listed };
         let (tx, rx) = sync_channel::<Vec<Found>>(4096 / FOUND_BATCH);
         let queue = Queue { state: Mutex::new((Vec::new(), 1)), wake: Condvar::new() };
         std::thread::scope(|s| {
@@ -429,6 +454,10 @@ fn read_dir(
     out: &mut Out,
 ) -> Vec<Job> {
     let mut jobs = Vec::new();
+    if !ctx.listed.first(id) {
+        out.send(Found::SkipDir(SkipReason::MovedDuringCrawl));
+        return jobs;
+    }
     let mut dir = RawDir::new(fd.as_fd(), buf);
     while let Some(entry) = dir.next() {
         if ctx.stop.load(Ordering::Relaxed) {

@@ -64,6 +64,9 @@ enum Moment {
     Crawl,
     /// When the share phase opens the first file of `sub`.
     Share,
+    /// When the crawler opens `sub` to list it, `sub` is moved into a
+    /// directory the crawl has not listed yet (no symlink).
+    Move,
 }
 
 /// Where the symlink points.
@@ -150,10 +153,15 @@ impl Attacker {
             Target::SameVolume => PathBuf::from("../../private/outside"),
             Target::OtherFs => s.outside.clone(),
         };
+        Attacker::spawn(&s.user, &link, moment)
+    }
+
+    /// The attacker in `user`, with `RACE_LINK` = `link`.
+    fn spawn(user: &Path, link: &Path, moment: Moment) -> Attacker {
         let mut child = Command::new("setpriv")
             .args([format!("--reuid={NOBODY}"), format!("--regid={NOBODY}"), "--clear-groups".into(), "--".into()])
             .arg(attacker_program())
-            .env("RACE_USER_DIR", &s.user)
+            .env("RACE_USER_DIR", user)
             .env("RACE_LINK", link)
             .env("RACE_MOMENT", format!("{moment:?}"))
             .stdout(Stdio::piped())
@@ -291,6 +299,7 @@ fn race(fs: Fs, target: Target, moment: Moment) {
     let ok = match moment {
         Moment::Crawl => code == 0 || (code == 1 && !kinds.is_empty()),
         Moment::Share => code == 1,
+        Moment::Move => unreachable!("moved_directory() tests the move"),
     };
     check(ok, format!("exit code {code} (errors {})", r["error_kinds"]));
 
@@ -411,4 +420,62 @@ fn xfs_one_refused_destination_does_not_stop_sharing() {
 #[test]
 fn xfs_without_reflink_still_stops_at_the_first_refusal() {
     refused_destination(Fs::XfsNoReflink);
+}
+
+/// A directory moved during the crawl is listed once (`walk::Listed`). The
+/// user's file `sub/a` has a second name, `keep/a2`, behind a `.nodedup`
+/// marker, and a copy: the hard-link rule keeps it out, since the crawl
+/// sees one of its two names. Once the hashers have opened `sub/a`, the
+/// attacker moves `sub` (a directory: the file's ctime does not change)
+/// into the last directory of a deep chain the crawl has not listed yet,
+/// and moves it back when the crawl opens it there. The old crawl listed
+/// it twice, counted two names, and shared the file, and with it the
+/// protected `keep/a2`: this test failed on it 8 times out of 8.
+fn moved_directory(fs: Fs) {
+    let Some(vol) = Volume::new(fs, 320) else { return };
+    std::fs::set_permissions(vol.mnt.parent().unwrap(), std::fs::Permissions::from_mode(0o711)).unwrap();
+    let tree = vol.path("tree");
+    let user = tree.join("user");
+    let data = Rng::new(5).bytes(2 << 20);
+    let legit = [tree.join("a/x"), tree.join("b/x")];
+    for p in legit.iter().chain([&user.join("sub/a"), &user.join("copy")]) {
+        std::fs::create_dir_all(p.parent().unwrap()).unwrap();
+        std::fs::write(p, &data).unwrap();
+    }
+    std::fs::create_dir(user.join("keep")).unwrap();
+    std::fs::hard_link(user.join("sub/a"), user.join("keep/a2")).unwrap();
+    std::fs::write(user.join("keep/.nodedup"), b"").unwrap();
+    // A deep chain of directories: its last one is listed well after `sub`,
+    // and after the hashers have opened `sub/a`: its 16,384 small files
+    // (distinct) fill the queues to the hashers, so the crawl waits on them.
+    let mut deep = user.clone();
+    for level in 0..64u64 {
+        deep = deep.join(format!("z{level}"));
+        std::fs::create_dir(&deep).unwrap();
+        (0..256u64).for_each(|i| std::fs::write(deep.join(format!("e{i}")), (level << 8 | i).to_le_bytes()).unwrap());
+    }
+    chown_r(&user);
+    Command::new("sync").status().unwrap();
+    let a2 = user.join("keep/a2");
+    let a2_before = (Snapshot::take(&user.join("keep")), physical_blocks(&a2, 0, 2 << 20));
+    let attacker = Attacker::spawn(&user, &deep.join("sub"), Moment::Move);
+    let r = run_json(&vol, &[s(&tree)]);
+    assert!(attacker.swapped(), "the attacker never moved sub: the race did not happen");
+    assert_eq!(shared_bytes(&a2), 0, "the file behind .nodedup was shared through its moved name: {r:#}");
+    assert_eq!((Snapshot::take(&user.join("keep")), physical_blocks(&a2, 0, 2 << 20)), a2_before);
+    assert_eq!(r["skipped_dirs"]["moved_during_crawl"], 1, "{r:#}");
+    // `sub/a` was met once (one of its two names): kept out.
+    assert_eq!(r["skipped"]["hardlink_outside"], 1, "{r:#}");
+    assert_eq!(num(&r, "errors"), 0, "{r:#}");
+    assert!(same_physical(&legit[0], 0, &legit[1], 0, 2 << 20), "the legitimate copies were not shared: {r:#}");
+}
+
+#[test]
+fn btrfs_a_directory_moved_during_the_crawl_is_listed_once() {
+    moved_directory(Fs::Btrfs);
+}
+
+#[test]
+fn xfs_a_directory_moved_during_the_crawl_is_listed_once() {
+    moved_directory(Fs::Xfs);
 }
