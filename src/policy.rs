@@ -263,10 +263,15 @@ impl Policy {
     }
 
     /// Whether any directory above `path` (up to `/`) carries a nodedup
-    /// marker: a starting path inside a protected tree is protected too.
+    /// marker: a starting path inside a protected tree is protected too,
+    /// also when it is reached through a bind mount of a directory inside
+    /// it (or a btrfs subvolume mounted on its own): then the directories
+    /// above the bound one are looked at where another mount shows them
+    /// ([`sys::fs::hidden_ancestors`]).
     pub fn check_ancestors(&self, path: &Path) -> Result<(), SkipReason> {
         // Excludes do not apply above the starting path.
-        path.ancestors().skip(1).try_for_each(|a| self.check_dir_marks(a))
+        path.ancestors().skip(1).try_for_each(|a| self.check_dir_marks(a))?;
+        sys::fs::hidden_ancestors(path).iter().try_for_each(|a| self.check_dir_marks(a))
     }
 
     /// Whether the entry `name` of the directory `dir` (`st_dev`, `st_ino`)

@@ -5,6 +5,8 @@
 //! and the kernel refused: "Invalid argument", exit 1). The same holds
 //! for a starting path that reaches the same directory through a bind
 //! mount (compared by where it lies in the filesystem, not by its path).
+//! A bind mount of a directory below a `.nodedup` marker is skipped like
+//! the directory itself.
 
 mod common;
 
@@ -114,4 +116,45 @@ fn xfs_a_bind_mount_of_a_starting_path_is_scanned_once() {
 #[test]
 fn btrfs_a_bind_mount_of_a_starting_path_is_scanned_once() {
     bind_mounted(Fs::Btrfs);
+}
+
+/// A directory bound elsewhere, below a `.nodedup` marker: the starting
+/// path is the bind mount, whose own path passes no marker. The marker is
+/// looked at where the volume's own mount shows the directories above the
+/// bound one (`sys::fs::hidden_ancestors`). Before, the copies below it
+/// were shared.
+fn bound_below_a_marker(fs: Fs) {
+    let Some(vol) = Volume::new(fs, 320) else { return };
+    let private = vol.path("private");
+    let data = private.join("deep/data");
+    std::fs::create_dir_all(&data).unwrap();
+    std::fs::write(private.join(".nodedup"), b"").unwrap();
+    let bytes = Rng::new(11).bytes(1 << 20);
+    let files = [data.join("a"), data.join("b")];
+    for f in &files {
+        std::fs::write(f, &bytes).unwrap();
+    }
+    let before = Snapshot::take(&private);
+    let binds = tempfile::Builder::new().prefix("dedupscan-bind-").tempdir_in("/var/tmp").unwrap();
+    let at = binds.path().join("data");
+    let _bind = Bind::new(&data, &at);
+    let out = dedupscan().arg(&at).json().db(vol.db()).expect(0).run();
+    let r = &out.json;
+    validate_report(r);
+    before.assert_same(&Snapshot::take(&private));
+    assert!(!same_physical(&files[0], 0, &files[1], 0, 1 << 20), "the copies below .nodedup were shared: {r:#}");
+    assert_eq!(r["skipped_dirs"]["nodedup"], 1, "{r:#}");
+    assert_eq!(num(r, "files_scanned"), 0, "{r:#}");
+    let warn = format!("{}: skipped, a directory above it is marked nodedup", s(&at));
+    assert!(out.stderr.contains(&warn), "want {warn:?} in:\n{}", out.stderr);
+}
+
+#[test]
+fn xfs_a_bind_mount_below_a_nodedup_marker_is_skipped() {
+    bound_below_a_marker(Fs::Xfs);
+}
+
+#[test]
+fn btrfs_a_bind_mount_below_a_nodedup_marker_is_skipped() {
+    bound_below_a_marker(Fs::Btrfs);
 }
