@@ -78,7 +78,7 @@ pub enum SkipReason {
     Vanished,
     /// A directory met a second time, under another name: it was moved
     /// while the crawl ran, and its files were already found once (see
-    /// `walk::Listed`).
+    /// `walk::listed::Listed`).
     MovedDuringCrawl,
 }
 

@@ -422,7 +422,7 @@ fn xfs_without_reflink_still_stops_at_the_first_refusal() {
     refused_destination(Fs::XfsNoReflink);
 }
 
-/// A directory moved during the crawl is listed once (`walk::Listed`). The
+/// A directory moved during the crawl is listed once (`walk::listed::Listed`). The
 /// user's file `sub/a` has a second name, `keep/a2`, behind a `.nodedup`
 /// marker, and a copy: the hard-link rule keeps it out, since the crawl
 /// sees one of its two names. Once the hashers have opened `sub/a`, the
