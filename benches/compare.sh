@@ -156,30 +156,7 @@ if [[ -n $memory_limit ]]; then
     memory_limit=$(numfmt --from=iec "$memory_limit") || die "--memory-limit takes a size such as 1G"
 fi
 
-cleanup() {
-    local rc=$?
-    set +e
-    trap - EXIT INT TERM HUP
-    if mountpoint -q "$MNT"; then
-        umount "$MNT" 2>/dev/null || { sleep 2; umount "$MNT"; } || umount -l "$MNT"
-    fi
-    [[ -n $LOOP ]] && losetup -d "$LOOP"
-    if [[ -d $LOGS ]]; then
-        rm -rf "$out.logs"
-        mkdir -p "$out.logs"
-        local f
-        for f in "$LOGS"/*; do
-            [[ -e $f ]] || continue
-            # duperemove's log can be long: keep its end.
-            tail -c 4M "$f" >"$out.logs/$(basename "$f")"
-        done
-    fi
-    rm -rf "$WORK"
-    cgroup_remove
-    [[ $rc -ne 0 ]] && log "failed (exit $rc); partial logs in $out.logs"
-    exit "$rc"
-}
-trap cleanup EXIT
+trap bench_cleanup EXIT
 trap 'exit 130' INT TERM HUP
 if [[ -n $memory_limit ]]; then
     cgroup_setup "$memory_limit"

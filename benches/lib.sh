@@ -240,3 +240,32 @@ make_pristine() {
         "$(python3 -c 'import json,sys; d=json.load(open(sys.argv[1])); print("ideal_zero_block_bytes=%d" % d["zero_block_bytes"])' "$LOGS/$1-ideal.json")"
     log "$1: corpus $files files, $(numfmt --to=iec "$logical") logical; ideal: $(cat "$LOGS/$1-ideal.json")"
 }
+
+# bench_cleanup: the EXIT trap of compare.sh and rivals.sh (the volume
+# discipline's globals, and `out`, the results file): unmount, detach, keep
+# the end of each step's log next to the results (duperemove's and jdupes'
+# can be long), remove the scratch directory and the cgroup, and exit with
+# the status the script had.
+bench_cleanup() {
+    local rc=$?
+    set +e
+    trap - EXIT INT TERM HUP
+    cd /
+    if mountpoint -q "$MNT"; then
+        umount "$MNT" 2>/dev/null || { sleep 2; umount "$MNT"; } || umount -l "$MNT"
+    fi
+    [[ -n $LOOP ]] && losetup -d "$LOOP"
+    if [[ -d $LOGS ]]; then
+        rm -rf "$out.logs"
+        mkdir -p "$out.logs"
+        local f
+        for f in "$LOGS"/*; do
+            [[ -e $f ]] || continue
+            tail -c 4M "$f" >"$out.logs/$(basename "$f")"
+        done
+    fi
+    rm -rf "$WORK"
+    cgroup_remove
+    [[ $rc -ne 0 ]] && log "failed (exit $rc); partial logs in $out.logs"
+    exit "$rc"
+}

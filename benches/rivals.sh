@@ -136,30 +136,7 @@ IN_CGROUP=() # the prefix of lib.sh's step: no memory cgroup here
 mkdir -p "$LOGS" "$MNT" "$WORK/state"
 : >"$STEPS"
 
-cleanup() {
-    local rc=$?
-    set +e
-    trap - EXIT INT TERM HUP
-    cd /
-    if mountpoint -q "$MNT"; then
-        umount "$MNT" 2>/dev/null || { sleep 2; umount "$MNT"; } || umount -l "$MNT"
-    fi
-    [[ -n $LOOP ]] && losetup -d "$LOOP"
-    if [[ -d $LOGS ]]; then
-        rm -rf "$out.logs"
-        mkdir -p "$out.logs"
-        local f
-        for f in "$LOGS"/*; do
-            [[ -e $f ]] || continue
-            # jdupes' and duperemove's logs can be long: keep their end.
-            tail -c 4M "$f" >"$out.logs/$(basename "$f")"
-        done
-    fi
-    rm -rf "$WORK"
-    [[ $rc -ne 0 ]] && log "failed (exit $rc); partial logs in $out.logs"
-    exit "$rc"
-}
-trap cleanup EXIT
+trap bench_cleanup EXIT
 trap 'exit 130' INT TERM HUP
 
 # --- the tools -----------------------------------------------------------------

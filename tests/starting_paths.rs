@@ -16,8 +16,9 @@ use std::process::Command;
 use common::*;
 use dedupscan::corpus::Rng;
 
-fn overlapping(fs: Fs) {
-    let Some(vol) = Volume::new(fs, 320) else { return };
+/// `t9/sub/a`, `t9/sub/b` and `t9/c`, three copies of 1 MiB: `t9` and
+/// the files.
+fn three_copies(vol: &Volume) -> (PathBuf, [PathBuf; 3]) {
     let t = vol.path("t9");
     std::fs::create_dir_all(t.join("sub")).unwrap();
     let data = Rng::new(9).bytes(1 << 20);
@@ -25,6 +26,12 @@ fn overlapping(fs: Fs) {
     for f in &files {
         std::fs::write(f, &data).unwrap();
     }
+    (t, files)
+}
+
+fn overlapping(fs: Fs) {
+    let Some(vol) = Volume::new(fs, 320) else { return };
+    let (t, files) = three_copies(&vol);
     let before = Snapshot::take(&t);
     let (again, sub) = (format!("{}/", s(&t)), t.join("sub"));
     let args = [s(&t), s(&sub), &again, s(&files[0])];
@@ -80,13 +87,7 @@ impl Drop for Bind {
 /// shared, exit 0.
 fn bind_mounted(fs: Fs) {
     let Some(vol) = Volume::new(fs, 320) else { return };
-    let t = vol.path("t9");
-    std::fs::create_dir_all(t.join("sub")).unwrap();
-    let data = Rng::new(9).bytes(1 << 20);
-    let files = [t.join("sub/a"), t.join("sub/b"), t.join("c")];
-    for f in &files {
-        std::fs::write(f, &data).unwrap();
-    }
+    let (t, files) = three_copies(&vol);
     let before = Snapshot::take(&t);
     let binds = tempfile::Builder::new().prefix("dedupscan-bind-").tempdir_in("/var/tmp").unwrap();
     let (sub_at, t_at) = (binds.path().join("sub"), binds.path().join("t"));
