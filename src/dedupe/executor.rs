@@ -219,24 +219,8 @@ impl<'a> Executor<'a> {
             return None;
         }
         let c = self.files.get(&id)?;
-        let res = self.ctx.tree.open_file(&c.path).and_then(|f| Ok((f.metadata()?, f)));
-        match res {
-            Ok((m, f)) => {
-                use std::os::unix::fs::MetadataExt;
-                let key = self.keys.id_for(m.dev(), &f);
-                let now = FileFacts::from_metadata(c.path.clone(), key, &m);
-                if now != *c || !m.is_file() {
-                    if locked(&self.ctx.bad).insert(id) {
-                        self.progress.warn(&format!(
-                            "{}: changed since it was scanned; left alone, it is rehashed next run",
-                            display_path(&c.path)
-                        ));
-                        self.out.changed_files += 1;
-                    }
-                    return None;
-                }
-                Some(f)
-            }
+        match self.ctx.tree.open_file(&c.path) {
+            Ok(f) => self.unchanged(id, &f).then_some(f),
             Err(e) => {
                 if locked(&self.ctx.bad).insert(id) {
                     // Gone, or a directory on its path replaced by a symlink
@@ -252,6 +236,32 @@ impl<'a> Executor<'a> {
                 None
             }
         }
+    }
+
+    /// Whether the open file `f` (row `id`) is still what the scan
+    /// recorded (device, inode, size, mtime, ctime); if not, it is left
+    /// alone from here on, counted changed, and said once. Checked at the
+    /// open and on every destination before each request (one `fstat`): a
+    /// name added since the open (a hard link, perhaps behind a `.nodedup`
+    /// marker) changes the ctime, and a file with many ranges, or a large
+    /// one, takes many requests. Sharing itself changes neither time
+    /// (`FIDEDUPERANGE` leaves both).
+    fn unchanged(&mut self, id: FileId, f: &File) -> bool {
+        use std::os::unix::fs::MetadataExt;
+        let files = self.files;
+        let Some(c) = files.get(&id) else { return false };
+        let same = f.metadata().is_ok_and(|m| {
+            let key = self.keys.id_for(m.dev(), f);
+            m.is_file() && FileFacts::from_metadata(c.path.clone(), key, &m) == *c
+        });
+        if !same && locked(&self.ctx.bad).insert(id) {
+            self.progress.warn(&format!(
+                "{}: changed since it was scanned; left alone, it is rehashed next run",
+                display_path(&c.path)
+            ));
+            self.out.changed_files += 1;
+        }
+        same
     }
 
     /// A destination owned by another user than its source: left alone and
@@ -407,7 +417,13 @@ impl<'a> Executor<'a> {
             match self.mode {
                 Mode::DryRun => self.verify(src, off, done, chunk, dests, &mut alive),
                 Mode::Share => {
+                    for (k, d) in dests.iter().enumerate() {
+                        alive[k] = alive[k] && self.unchanged(d.id, d.file);
+                    }
                     let idx: Vec<usize> = (0..dests.len()).filter(|&k| alive[k]).collect();
+                    if idx.is_empty() {
+                        break;
+                    }
                     self.get_ready(src, off, len, done, chunk, dests, &idx);
                     let fds: Vec<(BorrowedFd<'_>, u64)> =
                         idx.iter().map(|&k| (dests[k].file.as_fd(), dests[k].off + done)).collect();
