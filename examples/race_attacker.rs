@@ -13,7 +13,7 @@
 //!   pool opens each file once, so the second open is the share phase's).
 //!
 //! With `RACE_MOMENT=Move` it makes no symlink and moves `sub` (see
-//! [`move_twice`]).
+//! [`move_twice`]); with `Link`, it links files (see [`link_during_share`]).
 
 use std::collections::HashSet;
 use std::io::Write;
@@ -33,7 +33,8 @@ fn main() {
         "Crawl" => false,
         "Share" => true,
         "Move" => return move_twice(&sub, &PathBuf::from(var("RACE_LINK"))),
-        other => panic!("RACE_MOMENT={other}: want Crawl, Share or Move"),
+        "Link" => return link_during_share(&sub, &PathBuf::from(var("RACE_LINK"))),
+        other => panic!("RACE_MOMENT={other}: want Crawl, Share, Move or Link"),
     };
     std::os::unix::fs::symlink(var("RACE_LINK"), &link).unwrap();
     let mut opened: HashSet<Vec<u8>> = HashSet::new();
@@ -62,6 +63,24 @@ fn move_twice(sub: &Path, to: &Path) {
     });
     std::fs::rename(to, sub).unwrap();
     swapped();
+}
+
+/// `RACE_MOMENT=Link`: 20 ms after a file of `sub` is opened a second
+/// time (the share phase has started on it), give every file of `sub` a
+/// second name in `to` (a directory marked `.nodedup`), then print
+/// `swapped` and the time the last link returned (seconds since the
+/// epoch, as `strace -ttt` prints them).
+fn link_during_share(sub: &Path, to: &Path) {
+    let mut opened: HashSet<Vec<u8>> = HashSet::new();
+    until_open(sub, |name, is_dir| name.is_some_and(|n| !is_dir && !opened.insert(n.to_vec())));
+    std::thread::sleep(std::time::Duration::from_millis(20));
+    for e in std::fs::read_dir(sub).unwrap() {
+        let e = e.unwrap();
+        std::fs::hard_link(e.path(), to.join(e.file_name())).unwrap();
+    }
+    let t = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap();
+    println!("swapped {}.{:06}", t.as_secs(), t.subsec_micros());
+    std::io::stdout().flush().unwrap();
 }
 
 fn swapped() {

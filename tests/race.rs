@@ -67,6 +67,9 @@ enum Moment {
     /// When the crawler opens `sub` to list it, `sub` is moved into a
     /// directory the crawl has not listed yet (no symlink).
     Move,
+    /// Soon after the share phase opens a file of `sub`, every file of
+    /// `sub` gets a second name in a `.nodedup` directory (no symlink).
+    Link,
 }
 
 /// Where the symlink points.
@@ -177,12 +180,18 @@ impl Attacker {
     }
 
     /// Whether the swap happened; the attacker is gone afterwards.
-    fn swapped(mut self) -> bool {
+    fn swapped(self) -> bool {
+        self.swapped_at().is_some()
+    }
+
+    /// What the attacker said after `swapped` (its time, for `Link`), if
+    /// it swapped; the attacker is gone afterwards.
+    fn swapped_at(mut self) -> Option<String> {
         let _ = self.child.kill();
         let _ = self.child.wait();
         let mut rest = String::new();
         let _ = std::io::Read::read_to_string(&mut self.out, &mut rest);
-        rest.lines().any(|l| l.starts_with("swapped"))
+        rest.lines().find_map(|l| l.strip_prefix("swapped")).map(|t| t.trim().to_owned())
     }
 }
 
@@ -202,8 +211,18 @@ fn attacker_program() -> PathBuf {
 /// Run the binary with `args` under `strace -f -y`: (exit code, stdout,
 /// stderr, every traced open line).
 fn traced(vol: &Volume, name: &str, args: &[&std::ffi::OsStr]) -> (i32, String, String, Vec<String>) {
+    traced_calls(vol, name, &["-y", "-e", "trace=open,openat,openat2,creat"], args)
+}
+
+/// `traced` with these strace options (which calls, how shown).
+fn traced_calls(
+    vol: &Volume,
+    name: &str,
+    opts: &[&str],
+    args: &[&std::ffi::OsStr],
+) -> (i32, String, String, Vec<String>) {
     let trace = vol.db().with_extension(format!("{name}.trace"));
-    let strace = ["strace", "-f", "-qq", "-y", "-e", "trace=open,openat,openat2,creat", "-o", s(&trace)];
+    let strace = [&["strace", "-f", "-qq"], opts, &["-o", s(&trace)]].concat();
     let out = dedupscan().under(strace).args(args).run();
     let lines = std::fs::read_to_string(&trace).unwrap().lines().map(str::to_owned).collect();
     if let Some(keep) = std::env::var_os("DEDUPSCAN_RACE_KEEP_TRACE") {
@@ -299,7 +318,7 @@ fn race(fs: Fs, target: Target, moment: Moment) {
     let ok = match moment {
         Moment::Crawl => code == 0 || (code == 1 && !kinds.is_empty()),
         Moment::Share => code == 1,
-        Moment::Move => unreachable!("moved_directory() tests the move"),
+        Moment::Move | Moment::Link => unreachable!("tested by moved_directory() and linked_during_share()"),
     };
     check(ok, format!("exit code {code} (errors {})", r["error_kinds"]));
 
@@ -478,4 +497,52 @@ fn btrfs_a_directory_moved_during_the_crawl_is_listed_once() {
 #[test]
 fn xfs_a_directory_moved_during_the_crawl_is_listed_once() {
     moved_directory(Fs::Xfs);
+}
+
+/// A name added while a large file is shared. The user's two copies of
+/// 512 MiB take 32 requests of 16 MiB; 20 ms after the share phase opens
+/// one, the attacker links both into `keep/`, marked `.nodedup`, and says
+/// when `link` returned. The link changes the ctime, and each destination
+/// is checked before every request: no request may start after the link
+/// but one (checked just before it landed). Before, only the open was
+/// checked and the rest of the range was shared (an strace of the requests
+/// and the attacker's clock tell which came after).
+fn linked_during_share(fs: Fs) {
+    let Some(vol) = Volume::new(fs, 1536) else { return };
+    std::fs::set_permissions(vol.mnt.parent().unwrap(), std::fs::Permissions::from_mode(0o711)).unwrap();
+    let (tree, user) = (vol.path("tree"), vol.path("tree/user"));
+    std::fs::create_dir_all(user.join("sub")).unwrap();
+    std::fs::create_dir(user.join("keep")).unwrap();
+    std::fs::write(user.join("keep/.nodedup"), b"").unwrap();
+    let data = Rng::new(6).bytes(512 << 20);
+    std::fs::write(user.join("sub/a"), &data).unwrap();
+    std::fs::write(user.join("sub/b"), &data).unwrap();
+    drop(data);
+    chown_r(&user);
+    Command::new("sync").status().unwrap();
+    let attacker = Attacker::spawn(&user, &user.join("keep"), Moment::Link);
+    let db = vol.db();
+    let args = [tree.as_os_str(), "--json".as_ref(), "--db".as_ref(), db.as_os_str()];
+    let (_, stdout, stderr, lines) = traced_calls(&vol, "link", &["-ttt", "-e", "trace=ioctl"], &args);
+    let linked: f64 = attacker.swapped_at().expect("the attacker never linked").parse().unwrap();
+    // Entry times of the dedupe requests.
+    let starts: Vec<f64> = (lines.iter().filter(|l| l.contains("FIDEDUPERANGE")))
+        .filter_map(|l| l.split_whitespace().nth(1)?.parse().ok())
+        .collect();
+    let after = starts.iter().filter(|&&t| t > linked).count();
+    assert!(starts.len() > after, "no request before the link ({after} after): the race did not happen\n{stderr}");
+    assert!(after <= 1, "{after} of {} requests started after the link\n{stdout}", starts.len());
+    let r: serde_json::Value = serde_json::from_str(&stdout).unwrap();
+    assert!(num(&r["skipped"], "changed_during_scan") >= 1, "{r:#}");
+    assert_eq!(num(&r, "errors"), 0, "{r:#}");
+}
+
+#[test]
+fn btrfs_a_name_added_while_a_file_is_shared_stops_the_sharing() {
+    linked_during_share(Fs::Btrfs);
+}
+
+#[test]
+fn xfs_a_name_added_while_a_file_is_shared_stops_the_sharing() {
+    linked_during_share(Fs::Xfs);
 }
