@@ -109,11 +109,22 @@ fn chown_r(p: &Path) {
     assert!(st.success());
 }
 
-fn scene(fs: Fs, target: Target) -> Option<Scene> {
-    let vol = Volume::new(fs, 512)?;
-    // The attacker must reach its directory: the test volume's private
-    // parent directory becomes traversable.
+/// A test volume of `mib` MiB the attacker can reach: its private parent
+/// directory becomes traversable.
+fn reachable_volume(fs: Fs, mib: u64) -> Option<Volume> {
+    let vol = Volume::new(fs, mib)?;
     std::fs::set_permissions(vol.mnt.parent().unwrap(), std::fs::Permissions::from_mode(0o711)).unwrap();
+    Some(vol)
+}
+
+/// The directory `dir`, made and marked `.nodedup`.
+fn marked_dir(dir: &Path) {
+    std::fs::create_dir(dir).unwrap();
+    std::fs::write(dir.join(".nodedup"), b"").unwrap();
+}
+
+fn scene(fs: Fs, target: Target) -> Option<Scene> {
+    let vol = reachable_volume(fs, 512)?;
     let tree = vol.path("tree");
     let legit = [tree.join("a/x"), tree.join("b/x")];
     let data = Rng::new(1).bytes(2 << 20);
@@ -451,8 +462,7 @@ fn xfs_without_reflink_still_stops_at_the_first_refusal() {
 /// it twice, counted two names, and shared the file, and with it the
 /// protected `keep/a2`: this test failed on it 8 times out of 8.
 fn moved_directory(fs: Fs) {
-    let Some(vol) = Volume::new(fs, 320) else { return };
-    std::fs::set_permissions(vol.mnt.parent().unwrap(), std::fs::Permissions::from_mode(0o711)).unwrap();
+    let Some(vol) = reachable_volume(fs, 320) else { return };
     let tree = vol.path("tree");
     let user = tree.join("user");
     let data = Rng::new(5).bytes(2 << 20);
@@ -461,9 +471,8 @@ fn moved_directory(fs: Fs) {
         std::fs::create_dir_all(p.parent().unwrap()).unwrap();
         std::fs::write(p, &data).unwrap();
     }
-    std::fs::create_dir(user.join("keep")).unwrap();
+    marked_dir(&user.join("keep"));
     std::fs::hard_link(user.join("sub/a"), user.join("keep/a2")).unwrap();
-    std::fs::write(user.join("keep/.nodedup"), b"").unwrap();
     // A deep chain of directories: its last one is listed well after `sub`,
     // and after the hashers have opened `sub/a`: its 16,384 small files
     // (distinct) fill the queues to the hashers, so the crawl waits on them.
@@ -508,12 +517,10 @@ fn xfs_a_directory_moved_during_the_crawl_is_listed_once() {
 /// checked and the rest of the range was shared (an strace of the requests
 /// and the attacker's clock tell which came after).
 fn linked_during_share(fs: Fs) {
-    let Some(vol) = Volume::new(fs, 1536) else { return };
-    std::fs::set_permissions(vol.mnt.parent().unwrap(), std::fs::Permissions::from_mode(0o711)).unwrap();
+    let Some(vol) = reachable_volume(fs, 1536) else { return };
     let (tree, user) = (vol.path("tree"), vol.path("tree/user"));
     std::fs::create_dir_all(user.join("sub")).unwrap();
-    std::fs::create_dir(user.join("keep")).unwrap();
-    std::fs::write(user.join("keep/.nodedup"), b"").unwrap();
+    marked_dir(&user.join("keep"));
     let data = Rng::new(6).bytes(512 << 20);
     std::fs::write(user.join("sub/a"), &data).unwrap();
     std::fs::write(user.join("sub/b"), &data).unwrap();
