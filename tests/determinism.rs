@@ -5,7 +5,8 @@
 //! range (named by inode number, which a fresh copy and a rename keep) and
 //! the same freed bytes within 0.2 points of the ideal.
 //!
-//! The tree is "layered": the same files as whole files in two trees, inside
+//! The tree is "layered": the same files as whole files in two trees (every
+//! third in five: the planner sees three copies, the others follow), inside
 //! two raw images at different 4 KiB-aligned offsets (with blocks of their
 //! own around them), and repeated inside one file, so whole-file groups and
 //! runs inside images must be joined into one copy per content.
@@ -35,6 +36,14 @@ fn build(dir: &Path) {
     for tree in ["roots/alpha", "roots/beta"] {
         std::fs::create_dir_all(dir.join(tree)).unwrap();
         for (i, f) in files.iter().enumerate() {
+            std::fs::write(dir.join(format!("{tree}/f{i:02}.bin")), f).unwrap();
+        }
+    }
+    // Every third file in three more trees: whole-file groups of five
+    // copies, of which the planner sees three and the others follow.
+    for tree in ["roots/gamma", "roots/delta", "roots/epsilon"] {
+        std::fs::create_dir_all(dir.join(tree)).unwrap();
+        for (i, f) in files.iter().enumerate().step_by(3) {
             std::fs::write(dir.join(format!("{tree}/f{i:02}.bin")), f).unwrap();
         }
     }
@@ -111,15 +120,18 @@ fn run_on_copy(pristine: &Path, work: &Path, n: usize, threads: &str, rename: bo
         .unwrap();
         (ranges, stats.batches)
     };
-    let (ranges, batches) = planned(Limits::default());
-    assert_eq!(batches, 1, "a small plan is one batch");
-    // In several batches (tiny limits), the plan is the same, range for range.
-    let (mut tiny, tiny_batches) = planned(Limits::TINY);
-    assert!(tiny_batches >= 2, "{tiny_batches} batches");
-    let mut one = ranges.clone();
-    one.sort_unstable();
-    tiny.sort_unstable();
-    assert_eq!(tiny, one);
+    let (mut ranges, batches) = planned(Limits::ONE_PIECE);
+    assert_eq!(batches, 1, "no limits, one batch");
+    // With the default limits (copies beyond three follow in plans of
+    // their own) and in many batches (tiny limits), the plan is the same,
+    // range for range.
+    ranges.sort_unstable();
+    for (limits, least) in [(Limits::default(), 2), (Limits::TINY, 8)] {
+        let (mut got, n) = planned(limits);
+        assert!(n >= least, "{n} batches with {limits:?}");
+        got.sort_unstable();
+        assert_eq!(got, ranges, "{limits:?}");
+    }
     let facts = db.file_facts(ranges.iter().flat_map(|r| [r.src, r.dest])).unwrap();
     let mut plan: Vec<Key> =
         ranges.iter().map(|r| (facts[&r.src].key.ino, r.src_off, r.len, facts[&r.dest].key.ino, r.dest_off)).collect();

@@ -8,28 +8,22 @@
 //!
 //! Each run here is the real binary under `prlimit --as` (so a regression
 //! fails the test instead of eating the machine) with its peak RSS read from
-//! `wait4`. Set `DEDUPSCAN_TEST_BIN` to run another build (e.g. the old one,
+//! `wait4` ([`bounded`]). Set `DEDUPSCAN_TEST_BIN` to run another build (e.g. the old one,
 //! to see these tests fail).
 
 mod common;
 
+use common::bounded::*;
 use common::*;
 use std::fs::File;
-use std::io::Read;
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
-use std::process::Stdio;
 
 const TIB: u64 = 1 << 40;
 const GIB: u64 = 1 << 30;
 
 /// Peak RSS a run may reach (issue 12: "under 256 MB").
 const MAX_RSS: u64 = 256_000_000;
-
-/// Address space the run may reserve: far more than it needs (thread stacks
-/// and malloc arenas reserve a lot they never touch), far less than the
-/// 16 GiB the old hasher asked for.
-const AS_LIMIT: &str = "--as=6000000000";
 
 /// A file of apparent size `size` holding `data` at each offset, holes
 /// elsewhere.
@@ -40,51 +34,6 @@ fn sparse_file(path: &Path, size: u64, parts: &[(u64, &[u8])]) {
         f.write_all_at(data, *off).unwrap();
     }
     f.sync_all().unwrap();
-}
-
-/// Outcome of one bounded run.
-struct Bounded {
-    code: i32,
-    /// Peak resident set of the run, bytes.
-    max_rss: u64,
-    json: serde_json::Value,
-    stderr: String,
-}
-
-/// Run the binary with `args --json --db <db>` under [`AS_LIMIT`], and
-/// measure its peak RSS (the child execs through `prlimit`, so `wait4`'s
-/// rusage is dedupscan's own).
-#[allow(clippy::zombie_processes)] // reaped by wait4, which also gives the rusage
-fn bounded(vol: &Volume, args: &[&str]) -> Bounded {
-    let err_path = vol.db().with_extension("stderr");
-    let mut child = dedupscan()
-        .under(["prlimit", AS_LIMIT, "--"])
-        .args(args)
-        .json()
-        .arg("--progress=never")
-        .db(vol.db())
-        .command()
-        .stdout(Stdio::piped())
-        .stderr(File::create(&err_path).unwrap())
-        .spawn()
-        .unwrap();
-    let mut out = Vec::new();
-    child.stdout.take().unwrap().read_to_end(&mut out).unwrap();
-    let mut status = 0;
-    // SAFETY: rusage is plain data the kernel fills; the pid is our child,
-    // not yet reaped (std's Child is never waited on after this).
-    let mut ru: libc::rusage = unsafe { std::mem::zeroed() };
-    let pid = unsafe { libc::wait4(child.id() as i32, &mut status, 0, &mut ru) };
-    assert_eq!(pid, child.id() as i32, "wait4");
-    let code = if libc::WIFEXITED(status) { libc::WEXITSTATUS(status) } else { 128 + libc::WTERMSIG(status) };
-    let stderr = std::fs::read_to_string(&err_path).unwrap_or_default();
-    let json = if code == 0 || code == 1 {
-        serde_json::from_slice(&out)
-            .unwrap_or_else(|e| panic!("stdout is not JSON ({e}): {}\n{stderr}", String::from_utf8_lossy(&out)))
-    } else {
-        serde_json::Value::Null
-    };
-    Bounded { code, max_rss: ru.ru_maxrss as u64 * 1024, json, stderr }
 }
 
 fn check(b: &Bounded, what: &str) {

@@ -24,6 +24,19 @@ pub struct MapRow {
     pub map: BlockMap,
 }
 
+/// How the planner ranks one whole-file copy, and where its map is
+/// stored: without reading the map.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct CopyKey {
+    /// The file's row id.
+    pub id: FileId,
+    /// Inode number (copies of one content are ranked by it, then by id).
+    pub ino: u64,
+    /// The row that holds the map: the file's own id, or its twin's.
+    /// Equal holders, equal maps.
+    pub holder: i64,
+}
+
 /// One read transaction held across several queries, so they all see the
 /// same database and SQLite takes its shared lock once instead of twice per
 /// statement (two `fcntl` calls per looked-up file). Dropping it ends the
@@ -63,6 +76,29 @@ impl Db {
     /// How many files have data (and so a block map).
     pub fn count_maps(&self) -> rusqlite::Result<u64> {
         self.conn.query_row("SELECT count(*) FROM files WHERE size > 0", [], |r| r.get::<_, i64>(0)).map(|n| n as u64)
+    }
+
+    /// [`CopyKey`]s of the given files; ids not known are left out. The
+    /// maps themselves are not read (`typeof` does not load a blob), so a
+    /// group of ten thousand copies of a 1 GiB file costs ten thousand
+    /// small rows, not ten GB of maps.
+    pub fn copy_keys(&self, ids: &[FileId]) -> rusqlite::Result<Vec<CopyKey>> {
+        let mut st = self.conn.prepare_cached(
+            "SELECT ino, CASE WHEN typeof(blocks) = 'integer' THEN blocks ELSE id END FROM files WHERE id = ?1",
+        )?;
+        let mut out = Vec::with_capacity(ids.len());
+        for &id in ids {
+            let row = st
+                .query_row([id], |r| Ok(CopyKey { id, ino: r.get::<_, i64>(0)? as u64, holder: r.get(1)? }))
+                .optional()?;
+            out.extend(row);
+        }
+        Ok(out)
+    }
+
+    /// The encoded block map of file `id` (its twin's if it has one).
+    pub fn encoded_map(&self, id: FileId) -> rusqlite::Result<Option<Vec<u8>>> {
+        super::file_map(&self.conn, id)
     }
 
     /// The block maps of the given files (sparse: holes are never

@@ -380,7 +380,7 @@ mod tests {
             tx.send(op).unwrap();
         }
         drop(tx);
-        writer::run(db, run, rx).unwrap()
+        writer::run(db, run, rx, &writer::MapBytes::default()).unwrap()
     }
 
     fn hashed(id: Option<FileId>, ino: u64, path: &str, blocks: &[u64]) -> WriteOp {

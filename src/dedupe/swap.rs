@@ -119,7 +119,8 @@ impl Executor<'_> {
     /// leaves the copy with 20,000 extents; the other way round, every copy
     /// ends contiguous. "Far more": at least 4 times the extents and 32
     /// more; files under 1 MiB are never considered (one FIEMAP more per
-    /// source, on btrfs a back-reference walk per extent).
+    /// source, on btrfs a back-reference walk per extent), nor a source
+    /// that already shares an extent.
     fn less_fragmented_copy(
         &mut self,
         src: &File,
@@ -143,6 +144,13 @@ impl Executor<'_> {
             .map(|(k, d)| (k, d.extents.unwrap_or_else(|| count(&d.file))))
             .min_by_key(|&(_, n)| n)?;
         let src_extents = sys::fiemap(src.as_fd(), 0, r.len).ok()?;
+        // A source that already shares an extent (with a file an earlier
+        // batch shared it with, e.g. an image holding it while its copies
+        // follow in a batch of their own, `plan::copies`) keeps it: handing
+        // its role to a copy would leave that sharing stored twice.
+        if src_extents.iter().any(|e| e.is_shared()) {
+            return None;
+        }
         (best != usize::MAX && src_extents.len() >= 4 * best && src_extents.len() >= best + 32).then_some(k)
     }
 }

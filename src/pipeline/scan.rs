@@ -18,7 +18,7 @@ use super::{ms, Job};
 use crate::batched::Batched;
 use crate::changes::{ChangeCounts, Classifier, Probe, Sorted};
 use crate::db::reader::Reader;
-use crate::db::writer::{self, WriteOp, CHANNEL_CAP};
+use crate::db::writer::{self, MapBytes, WriteOp, CHANNEL_CAP};
 use crate::db::Db;
 use crate::display::{display_path, human};
 use crate::hash::pool::{self, HashOutcome, Hashed, PoolOptions, HASH_BATCH, HASH_QUEUE};
@@ -80,11 +80,13 @@ pub(super) fn scan_phase(
     let t = Instant::now();
     progress.phase("1/3 scan", None, true);
     let (tx, rx) = sync_channel::<WriteOp>(CHANNEL_CAP);
+    let map_bytes = std::sync::Arc::new(MapBytes::default());
+    let given = map_bytes.clone();
     let writer = std::thread::Builder::new()
         .name("db-writer".into())
-        .spawn(move || writer::run(db, run_id, rx))
+        .spawn(move || writer::run(db, run_id, rx, &given))
         .context("cannot start the database writer")?;
-    let (mut crawled, hashed) = crawl_and_hash(job, index, &tx, progress, stop)?;
+    let (mut crawled, hashed) = crawl_and_hash(job, index, (&tx, &map_bytes), progress, stop)?;
     let interrupted = stop.load(Ordering::Relaxed);
     let mut removed = 0;
     if !interrupted {
@@ -179,7 +181,7 @@ fn keep_links_outside(
 fn crawl_and_hash(
     job: &Job,
     index: Reader,
-    writes: &SyncSender<WriteOp>,
+    (writes, map_bytes): (&SyncSender<WriteOp>, &MapBytes),
     progress: &dyn Progress,
     stop: &AtomicBool,
 ) -> Result<(Crawled, HashOutcome)> {
@@ -192,7 +194,7 @@ fn crawl_and_hash(
         by_owner: !job.scan.share_across_owners,
     };
     let sink = |h: Hashed| {
-        let _ = writes.send(match h {
+        let op = match h {
             Hashed::File { id, file, hash } => WriteOp::Hashed {
                 id,
                 dev: file.key.volume,
@@ -203,7 +205,9 @@ fn crawl_and_hash(
                 hash,
             },
             Hashed::Protected { id } => WriteOp::Removed { id },
-        });
+        };
+        map_bytes.take(op.map_bytes());
+        let _ = writes.send(op);
     };
     std::thread::scope(|s| -> Result<_> {
         let writes = writes.clone();

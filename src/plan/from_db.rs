@@ -12,9 +12,10 @@
 
 use std::collections::HashSet;
 
+use super::copies;
 use super::group::{self, BlockGroups, MapPass, SliceGrouper, WholeGroup};
 use super::unionfind::UnionFind;
-use super::{plan, Plan, PlanFile, PlanOptions};
+use super::{plan, Plan, PlanFile, PlanOptions, Range};
 use crate::db::Db;
 use crate::file::{FileId, IdSet};
 use rustc_hash::FxHashMap;
@@ -45,18 +46,31 @@ pub struct Limits {
     pub batch_files: u64,
     /// Data blocks in one batch ([`BATCH_BLOCKS`]).
     pub batch_blocks: u64,
+    /// Copies of a whole-file group planned together; the others follow
+    /// ([`copies::PLANNED`], at least that).
+    pub whole_copies: usize,
 }
 
 impl Default for Limits {
     fn default() -> Self {
-        Limits { whole_keys: group::WHOLE_BUDGET, batch_files: BATCH_FILES, batch_blocks: BATCH_BLOCKS }
+        Limits {
+            whole_keys: group::WHOLE_BUDGET,
+            batch_files: BATCH_FILES,
+            batch_blocks: BATCH_BLOCKS,
+            whole_copies: copies::PLANNED,
+        }
     }
 }
 
 impl Limits {
     /// Tiny limits, so that a test on a few files goes through every path
-    /// of batching: several whole-key partitions, many batches.
-    pub const TINY: Limits = Limits { whole_keys: 3, batch_files: 4, batch_blocks: 64 };
+    /// of batching: several whole-key partitions, many batches, followers.
+    pub const TINY: Limits = Limits { whole_keys: 3, batch_files: 4, batch_blocks: 64, whole_copies: copies::PLANNED };
+
+    /// No limits: the plan in one piece, every copy planned (tests: what
+    /// the batched plan must equal range for range).
+    pub const ONE_PIECE: Limits =
+        Limits { whole_keys: u64::MAX, batch_files: u64::MAX, batch_blocks: u64::MAX, whole_copies: usize::MAX };
 
     /// The limits of a run or report: the default, or [`Limits::TINY`]
     /// when `DEDUPSCAN_TEST_SMALL_BATCHES` is set (tests only; the plan is
@@ -261,8 +275,11 @@ struct Batch {
 
 impl Batch {
     fn add_whole(&mut self, size: u64, g: Vec<FileId>) {
-        self.files += g.len() as u64;
-        self.weight += g.len() as u64 * size.div_ceil(4096);
+        // The planner sees at most `copies::PLANNED` copies of a group
+        // (at the default limits).
+        let planned = g.len().min(copies::PLANNED) as u64;
+        self.files += planned;
+        self.weight += planned * size.div_ceil(4096);
         self.whole.push(g);
     }
 
@@ -306,19 +323,38 @@ impl Batcher<'_> {
     }
 
     /// Plan one batch and hand it on.
+    /// Whole-file groups of many copies are planned with two of them; the
+    /// others follow in plans of their own ([`copies`]).
     fn plan<E: From<rusqlite::Error>>(
         &mut self,
-        batch: Batch,
+        mut batch: Batch,
         sink: &mut impl FnMut(Plan) -> Result<(), E>,
     ) -> Result<(), E> {
         if batch.whole.is_empty() && batch.blocks.is_empty() {
             return Ok(());
+        }
+        let mut followers = Vec::new();
+        for g in &mut batch.whole {
+            followers.extend(copies::reduce(self.db, g, self.limits.whole_copies)?);
         }
         let files: Vec<PlanFile> = (self.db.map_rows(group::involved(&batch.whole, &batch.blocks))?.into_iter())
             .map(|r| PlanFile { id: r.id, ino: r.ino, size: r.size, blocks: r.map })
             .collect();
         let p = plan(&files, &batch.whole, &batch.blocks, self.opts);
         drop(files);
+        drop(batch);
+        let templates: Vec<Vec<Range>> = followers.iter().map(|f| f.template(&p)).collect();
+        self.emit(p, sink)?;
+        for (f, t) in followers.iter().zip(&templates) {
+            for p in f.plans(t) {
+                self.emit(p, sink)?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Hand one plan on, counted; an empty one is dropped.
+    fn emit<E>(&mut self, p: Plan, sink: &mut impl FnMut(Plan) -> Result<(), E>) -> Result<(), E> {
         if p.ranges.is_empty() {
             return Ok(());
         }

@@ -21,6 +21,7 @@ use rustc_hash::FxHashMap;
 use crate::blockmap::{BlockMap, Fp};
 use crate::file::FileId;
 
+mod copies;
 mod from_db;
 pub mod group;
 pub mod map;

@@ -29,6 +29,7 @@ use std::process::Command;
 
 use sha2::{Digest, Sha256};
 
+pub mod bounded;
 mod cmd;
 #[allow(unused_imports)] // each test binary uses its own part
 pub use cmd::{bin, dedupscan, Cmd, Out};

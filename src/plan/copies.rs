@@ -1,0 +1,166 @@
+//! Whole-file groups of many copies: planned with two of them, the others
+//! take the second one's ranges.
+//!
+//! The planner ranks copies of one content by inode number (then id), and
+//! the first of them wins every class they are in, so every other copy is
+//! a destination of exactly the same sources at the same offsets: copies
+//! beyond the second change nothing the planner decides (not the classes,
+//! not which blocks are unique, not what stays pinned). Planning them all
+//! cost about 100 bytes of memory per block per copy: ten thousand
+//! `cp --reflink` clones of a 1 GiB file, which cost their owner no disk
+//! space, made a full run or `report` need about 50 GB. Here the planner
+//! sees the first two copies (and the one the block groups name), and the
+//! others follow in plans of their own, a bounded number of copies each:
+//! the same ranges as before, in other batches.
+
+use rustc_hash::FxHashMap;
+
+use super::{Plan, Range};
+use crate::db::maps::CopyKey;
+use crate::db::Db;
+use crate::file::FileId;
+
+/// Groups of at most this many copies are planned whole (the least a
+/// group is cut down to: its first two copies and the one the block groups
+/// name).
+pub(super) const PLANNED: usize = 3;
+
+/// Most ranges in one plan of followers (one copy's ranges are never split).
+const FOLLOW_RANGES: usize = 1 << 16;
+
+/// Most copies in one plan of followers (the share phase holds the facts of
+/// one plan's files at a time).
+const FOLLOW_FILES: usize = 16_000;
+
+/// Copies of a whole-file group left out of the planner.
+#[derive(Debug, PartialEq, Eq)]
+pub(super) struct Followers {
+    /// The copy whose ranges they take (the second in the planner's order).
+    template: FileId,
+    /// The copies, each with the same map as the first.
+    copies: Vec<FileId>,
+}
+
+/// Cut whole-file group `g` (ids sorted, so `g[0]` is the copy the block
+/// groups name) down to what the planner needs: its first two copies in
+/// the planner's order and `g[0]`. The others become [`Followers`], those
+/// whose map differs from the first copy's dropped (a collision of map
+/// hashes: the planner would not join them either). `None` leaves `g` as
+/// it is: at most `limit` copies (never fewer than [`PLANNED`]), or its
+/// second copy's map differs.
+pub(super) fn reduce(db: &Db, g: &mut Vec<FileId>, limit: usize) -> rusqlite::Result<Option<Followers>> {
+    if g.len() <= limit.max(PLANNED) {
+        return Ok(None);
+    }
+    let mut keys = db.copy_keys(g)?;
+    if keys.len() < 2 {
+        return Ok(None);
+    }
+    keys.sort_unstable_by_key(|k| (k.ino, k.id));
+    let mut same = SameMap::new(db, keys[0]);
+    if !same.check(&keys[1])? {
+        return Ok(None);
+    }
+    let named = g[0];
+    let kept = [keys[0].id, keys[1].id, named];
+    let mut copies = Vec::with_capacity(keys.len() - 2);
+    for k in &keys[2..] {
+        if k.id != named && same.check(k)? {
+            copies.push(k.id);
+        }
+    }
+    g.retain(|id| kept.contains(id));
+    Ok(Some(Followers { template: keys[1].id, copies }))
+}
+
+/// Whether a copy's map is the first copy's: by the row holding it, else
+/// byte for byte (once per holder).
+struct SameMap<'d> {
+    db: &'d Db,
+    first: CopyKey,
+    map: Option<Vec<u8>>,
+    known: FxHashMap<i64, bool>,
+}
+
+impl<'d> SameMap<'d> {
+    fn new(db: &'d Db, first: CopyKey) -> SameMap<'d> {
+        SameMap { db, first, map: None, known: FxHashMap::default() }
+    }
+
+    fn check(&mut self, k: &CopyKey) -> rusqlite::Result<bool> {
+        if k.holder == self.first.holder {
+            return Ok(true);
+        }
+        if let Some(&same) = self.known.get(&k.holder) {
+            return Ok(same);
+        }
+        if self.map.is_none() {
+            self.map = Some(self.db.encoded_map(self.first.id)?.unwrap_or_default());
+        }
+        let same = self.db.encoded_map(k.id)? == self.map;
+        self.known.insert(k.holder, same);
+        Ok(same)
+    }
+}
+
+impl Followers {
+    /// Take the template's ranges out of `plan` (which must be the plan
+    /// of its batch): what [`Followers::plans`] needs once `plan` is gone.
+    pub(super) fn template(&self, plan: &Plan) -> Vec<Range> {
+        plan.ranges.iter().filter(|r| r.dest == self.template).copied().collect()
+    }
+
+    /// The followers' plans: each copy takes `template` (its template's
+    /// ranges) as its own, in plans of at most [`FOLLOW_RANGES`] ranges and
+    /// [`FOLLOW_FILES`] copies (at least one copy each), each ordered as
+    /// the planner orders a plan. Made one at a time, as they are used.
+    pub(super) fn plans<'a>(&'a self, template: &'a [Range]) -> impl Iterator<Item = Plan> + 'a {
+        let per = (FOLLOW_RANGES / template.len().max(1)).clamp(1, FOLLOW_FILES);
+        let copies: &[FileId] = if template.is_empty() { &[] } else { &self.copies };
+        copies.chunks(per).map(move |chunk| {
+            let mut ranges: Vec<Range> =
+                chunk.iter().flat_map(|&c| template.iter().map(move |r| Range { dest: c, ..*r })).collect();
+            ranges.sort_unstable_by_key(|r| (r.src, r.src_off, r.len, r.dest, r.dest_off));
+            Plan { ranges }
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn r(src: i64, src_off: u64, len: u64, dest: i64, dest_off: u64) -> Range {
+        Range { src: FileId(src), src_off, len, dest: FileId(dest), dest_off }
+    }
+
+    #[test]
+    fn followers_take_the_template_ranges_in_bounded_plans() {
+        // Source 1 into template 2 (two ranges) and into an image 9.
+        let plan = Plan { ranges: vec![r(1, 0, 8192, 2, 0), r(1, 0, 4096, 9, 40960), r(7, 0, 4096, 2, 8192)] };
+        let n = 2 * FOLLOW_FILES as i64;
+        let f = Followers { template: FileId(2), copies: (10..10 + n).map(FileId).collect() };
+        let template = f.template(&plan);
+        let plans: Vec<Plan> = f.plans(&template).collect();
+        // Two ranges a copy: bounded by files (FOLLOW_FILES copies a plan).
+        assert_eq!(plans.len(), 2);
+        assert!(plans.iter().all(|p| p.ranges.len() == 2 * FOLLOW_FILES));
+        // Many ranges a copy: bounded by ranges, never less than one copy.
+        let many: Vec<Range> = (0..5000).map(|k| r(1, k * 4096, 4096, 2, k * 4096)).collect();
+        let few = Followers { template: FileId(2), copies: (10..110).map(FileId).collect() };
+        let counts: Vec<usize> = few.plans(&many).map(|p| p.ranges.len()).collect();
+        assert!(counts.iter().all(|&c| c <= FOLLOW_RANGES && c % 5000 == 0), "{counts:?}");
+        assert_eq!(counts.iter().sum::<usize>(), 5000 * 100);
+        let huge: Vec<Range> = (0..FOLLOW_RANGES as u64 + 1).map(|k| r(1, k * 4096, 4096, 2, k * 4096)).collect();
+        assert_eq!(few.plans(&huge).next().map(|p| p.ranges.len()), Some(FOLLOW_RANGES + 1));
+        let first = &plans[0].ranges;
+        assert!(first
+            .windows(2)
+            .all(|w| (w[0].src, w[0].src_off, w[0].len, w[0].dest) <= (w[1].src, w[1].src_off, w[1].len, w[1].dest)));
+        assert!(first.contains(&r(1, 0, 8192, 10, 0)) && first.contains(&r(7, 0, 4096, 10, 8192)));
+        assert!(!plans.iter().flat_map(|p| &p.ranges).any(|x| x.dest == FileId(9) || x.dest == FileId(2)));
+        // A template with nothing planned: no plans.
+        let none = Followers { template: FileId(3), copies: vec![FileId(4)] };
+        assert_eq!(none.plans(&none.template(&plan)).count(), 0);
+    }
+}
