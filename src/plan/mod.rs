@@ -158,27 +158,42 @@ pub fn plan(
         let ids: Vec<FileId> = g.iter().map(|&i| p.files[i as usize].id).collect();
         p.whole_file_group(&ord, &ids);
     }
-    // Anchor groups in a canonical order: by fingerprint, then occurrences.
-    let mut groups: Vec<(Fp, Vec<Loc>)> = anchor_groups
-        .iter()
-        .filter_map(|g| {
-            let mut occ: Vec<Loc> = g
-                .iter()
-                .filter_map(|(id, b)| {
-                    let f = *ord.get(id)?;
-                    (p.fp((f, *b)) != 0).then_some((f, *b))
-                })
-                .collect();
-            occ.sort_unstable();
-            occ.dedup();
-            let fp = p.fp(*occ.first()?);
-            occ.retain(|&l| p.fp(l) == fp);
-            (occ.len() > 1).then_some((fp, occ))
-        })
-        .collect();
+    // Exact groups are joined one at a time: the classes a union-find ends
+    // with do not depend on the order of the unions, and a second, sorted
+    // copy of every group was a third of the plan's memory (heaptrack:
+    // 16.8 of 58 MB for sixteen near-copies of a 256 MiB image).
+    if opts.exact_groups {
+        for g in anchor_groups {
+            if let Some((_, occ)) = occurrences(&p, &ord, g) {
+                p.anchor_group(&occ);
+            }
+        }
+        return p.finish();
+    }
+    // Sampled anchors are walked in a canonical order (what a walk finds
+    // depends on the stretches walked before): by fingerprint, then
+    // occurrences.
+    let mut groups: Vec<(Fp, Vec<Loc>)> = anchor_groups.iter().filter_map(|g| occurrences(&p, &ord, g)).collect();
     groups.sort_unstable();
     for (_, occ) in &groups {
         p.anchor_group(occ);
     }
     p.finish()
+}
+
+/// The data blocks of group `g` in canonical order, once each, those with
+/// the first one's fingerprint; `None` for fewer than two.
+fn occurrences(p: &Planner<'_>, ord: &FxHashMap<FileId, u32>, g: &[(FileId, u64)]) -> Option<(Fp, Vec<Loc>)> {
+    let mut occ: Vec<Loc> = g
+        .iter()
+        .filter_map(|(id, b)| {
+            let f = *ord.get(id)?;
+            (p.fp((f, *b)) != 0).then_some((f, *b))
+        })
+        .collect();
+    occ.sort_unstable();
+    occ.dedup();
+    let fp = p.fp(*occ.first()?);
+    occ.retain(|&l| p.fp(l) == fp);
+    (occ.len() > 1).then_some((fp, occ))
 }

@@ -347,9 +347,13 @@ fn by_ino(files: &[PlanFile], p: &Plan) -> Vec<(u64, u64, u64, u64, u64)> {
 
 #[test]
 fn permuting_input_order_and_file_ids_gives_the_identical_plan() {
-    for seed in 1..6 {
+    // Walking sampled anchors, and joining exact groups as they come (in
+    // the order the database returns them: no sorting).
+    let exact = PlanOptions { exact_groups: true, ..Default::default() };
+    for (seed, opts) in (1..6).flat_map(|s| [(s, PlanOptions::default()), (s, exact)]) {
         let files = mixed(seed);
-        let want = plan(&files, &whole_groups(&files), &db_like_groups(&files), PlanOptions::default());
+        let groups = if opts.exact_groups { all_blocks_groups(&files) } else { db_like_groups(&files) };
+        let want = plan(&files, &whole_groups(&files), &groups, opts);
         assert!(shared_blocks(&want) > 0);
         let mut rng = crate::corpus::Rng::new(seed + 1000);
         for _ in 0..4 {
@@ -362,13 +366,13 @@ fn permuting_input_order_and_file_ids_gives_the_identical_plan() {
             for (i, f) in perm.iter_mut().enumerate() {
                 f.id = FileId(1000 + i as i64);
             }
-            let mut groups = db_like_groups(&perm);
+            let mut groups = if opts.exact_groups { all_blocks_groups(&perm) } else { db_like_groups(&perm) };
             groups.reverse();
             for g in &mut groups {
                 g.reverse();
             }
-            let got = plan(&perm, &whole_groups(&perm), &groups, PlanOptions::default());
-            assert_eq!(by_ino(&perm, &got), by_ino(&files, &want), "seed {seed}");
+            let got = plan(&perm, &whole_groups(&perm), &groups, opts);
+            assert_eq!(by_ino(&perm, &got), by_ino(&files, &want), "seed {seed} {opts:?}");
         }
     }
 }
