@@ -97,6 +97,10 @@ pub struct Summary {
     pub whole_file_duplicate_files: u64,
     /// Bytes of those files beyond the first copy of each group.
     pub whole_file_duplicate_bytes: u64,
+    /// Files the last run that saw them kept out of its plan (another of
+    /// their hard links is outside the paths scanned, or left out): the
+    /// plan here leaves them out too.
+    pub kept_out_files: u64,
     /// Sum of the files' allocated blocks (st_blocks), as they are now;
     /// shared blocks count in every file that uses them.
     pub allocated_bytes: u64,
@@ -181,6 +185,7 @@ fn summarize_inner(path: &Path, progress: &dyn Progress, list: bool) -> Result<S
         logical_bytes: logical,
         whole_file_duplicate_files: live.whole_dup_files,
         whole_file_duplicate_bytes: live.whole_dup_bytes,
+        kept_out_files: live.kept_out,
         pending,
         pending_bytes,
         pinned: pinned::pinned(&db)?,
@@ -222,6 +227,7 @@ struct Live {
     unknown: u64,
     whole_dup_files: u64,
     whole_dup_bytes: u64,
+    kept_out: u64,
     groups: Vec<RemainingGroup>,
     dirs: Vec<RemainingDir>,
     ranges: Option<Vec<ListedRange>>,
@@ -266,7 +272,11 @@ fn live_status(db: &Db, block_size: u64, progress: &dyn Progress, list: bool) ->
     // ids, the plan in batches (see `plan::from_db`) with the recorded
     // facts of one batch's files at a time, and the space on disk measured
     // from rows streamed from the database.
-    let allowed = db.all_ids()?;
+    let mut allowed = db.all_ids()?;
+    let kept_out = db.kept_out()?;
+    for id in &kept_out {
+        allowed.remove(*id);
+    }
     // The deepest directory holding every known file (dirs hold files).
     let dirs = db.dir_paths()?;
     let root = common_dir(dirs.iter().map(|d| d.as_path()));
@@ -280,6 +290,7 @@ fn live_status(db: &Db, block_size: u64, progress: &dyn Progress, list: bool) ->
         unknown: 0,
         whole_dup_files: 0,
         whole_dup_bytes: 0,
+        kept_out: kept_out.len() as u64,
         groups: vec![],
         dirs: vec![],
         ranges: list.then(Vec::new),
@@ -438,6 +449,13 @@ impl Summary {
             self.whole_file_duplicate_files.to_string(),
             human(self.whole_file_duplicate_bytes),
         ]);
+        if self.kept_out_files > 0 {
+            t.row([
+                "kept out (hard links)".to_owned(),
+                self.kept_out_files.to_string(),
+                "another name outside the paths scanned or left out".to_owned(),
+            ]);
+        }
         s.push('\n');
         s.push_str(&t.render());
         s.push('\n');

@@ -109,6 +109,10 @@ fn name_outside(fs: Fs) {
     assert!(same_physical(&y, 0, &z, 0, LEN), "the copies inside the tree were not shared");
     assert!(text.stdout.contains("hardlink_outside"), "not in the text report:\n{}", text.stdout);
     assert!(text.stderr.contains(s(&x)), "-v does not name the file kept out:\n{}", text.stderr);
+    // `report` plans as the run did: the file kept out is counted, not
+    // "not yet shared" (before: its whole length, every night).
+    let rep = db_report(&vol);
+    assert_eq!((num(&rep, "kept_out_files"), num(&rep, "unshared_bytes")), (1, 0), "{rep:#}");
 
     // A starting path that is the file itself: its other name is still
     // outside.
@@ -116,6 +120,15 @@ fn name_outside(fs: Fs) {
     before.assert_same(&Snapshot::take(&vol.mnt));
     untouched(&kept, "files as starting paths");
     assert_eq!(kept_out(&r), 1, "{r:#}");
+
+    // The other name goes: the next run shares the file, and `report` no
+    // longer keeps it out.
+    std::fs::remove_file(vol.path("elsewhere/x-link")).unwrap();
+    let r = run_json(&vol, &[s(&tree)]);
+    assert_eq!(kept_out(&r), 0, "{r:#}");
+    assert!(same_physical(&x, 0, &y, 0, LEN), "x not shared once its other name is gone: {r:#}");
+    let rep = db_report(&vol);
+    assert_eq!((num(&rep, "kept_out_files"), num(&rep, "unshared_bytes")), (0, 0), "{rep:#}");
 }
 
 #[test]

@@ -103,21 +103,54 @@ fn share_snapshotted_shares_now_and_frees_when_the_snapshot_goes() {
 /// equal copies by inode, picks `a` as the source and plans the copy the
 /// snapshot keeps as its destination.
 fn snapshotted_destination(len: usize) -> Option<(Volume, PathBuf, PathBuf)> {
+    snapshotted_copy_among(len, &["a"])
+}
+
+/// The same with more copies the snapshot does not keep: `names`, created
+/// (empty) in that order before `b`, so that `b` comes last by inode.
+fn snapshotted_copy_among(len: usize, names: &[&str]) -> Option<(Volume, PathBuf, PathBuf)> {
     let vol = Volume::new(Fs::Btrfs, 256)?;
     let sub = vol.path("sub");
     btrfs(&["subvolume", "create"], &sub);
     let data = Rng::new(12).bytes(len);
-    std::fs::write(sub.join("a"), b"").unwrap();
+    for n in names {
+        std::fs::write(sub.join(n), b"").unwrap();
+    }
     std::fs::write(sub.join("b"), &data).unwrap();
     btrfs(&["filesystem", "sync"], &vol.mnt);
     let snap = vol.path("snap");
     let out = Command::new("btrfs").args(["subvolume", "snapshot", "-r"]).arg(&sub).arg(&snap).output().unwrap();
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
-    std::fs::write(sub.join("a"), &data).unwrap();
+    for n in names {
+        std::fs::write(sub.join(n), &data).unwrap();
+    }
     btrfs(&["filesystem", "sync"], &vol.mnt);
     assert!(!same_physical(&sub.join("a"), 0, &sub.join("b"), 0, len as u64), "setup: a and b share");
     assert!(same_physical(&sub.join("b"), 0, &snap.join("b"), 0, len as u64), "setup: the snapshot's b is not b's");
     Some((vol, sub, snap))
+}
+
+/// Five copies, the snapshot keeping the last by inode: the planner sees
+/// three of them and the others follow in a plan of their own
+/// (`plan::copies`); the role still goes to the snapshot's copy, and the
+/// four others' extents are freed (with the followers' plan made after `a`
+/// had been shared with the second copy, `a`'s extent stayed: 3 of 4 freed).
+#[test]
+fn among_many_copies_the_one_a_snapshot_keeps_becomes_the_source() {
+    let len = 4 << 20;
+    let Some((vol, sub, snap)) = snapshotted_copy_among(len, &["a", "c", "d", "e"]) else { return };
+    let (before, kept) = (Snapshot::take(&sub), Snapshot::take(&snap));
+    let snap_b = snap.join("b");
+    let free0 = free_bytes(&vol.mnt);
+    let r = run_json(&vol, &[s(&sub)]);
+    let freed = free_bytes(&vol.mnt) as i64 - free0 as i64;
+    assert_eq!(num(&r, "sources_swapped"), 1, "{r:#}");
+    for n in ["a", "b", "c", "d", "e"] {
+        assert!(same_physical(&sub.join(n), 0, &snap_b, 0, len as u64), "{n} is not on the snapshot's extent: {r:#}");
+    }
+    assert!(freed >= 4 * len as i64 * 95 / 100, "freed {freed} of {}: {r:#}", 4 * len);
+    before.assert_same(&Snapshot::take(&sub));
+    kept.assert_same(&Snapshot::take(&snap));
 }
 
 /// The planned source is `a`, the destination the snapshotted `b`.

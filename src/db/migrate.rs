@@ -22,6 +22,7 @@ pub const MIGRATIONS: &[&str] = &[
     include_str!("../../schema/0006_no_anchors.sql"),
     include_str!("../../schema/0007_files_by_inode.sql"),
     include_str!("../../schema/0008_pinned.sql"),
+    include_str!("../../schema/0009_kept_out.sql"),
 ];
 
 /// The schema version this build writes.

@@ -85,7 +85,12 @@ impl Executor<'_> {
     /// a collision in a 100 MiB image extent whose rest was rewritten kept
     /// all 100 MiB and the rewrite. Copy them to fresh extents like a
     /// remainder ([`Executor::free_bookends`]), within the same bound: at
-    /// most `max_ratio` times what was shared.
+    /// most `max_ratio` times what was shared. Only parts whose extents no
+    /// other file references: a part of an extent that another file keeps
+    /// (the source itself, when the destination is a reflinked clone of
+    /// it; a snapshot) frees nothing when moved out, and the copy is new
+    /// space: 21 clones of a 256 MiB file with one collision each took
+    /// 112 KiB more after the run than before.
     pub(super) fn unpin_differing(&mut self, id: FileId, parts: &[(u64, u64)], covered: u64, b: &Bookends) {
         let Some(size) = self.files.get(&id).map(|c| c.size) else { return };
         let failed: u64 = parts.iter().map(|p| p.1).sum();
@@ -93,6 +98,15 @@ impl Executor<'_> {
             return;
         }
         let Some(file) = self.open(id) else { return };
+        let Ok(extents) = sys::fiemap(file.as_fd(), 0, size) else { return };
+        let kept_elsewhere = |&(off, len): &(u64, u64)| {
+            extents.iter().any(|e| e.logical < off + len && off < e.logical + e.length && e.is_shared())
+        };
+        let parts: Vec<(u64, u64)> = parts.iter().copied().filter(|p| !kept_elsewhere(p)).collect();
+        if parts.is_empty() {
+            return;
+        }
+        let parts = &parts[..];
         let done = self.copy_out(&file, size, parts).and_then(|tmp| self.share_back(&tmp, &file, parts));
         if let Err(e) = done {
             let path = display_path(&self.files[&id].path);

@@ -115,7 +115,7 @@ pub(super) fn scan_phase(
             seen.remove(id);
         }
     }
-    keep_links_outside(&db, &crawled.links_outside, &mut seen, &mut walked, progress)?;
+    keep_links_outside(&db, run_id, &crawled.links_outside, (&mut seen, &mut walked), progress)?;
     let unshared = written.unshared;
     let out = ScanOutcome { walked, changes, hashed, removed, interrupted, walk_ms, scan_ms: ms(t), seen, unshared };
     progress.finish_phase(&format!(
@@ -141,13 +141,13 @@ struct Crawled {
 /// run, hashed or known unchanged (the file itself may be fine; it is
 /// another of its names that is protected or outside the run, and that may
 /// change without the file changing). Counted `hardlink_outside` (they stay
-/// in `files_scanned`, like a file found changed at share time) and named
-/// with `-v`.
+/// in `files_scanned`, like a file found changed at share time), named
+/// with `-v`, and recorded for `report` ([`Db::save_kept_out`]).
 fn keep_links_outside(
     db: &Db,
+    run_id: i64,
     keys: &[FileKey],
-    seen: &mut IdSet,
-    walked: &mut WalkResult,
+    (seen, walked): (&mut IdSet, &mut WalkResult),
     progress: &dyn Progress,
 ) -> Result<()> {
     let mut ids = Vec::new();
@@ -159,6 +159,7 @@ fn keep_links_outside(
             _ => {}
         }
     }
+    db.save_kept_out(run_id, &ids, |id| seen.contains(id))?;
     for id in &ids {
         seen.remove(*id);
     }

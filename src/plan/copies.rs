@@ -6,12 +6,13 @@
 //! a destination of exactly the same sources at the same offsets: copies
 //! beyond the second change nothing the planner decides (not the classes,
 //! not which blocks are unique, not what stays pinned). Planning them all
-//! cost about 100 bytes of memory per block per copy: ten thousand
-//! `cp --reflink` clones of a 1 GiB file, which cost their owner no disk
-//! space, made a full run or `report` need about 50 GB. Here the planner
-//! sees the first two copies (and the one the block groups name), and the
-//! others follow in plans of their own, a bounded number of copies each:
-//! the same ranges as before, in other batches.
+//! cost about 16 bytes of memory per block per copy: 400 `cp --reflink`
+//! clones of a 1 GiB file, which cost their owner no disk space, made a
+//! full run or `report` take 1.65 GB (ten thousand would take 40 GB). Here
+//! the planner sees the first two copies (and the one the block groups
+//! name), and every copy but the first follows in plans of their own, a
+//! bounded number of copies each: the same ranges as before, in other
+//! batches.
 
 use rustc_hash::FxHashMap;
 
@@ -32,22 +33,34 @@ const FOLLOW_RANGES: usize = 1 << 16;
 /// one plan's files at a time).
 const FOLLOW_FILES: usize = 16_000;
 
-/// Copies of a whole-file group left out of the planner.
+/// The copies of a whole-file group that follow its first: all of them
+/// but the first, whether the planner saw them or not.
 #[derive(Debug, PartialEq, Eq)]
 pub(super) struct Followers {
     /// The copy whose ranges they take (the second in the planner's order).
     template: FileId,
-    /// The copies, each with the same map as the first.
+    /// The copies, each with the same map as the first: the template
+    /// first, then the one the block groups name if it is another copy,
+    /// then those the planner never saw.
     copies: Vec<FileId>,
+    /// How many of `copies` the planner saw (one or two, at the front).
+    planned: usize,
 }
 
 /// Cut whole-file group `g` (ids sorted, so `g[0]` is the copy the block
 /// groups name) down to what the planner needs: its first two copies in
-/// the planner's order and `g[0]`. The others become [`Followers`], those
-/// whose map differs from the first copy's dropped (a collision of map
-/// hashes: the planner would not join them either). `None` leaves `g` as
-/// it is: at most `limit` copies (never fewer than [`PLANNED`]), or its
-/// second copy's map differs.
+/// the planner's order and `g[0]`. Every copy but the first becomes one of
+/// the [`Followers`] (dropped if its map differs from the first copy's: a
+/// collision of map hashes, which the planner would not join either; `g[0]`
+/// then stays as it was planned). `None` leaves `g` as it is: at most
+/// `limit` copies (never fewer than [`PLANNED`]), or its second copy's map
+/// differs.
+///
+/// The copies the planner saw follow too (their ranges move out of their
+/// batch): so the first plan of followers holds the whole group from the
+/// first copy, as a batch of all copies did, and the share phase may still
+/// hand the source's role to a copy a read-only snapshot keeps (see
+/// `dedupe::swap`), which it does only for a source not yet shared.
 pub(super) fn reduce(db: &Db, g: &mut Vec<FileId>, limit: usize) -> rusqlite::Result<Option<Followers>> {
     if g.len() <= limit.max(PLANNED) {
         return Ok(None);
@@ -61,16 +74,24 @@ pub(super) fn reduce(db: &Db, g: &mut Vec<FileId>, limit: usize) -> rusqlite::Re
     if !same.check(&keys[1])? {
         return Ok(None);
     }
-    let named = g[0];
-    let kept = [keys[0].id, keys[1].id, named];
-    let mut copies = Vec::with_capacity(keys.len() - 2);
+    let (first, template, named) = (keys[0].id, keys[1].id, g[0]);
+    let mut copies = Vec::with_capacity(keys.len() - 1);
+    copies.push(template);
+    let mut rest = Vec::with_capacity(keys.len() - 2);
     for k in &keys[2..] {
-        if k.id != named && same.check(k)? {
-            copies.push(k.id);
+        if !same.check(k)? {
+            continue;
+        }
+        if k.id == named {
+            copies.push(named);
+        } else {
+            rest.push(k.id);
         }
     }
-    g.retain(|id| kept.contains(id));
-    Ok(Some(Followers { template: keys[1].id, copies }))
+    let planned = copies.len();
+    copies.append(&mut rest);
+    g.retain(|id| [first, template, named].contains(id));
+    Ok(Some(Followers { template, copies, planned }))
 }
 
 /// Whether a copy's map is the first copy's: by the row holding it, else
@@ -110,6 +131,12 @@ impl Followers {
         plan.ranges.iter().filter(|r| r.dest == self.template).copied().collect()
     }
 
+    /// The copies the planner saw besides the first: their ranges leave
+    /// the batch's plan (they come back as followers).
+    pub(super) fn planned(&self) -> &[FileId] {
+        &self.copies[..self.planned]
+    }
+
     /// The followers' plans: each copy takes `template` (its template's
     /// ranges) as its own, in plans of at most [`FOLLOW_RANGES`] ranges and
     /// [`FOLLOW_FILES`] copies (at least one copy each), each ordered as
@@ -139,7 +166,7 @@ mod tests {
         // Source 1 into template 2 (two ranges) and into an image 9.
         let plan = Plan { ranges: vec![r(1, 0, 8192, 2, 0), r(1, 0, 4096, 9, 40960), r(7, 0, 4096, 2, 8192)] };
         let n = 2 * FOLLOW_FILES as i64;
-        let f = Followers { template: FileId(2), copies: (10..10 + n).map(FileId).collect() };
+        let f = Followers { template: FileId(2), copies: (10..10 + n).map(FileId).collect(), planned: 1 };
         let template = f.template(&plan);
         let plans: Vec<Plan> = f.plans(&template).collect();
         // Two ranges a copy: bounded by files (FOLLOW_FILES copies a plan).
@@ -147,7 +174,7 @@ mod tests {
         assert!(plans.iter().all(|p| p.ranges.len() == 2 * FOLLOW_FILES));
         // Many ranges a copy: bounded by ranges, never less than one copy.
         let many: Vec<Range> = (0..5000).map(|k| r(1, k * 4096, 4096, 2, k * 4096)).collect();
-        let few = Followers { template: FileId(2), copies: (10..110).map(FileId).collect() };
+        let few = Followers { template: FileId(2), copies: (10..110).map(FileId).collect(), planned: 1 };
         let counts: Vec<usize> = few.plans(&many).map(|p| p.ranges.len()).collect();
         assert!(counts.iter().all(|&c| c <= FOLLOW_RANGES && c % 5000 == 0), "{counts:?}");
         assert_eq!(counts.iter().sum::<usize>(), 5000 * 100);
@@ -160,7 +187,7 @@ mod tests {
         assert!(first.contains(&r(1, 0, 8192, 10, 0)) && first.contains(&r(7, 0, 4096, 10, 8192)));
         assert!(!plans.iter().flat_map(|p| &p.ranges).any(|x| x.dest == FileId(9) || x.dest == FileId(2)));
         // A template with nothing planned: no plans.
-        let none = Followers { template: FileId(3), copies: vec![FileId(4)] };
+        let none = Followers { template: FileId(3), copies: vec![FileId(4)], planned: 1 };
         assert_eq!(none.plans(&none.template(&plan)).count(), 0);
     }
 }

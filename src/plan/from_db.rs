@@ -344,6 +344,9 @@ impl Batcher<'_> {
         drop(files);
         drop(batch);
         let templates: Vec<Vec<Range>> = followers.iter().map(|f| f.template(&p)).collect();
+        let moved: rustc_hash::FxHashSet<FileId> = followers.iter().flat_map(|f| f.planned()).copied().collect();
+        let mut p = p;
+        p.ranges.retain(|r| !moved.contains(&r.dest));
         self.emit(p, sink)?;
         for (f, t) in followers.iter().zip(&templates) {
             for p in f.plans(t) {
