@@ -27,11 +27,12 @@ use crate::file::FileId;
 pub(super) const PLANNED: usize = 3;
 
 /// Most ranges in one plan of followers (one copy's ranges are never split).
-const FOLLOW_RANGES: usize = 1 << 16;
+pub(super) const FOLLOW_RANGES: usize = 1 << 16;
 
 /// Most copies in one plan of followers (the share phase holds the facts of
-/// one plan's files at a time).
-const FOLLOW_FILES: usize = 16_000;
+/// one plan's files at a time): a batch's files, [`super::from_db::BATCH_FILES`].
+#[cfg(test)]
+const FOLLOW_FILES: usize = super::from_db::BATCH_FILES as usize;
 
 /// The copies of a whole-file group that follow its first: all of them
 /// but the first, whether the planner saw them or not.
@@ -126,7 +127,7 @@ impl<'d> SameMap<'d> {
 
 impl Followers {
     /// Take the template's ranges out of `plan` (which must be the plan
-    /// of its batch): what [`Followers::plans`] needs once `plan` is gone.
+    /// of its batch): what [`follow`] needs once `plan` is gone.
     pub(super) fn template(&self, plan: &Plan) -> Vec<Range> {
         plan.ranges.iter().filter(|r| r.dest == self.template).copied().collect()
     }
@@ -136,21 +137,49 @@ impl Followers {
     pub(super) fn planned(&self) -> &[FileId] {
         &self.copies[..self.planned]
     }
+}
 
-    /// The followers' plans: each copy takes `template` (its template's
-    /// ranges) as its own, in plans of at most [`FOLLOW_RANGES`] ranges and
-    /// [`FOLLOW_FILES`] copies (at least one copy each), each ordered as
-    /// the planner orders a plan. Made one at a time, as they are used.
-    pub(super) fn plans<'a>(&'a self, template: &'a [Range]) -> impl Iterator<Item = Plan> + 'a {
-        let per = (FOLLOW_RANGES / template.len().max(1)).clamp(1, FOLLOW_FILES);
-        let copies: &[FileId] = if template.is_empty() { &[] } else { &self.copies };
-        copies.chunks(per).map(move |chunk| {
-            let mut ranges: Vec<Range> =
-                chunk.iter().flat_map(|&c| template.iter().map(move |r| Range { dest: c, ..*r })).collect();
-            ranges.sort_unstable_by_key(|r| (r.src, r.src_off, r.len, r.dest, r.dest_off));
-            Plan { ranges }
-        })
+/// The plans of a batch's followers, each group with its template's ranges
+/// (see [`Followers::template`]): each copy takes them as its own. Groups
+/// are packed together into plans of at most `max_ranges` ranges and
+/// `max_files` copies ([`FOLLOW_RANGES`] and a batch's files by default; a
+/// batch of 3,000 groups of five small copies as 3,000 plans took the share
+/// phase three times as long); a group goes whole into
+/// one plan when it fits in one (so the share phase sees it whole from its
+/// first copy), a copy is never split. Each plan is ordered as the planner
+/// orders a plan and handed to `emit` as soon as it is full.
+pub(super) fn follow<E>(
+    groups: &[(Followers, Vec<Range>)],
+    (max_ranges, max_files): (usize, usize),
+    mut emit: impl FnMut(Plan) -> Result<(), E>,
+) -> Result<(), E> {
+    let mut cur: Vec<Range> = Vec::new();
+    let mut copies = 0usize;
+    let mut flush = |cur: &mut Vec<Range>, copies: &mut usize| -> Result<(), E> {
+        *copies = 0;
+        if cur.is_empty() {
+            return Ok(());
+        }
+        let mut ranges = std::mem::take(cur);
+        ranges.sort_unstable_by_key(|r| (r.src, r.src_off, r.len, r.dest, r.dest_off));
+        emit(Plan { ranges })
+    };
+    let full = |cur: &[Range], copies: usize, ranges: usize, files: usize| {
+        copies > 0 && (cur.len() + ranges > max_ranges || copies + files > max_files)
+    };
+    for (f, template) in groups.iter().filter(|g| !g.1.is_empty()) {
+        if full(&cur, copies, f.copies.len() * template.len(), f.copies.len()) {
+            flush(&mut cur, &mut copies)?;
+        }
+        for &c in &f.copies {
+            if full(&cur, copies, template.len(), 1) {
+                flush(&mut cur, &mut copies)?;
+            }
+            cur.extend(template.iter().map(|r| Range { dest: c, ..*r }));
+            copies += 1;
+        }
     }
+    flush(&mut cur, &mut copies)
 }
 
 #[cfg(test)]
@@ -161,33 +190,51 @@ mod tests {
         Range { src: FileId(src), src_off, len, dest: FileId(dest), dest_off }
     }
 
+    fn plans(groups: &[(Followers, Vec<Range>)]) -> Vec<Plan> {
+        let mut out = Vec::new();
+        follow(groups, (FOLLOW_RANGES, FOLLOW_FILES), |p| {
+            out.push(p);
+            Ok::<(), ()>(())
+        })
+        .unwrap();
+        out
+    }
+
+    fn group(template: i64, copies: std::ops::Range<i64>) -> Followers {
+        Followers { template: FileId(template), copies: copies.map(FileId).collect(), planned: 1 }
+    }
+
     #[test]
     fn followers_take_the_template_ranges_in_bounded_plans() {
         // Source 1 into template 2 (two ranges) and into an image 9.
         let plan = Plan { ranges: vec![r(1, 0, 8192, 2, 0), r(1, 0, 4096, 9, 40960), r(7, 0, 4096, 2, 8192)] };
-        let n = 2 * FOLLOW_FILES as i64;
-        let f = Followers { template: FileId(2), copies: (10..10 + n).map(FileId).collect(), planned: 1 };
+        let f = group(2, 10..10 + 2 * FOLLOW_FILES as i64);
         let template = f.template(&plan);
-        let plans: Vec<Plan> = f.plans(&template).collect();
+        let got = plans(&[(f, template.clone())]);
         // Two ranges a copy: bounded by files (FOLLOW_FILES copies a plan).
-        assert_eq!(plans.len(), 2);
-        assert!(plans.iter().all(|p| p.ranges.len() == 2 * FOLLOW_FILES));
-        // Many ranges a copy: bounded by ranges, never less than one copy.
-        let many: Vec<Range> = (0..5000).map(|k| r(1, k * 4096, 4096, 2, k * 4096)).collect();
-        let few = Followers { template: FileId(2), copies: (10..110).map(FileId).collect(), planned: 1 };
-        let counts: Vec<usize> = few.plans(&many).map(|p| p.ranges.len()).collect();
-        assert!(counts.iter().all(|&c| c <= FOLLOW_RANGES && c % 5000 == 0), "{counts:?}");
-        assert_eq!(counts.iter().sum::<usize>(), 5000 * 100);
-        let huge: Vec<Range> = (0..FOLLOW_RANGES as u64 + 1).map(|k| r(1, k * 4096, 4096, 2, k * 4096)).collect();
-        assert_eq!(few.plans(&huge).next().map(|p| p.ranges.len()), Some(FOLLOW_RANGES + 1));
-        let first = &plans[0].ranges;
+        assert_eq!(got.len(), 2);
+        assert!(got.iter().all(|p| p.ranges.len() == 2 * FOLLOW_FILES));
+        let first = &got[0].ranges;
         assert!(first
             .windows(2)
             .all(|w| (w[0].src, w[0].src_off, w[0].len, w[0].dest) <= (w[1].src, w[1].src_off, w[1].len, w[1].dest)));
         assert!(first.contains(&r(1, 0, 8192, 10, 0)) && first.contains(&r(7, 0, 4096, 10, 8192)));
-        assert!(!plans.iter().flat_map(|p| &p.ranges).any(|x| x.dest == FileId(9) || x.dest == FileId(2)));
-        // A template with nothing planned: no plans.
-        let none = Followers { template: FileId(3), copies: vec![FileId(4)], planned: 1 };
-        assert_eq!(none.plans(&none.template(&plan)).count(), 0);
+        assert!(!got.iter().flat_map(|p| &p.ranges).any(|x| x.dest == FileId(9) || x.dest == FileId(2)));
+        // Many ranges a copy: bounded by ranges, never less than one copy.
+        let many: Vec<Range> = (0..5000).map(|k| r(1, k * 4096, 4096, 2, k * 4096)).collect();
+        let counts: Vec<usize> = plans(&[(group(2, 10..110), many)]).iter().map(|p| p.ranges.len()).collect();
+        assert!(counts.iter().all(|&c| c <= FOLLOW_RANGES && c % 5000 == 0), "{counts:?}");
+        assert_eq!(counts.iter().sum::<usize>(), 5000 * 100);
+        let huge: Vec<Range> = (0..FOLLOW_RANGES as u64 + 1).map(|k| r(1, k * 4096, 4096, 2, k * 4096)).collect();
+        assert_eq!(plans(&[(group(2, 10..11), huge)])[0].ranges.len(), FOLLOW_RANGES + 1);
+        // Small groups share plans; one that does not fit starts the next
+        // plan whole; a template with nothing planned makes nothing.
+        let one = vec![r(1, 0, 4096, 2, 0)];
+        let small: Vec<(Followers, Vec<Range>)> =
+            (0..100).map(|k| (group(2, k * 10..k * 10 + 4), one.clone())).collect();
+        assert_eq!(plans(&small).len(), 1);
+        let big = (group(2, 50_000..50_000 + FOLLOW_FILES as i64 - 2), one.clone());
+        let got = plans(&[small.into_iter().next().unwrap(), (group(3, 20..24), Vec::new()), big]);
+        assert_eq!(got.iter().map(|p| p.ranges.len()).collect::<Vec<_>>(), vec![4, FOLLOW_FILES - 2]);
     }
 }

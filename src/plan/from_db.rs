@@ -343,17 +343,19 @@ impl Batcher<'_> {
         let p = plan(&files, &batch.whole, &batch.blocks, self.opts);
         drop(files);
         drop(batch);
-        let templates: Vec<Vec<Range>> = followers.iter().map(|f| f.template(&p)).collect();
         let moved: rustc_hash::FxHashSet<FileId> = followers.iter().flat_map(|f| f.planned()).copied().collect();
+        let groups: Vec<(copies::Followers, Vec<Range>)> = followers
+            .into_iter()
+            .map(|f| {
+                let t = f.template(&p);
+                (f, t)
+            })
+            .collect();
         let mut p = p;
         p.ranges.retain(|r| !moved.contains(&r.dest));
         self.emit(p, sink)?;
-        for (f, t) in followers.iter().zip(&templates) {
-            for p in f.plans(t) {
-                self.emit(p, sink)?;
-            }
-        }
-        Ok(())
+        let bounds = (copies::FOLLOW_RANGES.min(self.limits.batch_blocks as usize), self.limits.batch_files as usize);
+        copies::follow(&groups, bounds, |p| self.emit(p, sink))
     }
 
     /// Hand one plan on, counted; an empty one is dropped.
