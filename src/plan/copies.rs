@@ -126,12 +126,6 @@ impl<'d> SameMap<'d> {
 }
 
 impl Followers {
-    /// Take the template's ranges out of `plan` (which must be the plan
-    /// of its batch): what [`follow`] needs once `plan` is gone.
-    pub(super) fn template(&self, plan: &Plan) -> Vec<Range> {
-        plan.ranges.iter().filter(|r| r.dest == self.template).copied().collect()
-    }
-
     /// The copies the planner saw besides the first: their ranges leave
     /// the batch's plan (they come back as followers).
     pub(super) fn planned(&self) -> &[FileId] {
@@ -139,8 +133,26 @@ impl Followers {
     }
 }
 
+/// Each group of `followers` with its template's ranges, taken from `plan`
+/// (the plan of their batch) in one pass: what [`follow`] needs.
+pub(super) fn with_templates(plan: &Plan, followers: Vec<Followers>) -> Vec<(Followers, Vec<Range>)> {
+    let mut by_template: FxHashMap<FileId, Vec<Range>> = followers.iter().map(|f| (f.template, Vec::new())).collect();
+    for r in &plan.ranges {
+        if let Some(t) = by_template.get_mut(&r.dest) {
+            t.push(*r);
+        }
+    }
+    followers
+        .into_iter()
+        .map(|f| {
+            let t = by_template.remove(&f.template).unwrap_or_default();
+            (f, t)
+        })
+        .collect()
+}
+
 /// The plans of a batch's followers, each group with its template's ranges
-/// (see [`Followers::template`]): each copy takes them as its own. Groups
+/// ([`with_templates`]): each copy takes them as its own. Groups
 /// are packed together into plans of at most `max_ranges` ranges and
 /// `max_files` copies ([`FOLLOW_RANGES`] and a batch's files by default; a
 /// batch of 3,000 groups of five small copies as 3,000 plans took the share
@@ -208,9 +220,10 @@ mod tests {
     fn followers_take_the_template_ranges_in_bounded_plans() {
         // Source 1 into template 2 (two ranges) and into an image 9.
         let plan = Plan { ranges: vec![r(1, 0, 8192, 2, 0), r(1, 0, 4096, 9, 40960), r(7, 0, 4096, 2, 8192)] };
-        let f = group(2, 10..10 + 2 * FOLLOW_FILES as i64);
-        let template = f.template(&plan);
-        let got = plans(&[(f, template.clone())]);
+        let groups = with_templates(&plan, vec![group(2, 10..10 + 2 * FOLLOW_FILES as i64), group(3, 20..24)]);
+        assert_eq!(groups[0].1, vec![plan.ranges[0], plan.ranges[2]]);
+        assert!(groups[1].1.is_empty());
+        let got = plans(&groups);
         // Two ranges a copy: bounded by files (FOLLOW_FILES copies a plan).
         assert_eq!(got.len(), 2);
         assert!(got.iter().all(|p| p.ranges.len() == 2 * FOLLOW_FILES));

@@ -15,7 +15,7 @@ use std::collections::HashSet;
 use super::copies;
 use super::group::{self, BlockGroups, MapPass, SliceGrouper, WholeGroup};
 use super::unionfind::UnionFind;
-use super::{plan, Plan, PlanFile, PlanOptions, Range};
+use super::{plan, Plan, PlanFile, PlanOptions};
 use crate::db::Db;
 use crate::file::{FileId, IdSet};
 use rustc_hash::FxHashMap;
@@ -344,13 +344,7 @@ impl Batcher<'_> {
         drop(files);
         drop(batch);
         let moved: rustc_hash::FxHashSet<FileId> = followers.iter().flat_map(|f| f.planned()).copied().collect();
-        let groups: Vec<(copies::Followers, Vec<Range>)> = followers
-            .into_iter()
-            .map(|f| {
-                let t = f.template(&p);
-                (f, t)
-            })
-            .collect();
+        let groups = copies::with_templates(&p, followers);
         let mut p = p;
         p.ranges.retain(|r| !moved.contains(&r.dest));
         self.emit(p, sink)?;
