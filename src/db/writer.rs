@@ -164,9 +164,16 @@ struct Writer {
 /// Senders count each op's [`WriteOp::map_bytes`] in `bytes` before they
 /// send it; the writer gives them back as it commits.
 pub fn run(db: Db, run_id: i64, rx: Receiver<WriteOp>, bytes: &MapBytes) -> rusqlite::Result<(Db, Written)> {
-    let out = write_all(db, run_id, rx, bytes);
-    bytes.close();
-    out
+    /// Closes `bytes` however the writer ends, a panic included: a hasher
+    /// waiting for room would otherwise wait forever.
+    struct Closing<'a>(&'a MapBytes);
+    impl Drop for Closing<'_> {
+        fn drop(&mut self) {
+            self.0.close();
+        }
+    }
+    let _closing = Closing(bytes);
+    write_all(db, run_id, rx, bytes)
 }
 
 /// [`run`]'s loop.
@@ -343,5 +350,36 @@ impl Writer {
             }
         }
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::atomic::{AtomicBool, Ordering};
+
+    /// A hasher waits while the cap is reached, goes on when the writer
+    /// commits or is gone; one map larger than the cap goes alone.
+    #[test]
+    fn map_bytes_bound_what_is_in_flight() {
+        let bytes = MapBytes::default();
+        bytes.take(MAP_BYTES_CAP + 1); // alone: nothing else in flight
+        bytes.give(MAP_BYTES_CAP + 1);
+        bytes.take(MAP_BYTES_CAP - 10);
+        let went = AtomicBool::new(false);
+        std::thread::scope(|s| {
+            s.spawn(|| {
+                bytes.take(20);
+                went.store(true, Ordering::SeqCst);
+            });
+            std::thread::sleep(Duration::from_millis(50));
+            assert!(!went.load(Ordering::SeqCst), "took room beyond the cap");
+            bytes.give(MAP_BYTES_CAP - 10);
+        });
+        assert!(went.load(Ordering::SeqCst));
+        // The writer gone: nobody waits (20 bytes in flight, a full cap
+        // more would wait otherwise).
+        bytes.close();
+        bytes.take(MAP_BYTES_CAP);
     }
 }
