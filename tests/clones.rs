@@ -68,7 +68,7 @@ fn clones_cost_no_memory(fs: Fs) {
     sh(Command::new("setpriv")
         .args(["--reuid=65534", "--regid=65534", "--clear-groups", "sh", "-c", &script])
         .current_dir(&d));
-    let orig_sha = sha256_file(&d.join("orig"));
+    let orig_sha = sha256_hex(&d.join("orig"));
     let before = metadata(&d);
     vol.remount();
 
@@ -92,21 +92,9 @@ fn clones_cost_no_memory(fs: Fs) {
     // Nothing changed: metadata of every file, the original's bytes, and
     // every clone still the original's extents, block for block.
     assert_eq!(metadata(&d), before);
-    assert_eq!(sha256_file(&d.join("orig")), orig_sha);
+    assert_eq!(sha256_hex(&d.join("orig")), orig_sha);
     for i in 1..=CLONES {
         assert!(same_physical(&d.join("orig"), 0, &d.join(format!("c{i}")), 0, size), "c{i} no longer the original's");
-    }
-}
-
-fn sha256_file(p: &Path) -> Vec<u8> {
-    use sha2::{Digest, Sha256};
-    use std::io::Read;
-    let (mut h, mut f, mut buf) = (Sha256::new(), std::fs::File::open(p).unwrap(), vec![0u8; 1 << 20]);
-    loop {
-        match f.read(&mut buf).unwrap() {
-            0 => return h.finalize().to_vec(),
-            n => h.update(&buf[..n]),
-        }
     }
 }
 

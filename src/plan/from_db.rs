@@ -340,12 +340,11 @@ impl Batcher<'_> {
         let files: Vec<PlanFile> = (self.db.map_rows(group::involved(&batch.whole, &batch.blocks))?.into_iter())
             .map(|r| PlanFile { id: r.id, ino: r.ino, size: r.size, blocks: r.map })
             .collect();
-        let p = plan(&files, &batch.whole, &batch.blocks, self.opts);
+        let mut p = plan(&files, &batch.whole, &batch.blocks, self.opts);
         drop(files);
         drop(batch);
         let moved: rustc_hash::FxHashSet<FileId> = followers.iter().flat_map(|f| f.planned()).copied().collect();
         let groups = copies::with_templates(&p, followers);
-        let mut p = p;
         p.ranges.retain(|r| !moved.contains(&r.dest));
         self.emit(p, sink)?;
         let bounds = (copies::FOLLOW_RANGES.min(self.limits.batch_blocks as usize), self.limits.batch_files as usize);

@@ -204,6 +204,21 @@ pub struct FileState {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Snapshot(pub BTreeMap<PathBuf, FileState>);
 
+/// SHA-256 of a file's bytes, in hex.
+pub fn sha256_hex(path: &Path) -> String {
+    let mut h = Sha256::new();
+    let mut f = File::open(path).unwrap();
+    let mut buf = vec![0u8; 1 << 20];
+    loop {
+        let n = f.read(&mut buf).unwrap();
+        if n == 0 {
+            break;
+        }
+        h.update(&buf[..n]);
+    }
+    h.finalize().iter().map(|b| format!("{b:02x}")).collect()
+}
+
 impl Snapshot {
     pub fn take(root: &Path) -> Snapshot {
         let mut map = BTreeMap::new();
@@ -211,17 +226,7 @@ impl Snapshot {
             let e = e.unwrap();
             let m = e.metadata().unwrap();
             let sha256 = if m.is_file() && (m.permissions().mode() & 0o444 != 0 || nix::unistd::geteuid().is_root()) {
-                let mut h = Sha256::new();
-                let mut f = File::open(e.path()).unwrap();
-                let mut buf = vec![0u8; 1 << 20];
-                loop {
-                    let n = f.read(&mut buf).unwrap();
-                    if n == 0 {
-                        break;
-                    }
-                    h.update(&buf[..n]);
-                }
-                h.finalize().iter().map(|b| format!("{b:02x}")).collect::<String>()
+                sha256_hex(e.path())
             } else {
                 String::new()
             };
