@@ -26,6 +26,7 @@ mod from_db;
 pub mod group;
 pub mod map;
 mod planner;
+mod repeats;
 mod sampling;
 #[cfg(test)]
 mod tests;

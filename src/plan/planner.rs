@@ -1,7 +1,7 @@
 //! The planner proper: a union-find over every data block of the files,
 //! fed by whole-file groups and anchor groups, read out into ranges.
 
-use rustc_hash::FxHashMap;
+use rustc_hash::{FxHashMap, FxHashSet};
 
 use super::map::MapView;
 use super::unionfind::UnionFind;
@@ -37,12 +37,12 @@ pub(super) struct Planner<'a> {
     /// that the order the database returns them in never matters.
     pub(super) files: Vec<&'a PlanFile>,
     /// Their block maps, indexed for random access (same order).
-    maps: Vec<MapView<'a>>,
+    pub(super) maps: Vec<MapView<'a>>,
     /// Global number of each file's first data block; a block's number is
     /// `base[f] + its data index` (sparse files cost only their data).
-    base: Vec<u32>,
+    pub(super) base: Vec<u32>,
     /// Union-find over block numbers: blocks known to hold the same content.
-    uf: UnionFind,
+    pub(super) uf: UnionFind,
     /// Diagonals already walked, `(file a, file b, block_b - block_a)` →
     /// intervals of `a`'s blocks covered, so that each stretch of a diagonal
     /// is walked once whatever the order of the anchors that lead to it.
@@ -74,7 +74,7 @@ impl<'a> Planner<'a> {
         self.maps[f as usize].get(b)
     }
 
-    fn num(&self, (f, b): Loc) -> Option<u32> {
+    pub(super) fn num(&self, (f, b): Loc) -> Option<u32> {
         Some(self.base[f as usize] + self.maps[f as usize].data_index(b)?)
     }
 
@@ -195,7 +195,7 @@ impl<'a> Planner<'a> {
     }
 
     /// File and block of block number `g`.
-    fn loc(&self, g: u32) -> Loc {
+    pub(super) fn loc(&self, g: u32) -> Loc {
         // The last file starting at or before `g` (files without data share
         // their base with the next one, so this is the one holding `g`).
         let f = self.base.partition_point(|&b| b <= g) - 1;
@@ -205,7 +205,8 @@ impl<'a> Planner<'a> {
     /// Read the classes out into ranges, ordered by source.
     pub(super) fn finish(mut self) -> Plan {
         let best = self.sources();
-        let mut ranges = self.ranges(&best);
+        let kept = self.windows(&best);
+        let mut ranges = self.ranges(&best, &kept);
         ranges.sort_unstable_by_key(|r| (r.src, r.src_off, r.len, r.dest, r.dest_off));
         Plan { ranges }
     }
@@ -355,16 +356,17 @@ impl<'a> Planner<'a> {
             .sum()
     }
 
-    /// Every block that is not its class's source, as ranges of
-    /// consecutive blocks into consecutive source blocks.
-    fn ranges(&self, best: &[u32]) -> Vec<Range> {
+    /// Every block that is not its class's source or kept in a window
+    /// ([`super::repeats`]), as ranges of consecutive blocks into
+    /// consecutive source blocks; a range goes on through a window's blocks.
+    fn ranges(&self, best: &[u32], kept: &FxHashSet<u32>) -> Vec<Range> {
         let mut ranges: Vec<Range> = Vec::new();
         let mut cur: Option<Stretch> = None;
         for df in 0..self.files.len() as u32 {
             for (k, (db, _)) in self.maps[df as usize].data().enumerate() {
                 let g = self.base[df as usize] + k as u32;
                 let src = best[self.uf.parent[g as usize] as usize];
-                if src == g {
+                if src == g || (!kept.is_empty() && kept.contains(&g)) {
                     continue;
                 }
                 let (sf, sb) = self.loc(src);
@@ -373,6 +375,13 @@ impl<'a> Planner<'a> {
                         if cf == df && cb + n == db && csf == sf && csb + n == sb
                         // within one file, source and destination must not overlap
                         && (csf != cf || (cb + n < csb || csb + n < cb)) =>
+                    {
+                        Some((cf, cb, csf, csb, n + 1))
+                    }
+                    // Source and destination blocks are disjoint, so a
+                    // window's blocks never overlap the range taken from them.
+                    Some((cf, cb, csf, csb, n))
+                        if cf == df && cb + n == db && self.in_window(kept, (csf, csb + n), g) =>
                     {
                         Some((cf, cb, csf, csb, n + 1))
                     }
@@ -389,6 +398,15 @@ impl<'a> Planner<'a> {
             self.push_range(c, &mut ranges);
         }
         ranges
+    }
+
+    /// Whether block `at` is kept in a window and holds the content of
+    /// block number `g`.
+    fn in_window(&self, kept: &FxHashSet<u32>, at: Loc, g: u32) -> bool {
+        !kept.is_empty()
+            && self
+                .num(at)
+                .is_some_and(|h| kept.contains(&h) && self.uf.parent[h as usize] == self.uf.parent[g as usize])
     }
 
     /// The range of a stretch, unless it is shorter than `min_blocks` (and

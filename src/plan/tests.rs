@@ -443,3 +443,39 @@ fn exact_groups_joined_directly_plan_what_walking_them_plans() {
         assert_eq!(plan(&files, &whole_groups(&files), &groups, exact), walked, "seed {seed}");
     }
 }
+
+#[test]
+fn a_long_run_of_one_block_is_shared_from_a_window_not_block_by_block() {
+    // 4,096 copies of one block, and the same block 100 times in a second
+    // file between blocks of its own: N = 4,195 destinations, so a window
+    // of 8 blocks (√(N/20) ≈ 14, a power of two).
+    let mut other = fps(41, 3);
+    other.extend([7; 100]);
+    other.extend(fps(42, 3));
+    let files = vec![file(1, &[7; 4096]), file(2, &other)];
+    let got = plan(&files, &[], &all_blocks_groups(&files), PlanOptions::default());
+    // The second file keeps an extent anyway (blocks of its own): the
+    // window is the start of its run.
+    assert!(got.ranges.iter().all(|r| r.src == FileId(2) && r.src_off == 3 * BS && r.len <= 8 * BS), "{got:?}");
+    // Everything but the window is shared, in 8-block ranges but for the
+    // second file's tail (92 = 11 × 8 + 4).
+    assert_eq!(shared_blocks(&got), 4096 - 8 + 100, "{got:?}");
+    assert_eq!(got.ranges.len(), 511 + 13, "{got:?}");
+    // Short runs stay as they were: each repeat its own range.
+    let files = vec![file(1, &[7; 40])];
+    let got = plan(&files, &[], &all_blocks_groups(&files), PlanOptions::default());
+    assert_eq!((got.ranges.len(), shared_blocks(&got)), (39, 39), "{got:?}");
+}
+
+#[test]
+fn a_repeated_pattern_is_shared_in_whole_periods() {
+    // Three blocks repeated 1,000 times: windows of a multiple of three,
+    // every range taken from the start of the window, in step.
+    let files = vec![file(1, &[3, 4, 5].repeat(1000))];
+    let got = plan(&files, &[], &all_blocks_groups(&files), PlanOptions::default());
+    let w = got.ranges.iter().map(|r| r.len / BS).max().unwrap();
+    assert!(w >= 6 && w % 3 == 0, "window {w}: {got:?}");
+    assert!(got.ranges.iter().all(|r| r.src_off == 0 && r.dest_off % (3 * BS) == 0), "{got:?}");
+    assert_eq!(shared_blocks(&got), 3000 - w, "{got:?}");
+    assert_eq!(got.ranges.len() as u64, (3000 - w).div_ceil(w), "{got:?}");
+}
