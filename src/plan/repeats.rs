@@ -14,8 +14,10 @@
 //! most [`MAX_PERIOD`]), the first `W` blocks of the run (a multiple of
 //! `p`) stay as they are, a *window*, and every other copy is shared from
 //! the window along the diagonal, `W` blocks per range. Keeping `W - p`
-//! duplicate blocks trades against `N / W` ranges for `N` destination
-//! blocks; with a range costing about a twentieth of a block in metadata
+//! duplicate blocks trades against `N / W` ranges for the `N` blocks that
+//! would go on through the window (those whose block `p` before holds the
+//! same content: a block found once in each of many files gains nothing);
+//! with a range costing about a twentieth of a block in metadata
 //! ([`BLOCKS_PER_RANGE`]) the sum is least at `W ≈ √(N/20)`: a 4 GiB
 //! file keeps 512 KiB and makes 8,191 ranges. Runs too short to pay are
 //! planned as before.
@@ -42,20 +44,39 @@ impl Planner<'_> {
     /// blocks, nothing allocated).
     pub(super) fn windows(&self, best: &[u32]) -> FxHashSet<u32> {
         let mut kept = FxHashSet::default();
-        let starts = self.run_starts(best);
+        let starts: Vec<(u32, u64)> =
+            self.run_starts(best).into_iter().filter_map(|s| Some((s, self.period(best, s)?))).collect();
         if starts.is_empty() {
             return kept;
         }
+        // Per period, which windows pay: what a window saves is counted in
+        // the blocks that would continue a range through it (a copy of the
+        // block `p` before them), not in the class's size (a block found in
+        // a hundred files, once in each, gains nothing from a window).
+        let mut periods: Vec<u64> = starts.iter().map(|&(_, p)| p).collect();
+        periods.sort_unstable();
+        periods.dedup();
         let mut count = vec![0u32; self.uf.parent.len()];
-        for &r in &self.uf.parent {
-            count[r as usize] += 1;
+        let mut windows: Vec<(u32, u64, u64)> = Vec::new();
+        for p in periods {
+            self.count_repeats(p, &mut count);
+            for &(s, _) in starts.iter().filter(|&&(_, q)| q == p) {
+                let (f, sb) = self.loc(s);
+                let benefit: u64 = (0..p)
+                    .filter_map(|j| self.num((f, sb + j)))
+                    .map(|g| u64::from(count[self.uf.parent[g as usize] as usize]))
+                    .sum();
+                if let Some(w) = self.window_len(best, s, p, benefit) {
+                    windows.push((s, p, w));
+                }
+            }
         }
+        windows.sort_unstable();
         let mut end = 0u32; // first block number past the last window
-        for s in starts {
+        for (s, p, w) in windows {
             if s < end {
                 continue; // inside a window made from an earlier block of the run
             }
-            let Some((p, w)) = self.window_at(best, s, &count) else { continue };
             let (f, sb) = self.loc(s);
             for b in sb + p..sb + w {
                 let g = self.num((f, b)).expect("a window holds data");
@@ -64,6 +85,22 @@ impl Planner<'_> {
             }
         }
         kept
+    }
+
+    /// `count[root]`: blocks of the class `root` whose block `p` before, in
+    /// the same file, is of the same class.
+    fn count_repeats(&self, p: u64, count: &mut [u32]) {
+        count.fill(0);
+        for (f, map) in self.maps.iter().enumerate() {
+            for (k, (b, _)) in map.data().enumerate() {
+                let g = self.base[f] + k as u32;
+                let Some(h) = b.checked_sub(p).and_then(|a| self.num((f as u32, a))) else { continue };
+                let r = self.uf.parent[g as usize];
+                if self.uf.parent[h as usize] == r {
+                    count[r as usize] += 1;
+                }
+            }
+        }
     }
 
     /// Sources followed, within `MAX_PERIOD` blocks, by a destination of
@@ -87,44 +124,41 @@ impl Planner<'_> {
         starts
     }
 
-    /// The period and window length of the run starting at source `s`, if
-    /// a window of at least two periods pays.
-    fn window_at(&self, best: &[u32], s: u32, count: &[u32]) -> Option<(u64, u64)> {
+    /// The period of the run starting at source `s`: the first block whose
+    /// source is `s`, every block before it the source of its own class.
+    fn period(&self, best: &[u32], s: u32) -> Option<u64> {
         let (f, sb) = self.loc(s);
-        let source_of = |b: u64| -> Option<(u32, u32)> {
-            let g = self.num((f, b))?;
-            Some((g, best[self.uf.parent[g as usize] as usize]))
-        };
-        // The period: the first block whose source is `s`; every block
-        // before it must be the source of its own class.
-        let mut p = 0;
         for i in 1..=MAX_PERIOD {
-            let (g, src) = source_of(sb + i)?;
+            let g = self.num((f, sb + i))?;
+            let src = best[self.uf.parent[g as usize] as usize];
             if src == s {
-                p = i;
-                break;
+                return Some(i);
             }
             if src != g {
                 return None;
             }
         }
-        if p == 0 {
-            return None;
-        }
-        let dests = u64::from(count[self.uf.parent[s as usize] as usize]) * p;
-        let best_len = (dests / BLOCKS_PER_RANGE).isqrt().min(MAX_WINDOW);
+        None
+    }
+
+    /// The window of the run of period `p` starting at source `s`, for
+    /// `benefit` blocks that would continue a range through it, if a
+    /// window of at least two periods pays.
+    fn window_len(&self, best: &[u32], s: u32, p: u64, benefit: u64) -> Option<u64> {
+        let (f, sb) = self.loc(s);
+        let best_len = (benefit / BLOCKS_PER_RANGE).isqrt().min(MAX_WINDOW);
         // The longest stretch of the run up to that length: block `sb + i`
         // taken from `sb + i % p`.
         let mut run = p;
         while run < best_len {
             let want = self.num((f, sb + run % p))?;
-            match source_of(sb + run) {
-                Some((_, src)) if src == want => run += 1,
+            match self.num((f, sb + run)) {
+                Some(g) if best[self.uf.parent[g as usize] as usize] == want => run += 1,
                 _ => break,
             }
         }
         // A power of two periods, at least two.
         let periods = (run / p).checked_ilog2().map(|k| 1u64 << k)?;
-        (periods >= 2).then_some((p, p * periods))
+        (periods >= 2).then_some(p * periods)
     }
 }

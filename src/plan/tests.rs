@@ -465,6 +465,13 @@ fn a_long_run_of_one_block_is_shared_from_a_window_not_block_by_block() {
     let files = vec![file(1, &[7; 40])];
     let got = plan(&files, &[], &all_blocks_groups(&files), PlanOptions::default());
     assert_eq!((got.ranges.len(), shared_blocks(&got)), (39, 39), "{got:?}");
+    // A block twice in a row in one file and once in each of 200 others: no
+    // range would go on through a window, so none is kept (a window sized
+    // by the class, 201 copies, kept one block for nothing on FULL).
+    let mut files = vec![file(1, &[7, 7, 8, 9])];
+    files.extend((2..202).map(|i| file(i, &[7, 10 + i as Fp])));
+    let got = plan(&files, &[], &all_blocks_groups(&files), PlanOptions::default());
+    assert_eq!(shared_blocks(&got), 201, "{got:?}");
 }
 
 #[test]
