@@ -103,24 +103,38 @@ impl<'a> Planner<'a> {
         }
     }
 
-    pub(super) fn anchor_group(&mut self, occ: &[Loc]) {
-        let Some(&first) = occ.first() else { return };
-        if self.opts.exact_groups {
-            // Every equal block is in the group: join each member with the
-            // first one whose tail agrees (a partial last block only with a
-            // partial last block of the same length).
-            let mut firsts: Vec<Loc> = Vec::new();
-            for &l in occ {
-                match firsts.iter().find(|&&f| self.tails_compatible(f, l)) {
-                    Some(&f) => {
-                        let (x, y) = (self.num(f).expect("data"), self.num(l).expect("data"));
-                        self.union(x, y);
-                    }
-                    None => firsts.push(l),
-                }
+    /// An exact group (every block with one fingerprint, as the database
+    /// groups them): each member is joined with the first one whose tail
+    /// agrees (a partial last block only with a partial last block of the
+    /// same length). Read in place, never copied: one group can be every
+    /// block of a file of one repeated block, and a sorted copy of it was
+    /// 16 bytes a block at the plan's peak. The classes do not depend on
+    /// the order of the unions, and the fingerprint checked against is the
+    /// canonical first member's, so neither depends on the group's order.
+    pub(super) fn exact_group(&mut self, ord: &FxHashMap<FileId, u32>, g: &[(FileId, u64)]) {
+        let locs = || g.iter().filter_map(|(id, b)| Some((*ord.get(id)?, *b)));
+        let Some(fp) = locs().filter(|&l| self.fp(l) != 0).min().map(|l| self.fp(l)) else { return };
+        let mut firsts: Vec<Loc> = Vec::new();
+        for l in locs() {
+            if self.fp(l) != fp {
+                continue;
             }
+            match firsts.iter().find(|&&f| self.tails_compatible(f, l)) {
+                Some(&f) => {
+                    let (x, y) = (self.num(f).expect("data"), self.num(l).expect("data"));
+                    self.union(x, y);
+                }
+                None => firsts.push(l),
+            }
+        }
+    }
+
+    /// A group of sampled anchors: walk the diagonals through its members.
+    pub(super) fn anchor_group(&mut self, occ: &[Loc]) {
+        if occ.is_empty() {
             return;
         }
+        let first = occ[0];
         for &d in &occ[1..] {
             self.extend(first, d);
         }
