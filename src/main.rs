@@ -11,6 +11,7 @@ use dedupscan::progress::{Bars, LogLines, Progress};
 use dedupscan::{pipeline, summary};
 
 fn main() {
+    dedupscan::sys::limits::one_malloc_arena();
     let cli = Cli::parse_args(); // usage errors exit with 2
     let code = match Config::from_cli(cli) {
         Ok(cfg) => dispatch(&cfg),

@@ -266,13 +266,15 @@ impl<'a> Planner<'a> {
         let len = |f: usize| self.maps[f].data_len();
         let by_unique: Vec<Preference> =
             (0..n).map(|f| (u8::from(unique[f] == 0), std::cmp::Reverse(len(f)), f as u32)).collect();
-        let first = self.pick(&by_unique);
+        // One choice of sources in memory at a time (4 bytes a block each):
+        // the first is made again if it wins, a pass over the blocks.
+        let a = self.pinned_estimate(&self.pick(&by_unique));
         let second = self.by_what_stays(&unique);
-        let (a, b) = (self.pinned_estimate(&first), self.pinned_estimate(&second));
-        if b < a {
+        if self.pinned_estimate(&second) < a {
             second
         } else {
-            first
+            drop(second);
+            self.pick(&by_unique)
         }
     }
 
@@ -335,20 +337,19 @@ impl<'a> Planner<'a> {
     }
 
     /// The source of each class under preference `pref` (per file): the
-    /// best file's first block in it. Blocks are numbered in file order,
-    /// then block order, so the first member seen of the best file is its
-    /// lowest block.
+    /// best file's first block in it. Files are visited best first, and a
+    /// file's blocks in block order (they are numbered so), so the first
+    /// member seen of a class is the one: no second array of who holds it.
     fn pick(&self, pref: &[Preference]) -> Vec<u32> {
-        let total = self.uf.parent.len();
-        let mut best = vec![u32::MAX; total]; // class root → chosen block number
-        let mut best_file = vec![0u32; total]; // class root → its file
-        for (f, p) in pref.iter().enumerate() {
-            let (b, len) = (self.base[f], self.maps[f].data_len());
+        let mut best = vec![u32::MAX; self.uf.parent.len()]; // class root → chosen block number
+        let mut order: Vec<u32> = (0..pref.len() as u32).collect();
+        order.sort_unstable_by_key(|&f| pref[f as usize]);
+        for f in order {
+            let (b, len) = (self.base[f as usize], self.maps[f as usize].data_len());
             for g in b..b + len {
                 let r = self.uf.parent[g as usize] as usize;
-                if best[r] == u32::MAX || *p < pref[best_file[r] as usize] {
+                if best[r] == u32::MAX {
                     best[r] = g;
-                    best_file[r] = f as u32;
                 }
             }
         }

@@ -25,6 +25,29 @@ pub fn raise_fd_limit() -> u64 {
     lim.rlim_cur
 }
 
+/// Ask glibc for one malloc arena for the whole process, unless the
+/// administrator set `MALLOC_ARENA_MAX` (then theirs holds). Call before
+/// any thread starts.
+///
+/// glibc gives threads that allocate at the same time arenas of their own
+/// (up to eight per core), and memory freed in one arena is never reused
+/// by another: the crawl, hashing, writer and share threads each left
+/// their own high-water mark. Measured on the FULL corpus (XFS, first
+/// full run, 2 vCPUs): peak RSS 63–65 MB with the default, 54 MB with two
+/// arenas, 49.5 MB with one, run time the same (9.9 s each way). The
+/// threads allocate little in their inner loops (buffers are reused), so
+/// one arena's lock is not contended.
+pub fn one_malloc_arena() {
+    #[cfg(target_env = "gnu")]
+    if std::env::var_os("MALLOC_ARENA_MAX").is_none() {
+        // SAFETY: mallopt only sets an allocator parameter; called before
+        // other threads exist.
+        unsafe {
+            libc::mallopt(libc::M_ARENA_MAX, 1);
+        }
+    }
+}
+
 /// The current soft limit on open file descriptors (0 if unknown).
 pub fn fd_limit() -> u64 {
     nofile().map_or(0, |lim| lim.rlim_cur)
