@@ -11,7 +11,7 @@ use dedupscan::progress::{Bars, LogLines, Progress};
 use dedupscan::{pipeline, summary};
 
 fn main() {
-    dedupscan::sys::limits::one_malloc_arena();
+    dedupscan::sys::limits::lean_malloc();
     let cli = Cli::parse_args(); // usage errors exit with 2
     let code = match Config::from_cli(cli) {
         Ok(cfg) => dispatch(&cfg),
