@@ -29,6 +29,9 @@ use super::planner::Planner;
 /// The longest period, in blocks, looked for in a run.
 const MAX_PERIOD: u64 = 64;
 
+/// Most periods given windows in one plan (see [`Planner::windows`]).
+const MAX_PERIODS: usize = 8;
+
 /// The largest window: 16 MiB of 4 KiB blocks, the most btrfs shares in one
 /// request.
 const MAX_WINDOW: u64 = 4096;
@@ -53,9 +56,15 @@ impl Planner<'_> {
         // the blocks that would continue a range through it (a copy of the
         // block `p` before them), not in the class's size (a block found in
         // a hundred files, once in each, gains nothing from a window).
+        // Each period costs a pass over the plan's blocks: the periods with
+        // the most runs, at most `MAX_PERIODS` of them (a file crafted with
+        // runs of every period gets windows for some, the rest are planned
+        // as before).
         let mut periods: Vec<u64> = starts.iter().map(|&(_, p)| p).collect();
         periods.sort_unstable();
-        periods.dedup();
+        let mut by_runs: Vec<(usize, u64)> = periods.chunk_by(|a, b| a == b).map(|c| (c.len(), c[0])).collect();
+        by_runs.sort_unstable_by_key(|&(n, p)| (std::cmp::Reverse(n), p));
+        let periods: Vec<u64> = by_runs.into_iter().take(MAX_PERIODS).map(|(_, p)| p).collect();
         let mut count = vec![0u32; self.uf.parent.len()];
         let mut windows: Vec<(u32, u64, u64)> = Vec::new();
         for p in periods {
