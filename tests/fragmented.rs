@@ -9,12 +9,6 @@ use std::os::unix::fs::FileExt;
 use common::*;
 use dedupscan::corpus::Rng;
 
-fn extents(path: &std::path::Path) -> usize {
-    let f = std::fs::File::open(path).unwrap();
-    let len = f.metadata().unwrap().len();
-    dedupscan::sys::fiemap(std::os::fd::AsFd::as_fd(&f), 0, len).unwrap().len()
-}
-
 #[test]
 fn a_fragmented_source_takes_the_contiguous_copy() {
     let Some(vol) = Volume::new(Fs::Btrfs, 256) else { return };

@@ -36,11 +36,6 @@ fn write_repeated(vol: &Volume, path: &Path, pattern: &[u8]) -> u64 {
     free.saturating_sub(free_bytes(&vol.path("")))
 }
 
-fn extents(path: &Path) -> usize {
-    let f = std::fs::File::open(path).unwrap();
-    dedupscan::sys::fiemap(std::os::fd::AsFd::as_fd(&f), 0, FILE).unwrap().len()
-}
-
 /// One file of `pattern` repeated, run once: few ranges, few extents,
 /// contents and metadata unchanged, most of the space it took freed.
 fn one_file(fs: Fs, mount: Option<&str>, pattern: &[u8]) {

@@ -131,11 +131,8 @@ impl<'a> Planner<'a> {
 
     /// A group of sampled anchors: walk the diagonals through its members.
     pub(super) fn anchor_group(&mut self, occ: &[Loc]) {
-        if occ.is_empty() {
-            return;
-        }
-        let first = occ[0];
-        for &d in &occ[1..] {
+        let Some((&first, rest)) = occ.split_first() else { return };
+        for &d in rest {
             self.extend(first, d);
         }
         // Neighbours too: two images holding a tree's file also share what

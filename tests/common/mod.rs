@@ -269,6 +269,13 @@ pub fn shared_bytes(path: &Path) -> u64 {
     dedupscan::sys::fiemap(f.as_fd(), 0, len).unwrap().iter().filter(|e| e.is_shared()).map(|e| e.length).sum()
 }
 
+/// How many extents FIEMAP reports for the whole of `path`.
+pub fn extents(path: &Path) -> usize {
+    let f = File::open(path).unwrap();
+    let len = f.metadata().unwrap().len();
+    dedupscan::sys::fiemap(f.as_fd(), 0, len).unwrap().len()
+}
+
 /// Physical address of every 4 KiB block of a range.
 pub fn physical_blocks(path: &Path, off: u64, len: u64) -> Vec<Option<u64>> {
     let f = File::open(path).unwrap();
