@@ -15,7 +15,7 @@ use std::collections::HashSet;
 use super::copies;
 use super::group::{self, BlockGroups, MapPass, SliceGrouper, WholeGroup};
 use super::unionfind::UnionFind;
-use super::{plan, Plan, PlanFile, PlanOptions};
+use super::{plan_exact, Plan, PlanFile, PlanOptions};
 use crate::db::Db;
 use crate::file::{FileId, IdSet};
 use rustc_hash::FxHashMap;
@@ -161,7 +161,7 @@ pub fn from_db_with<E: From<rusqlite::Error>>(
     }
     let keys = fresh.map(|_| &pass.fresh_fps);
     let slices = group::slices(pass.data_blocks, keys.is_some());
-    let mut blocks: BlockGroups = Vec::new();
+    let mut blocks = BlockGroups::default();
     for slice in 0..slices {
         let mut g = SliceGrouper::new(slice, slices, keys);
         db.for_each_map(|id| keep(id) && !covered.contains(id), |id, _, map| g.add(id, map))?;
@@ -171,7 +171,7 @@ pub fn from_db_with<E: From<rusqlite::Error>>(
     blocks.retain(|g| group::keeps(fresh, g.iter().map(|o| o.0)));
     let in_blocks: IdSet = blocks.iter().flatten().map(|o| o.0).collect();
 
-    let mut out = Batcher { db, opts: PlanOptions { exact_groups: true, ..opts }, limits, stats: PlanStats::default() };
+    let mut out = Batcher { db, opts, limits, groups: blocks, stats: PlanStats::default() };
     let mut batch = Batch::default();
     let mut joined: Vec<WholeGroup> = Vec::new();
     let mut take = |(size, g): WholeGroup, batch: &mut Batch, joined: &mut Vec<WholeGroup>, out: &mut Batcher| {
@@ -200,7 +200,7 @@ pub fn from_db_with<E: From<rusqlite::Error>>(
         }
     }
     // The components the block groups join, into the same batches.
-    for c in components(joined, blocks) {
+    for c in components(joined, &out.groups) {
         batch.append(c);
         out.flush_if_full(&mut batch, &mut sink)?;
     }
@@ -211,25 +211,25 @@ pub fn from_db_with<E: From<rusqlite::Error>>(
 /// Split the block groups, and the whole-file groups whose first copy is
 /// in one of them, into components: sets of groups no file links to any
 /// other set. Each is planned the same alone or with others.
-fn components(joined: Vec<WholeGroup>, blocks: BlockGroups) -> Vec<Batch> {
+fn components(joined: Vec<WholeGroup>, blocks: &BlockGroups) -> Vec<Batch> {
     // Union-find over the files of the block groups.
     let mut index: FxHashMap<FileId, u32> = FxHashMap::default();
-    for g in &blocks {
+    for g in blocks.iter() {
         for o in g {
             let n = index.len() as u32;
             index.entry(o.0).or_insert(n);
         }
     }
     let mut uf = UnionFind::new(index.len() as u32);
-    for g in &blocks {
+    for g in blocks.iter() {
         for o in &g[1..] {
             uf.union(index[&g[0].0], index[&o.0]);
         }
     }
     let mut comps: FxHashMap<u32, Batch> = FxHashMap::default();
-    for g in blocks {
+    for (i, g) in blocks.iter().enumerate() {
         let c = uf.find(index[&g[0].0]);
-        comps.entry(c).or_default().add_blocks(g);
+        comps.entry(c).or_default().add_blocks(i, g.len());
     }
     for (size, g) in joined {
         let c = uf.find(index[&g[0]]);
@@ -264,7 +264,8 @@ fn whole_partition(
 #[derive(Default)]
 struct Batch {
     whole: Vec<Vec<FileId>>,
-    blocks: BlockGroups,
+    /// Block groups, by their index in the plan's [`BlockGroups`].
+    blocks: Vec<usize>,
     /// Files, counted once per group they are in (an upper bound).
     files: u64,
     /// Data blocks of the planner, estimated: a whole-file copy by its
@@ -283,10 +284,10 @@ impl Batch {
         self.whole.push(g);
     }
 
-    fn add_blocks(&mut self, g: Vec<(FileId, u64)>) {
-        self.files += g.len() as u64;
-        self.weight += g.len() as u64;
-        self.blocks.push(g);
+    fn add_blocks(&mut self, i: usize, members: usize) {
+        self.files += members as u64;
+        self.weight += members as u64;
+        self.blocks.push(i);
     }
 
     fn append(&mut self, mut other: Batch) {
@@ -306,6 +307,10 @@ struct Batcher<'d> {
     db: &'d Db,
     opts: PlanOptions,
     limits: Limits,
+    /// Every block group, alive until the last batch is planned: batches
+    /// name theirs by index (a copy per batch, or moving groups between
+    /// batches, needs them in a `Vec` each; see [`BlockGroups`]).
+    groups: BlockGroups,
     stats: PlanStats,
 }
 
@@ -337,10 +342,11 @@ impl Batcher<'_> {
         for g in &mut batch.whole {
             followers.extend(copies::reduce(self.db, g, self.limits.whole_copies)?);
         }
-        let files: Vec<PlanFile> = (self.db.map_rows(group::involved(&batch.whole, &batch.blocks))?.into_iter())
+        let groups = || batch.blocks.iter().map(|&i| self.groups.get(i));
+        let files: Vec<PlanFile> = (self.db.map_rows(group::involved(&batch.whole, groups()))?.into_iter())
             .map(|r| PlanFile { id: r.id, ino: r.ino, size: r.size, blocks: r.map })
             .collect();
-        let mut p = plan(&files, &batch.whole, &batch.blocks, self.opts);
+        let mut p = plan_exact(&files, &batch.whole, groups(), self.opts);
         drop(files);
         drop(batch);
         let moved: rustc_hash::FxHashSet<FileId> = followers.iter().flat_map(|f| f.planned()).copied().collect();
@@ -372,24 +378,26 @@ mod tests {
         let f = FileId;
         // 1-2 and 2-3 linked through file 2; 7-8 apart; the whole group of
         // 3 (with its copy 4) joins the first, that of 8 (with 9) the second.
-        let blocks: BlockGroups =
-            vec![vec![(f(1), 0), (f(2), 5)], vec![(f(7), 1), (f(8), 1)], vec![(f(3), 2), (f(2), 0)]];
+        let blocks =
+            BlockGroups::from(vec![vec![(f(1), 0), (f(2), 5)], vec![(f(7), 1), (f(8), 1)], vec![(f(3), 2), (f(2), 0)]]);
         let joined = vec![(4096, vec![f(8), f(9)]), (8192, vec![f(3), f(4)])];
-        let comps = components(joined, blocks);
+        let comps = components(joined, &blocks);
         assert_eq!(comps.len(), 2);
-        let mut got: Vec<(Vec<FileId>, u64, u64)> =
-            comps.iter().map(|c| (group::involved(&c.whole, &c.blocks), c.files, c.weight)).collect();
+        let mut got: Vec<(Vec<FileId>, u64, u64)> = comps
+            .iter()
+            .map(|c| (group::involved(&c.whole, c.blocks.iter().map(|&i| blocks.get(i))), c.files, c.weight))
+            .collect();
         got.sort();
         assert_eq!(got, vec![(vec![f(1), f(2), f(3), f(4)], 6, 8), (vec![f(7), f(8), f(9)], 4, 4)]);
 
         // Three pairs, then one group linking them from its third file:
         // every join must be between roots, or the second pair is lost.
-        let blocks: BlockGroups = vec![
+        let blocks = BlockGroups::from(vec![
             vec![(f(1), 0), (f(2), 0)],
             vec![(f(3), 0), (f(4), 0)],
             vec![(f(5), 0), (f(6), 0)],
             vec![(f(5), 1), (f(3), 1), (f(1), 1)],
-        ];
-        assert_eq!(components(Vec::new(), blocks).len(), 1);
+        ]);
+        assert_eq!(components(Vec::new(), &blocks).len(), 1);
     }
 }
