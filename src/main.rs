@@ -85,14 +85,19 @@ fn dispatch(cfg: &Config) -> ExitCode {
 /// `dedupscan report`: print (and with `--html` write) what the database
 /// knows.
 fn report_command(cfg: &Config, r: &ReportConfig, progress: &dyn Progress) -> anyhow::Result<ExitCode> {
-    let s = summary::summarize_with(&cfg.db_path, progress, r.list)?;
+    let mut s = summary::summarize_with(&cfg.db_path, progress, r.list)?;
     if let Some(html) = &r.html {
+        // The page shows numbers, never the list (which would be read into
+        // memory whole to render it).
+        let list = s.ranges.take();
+        let page = s.to_html();
+        s.ranges = list;
         // Root's report names files in directories only root may list:
         // readable by its owner only, and never written through a symlink.
-        dedupscan::sys::fs::write_replacing(html, s.to_html().as_bytes(), 0o600)
+        dedupscan::sys::fs::write_replacing(html, page.as_bytes(), 0o600)
             .map_err(|e| anyhow::anyhow!("cannot write {}: {e}", dedupscan::display::display_path(html)))?;
     }
-    print_out(cfg.json, &s, || s.to_text())?;
+    print_out(cfg.json, &s, || s.to_text(), s.ranges.as_ref())?;
     Ok(ExitCode::Success)
 }
 
@@ -103,7 +108,7 @@ fn run_finished(
     r: dedupscan::report::Report,
     finished: &mut Option<dedupscan::report::Report>,
 ) -> anyhow::Result<ExitCode> {
-    print_out(cfg.json, &r, || r.to_text())?;
+    print_out(cfg.json, &r, || r.to_text(), r.ranges.as_ref())?;
     let code = if r.interrupted {
         // Not 0: a timer or script must see that the volume was not
         // fully processed (the report says how far it got).
@@ -145,13 +150,27 @@ fn write_metrics(cfg: &Config, scan: &ScanConfig, code: ExitCode, report: Option
     }
 }
 
-/// Print the report on stdout. A reader that went away (`| head -1`) ends
-/// the output quietly: the run itself is done and its exit status stands.
-fn print_out<T: serde::Serialize>(json: bool, value: &T, text: impl FnOnce() -> String) -> anyhow::Result<()> {
+/// Print the report on stdout, its `--list` streamed (read back from its
+/// temporary file as it is written, never held whole). A reader that went
+/// away (`| head -1`) ends the output quietly: the run itself is done and
+/// its exit status stands.
+fn print_out<T: serde::Serialize>(
+    json: bool,
+    value: &T,
+    text: impl FnOnce() -> String,
+    list: Option<&dedupscan::report::Listed>,
+) -> anyhow::Result<()> {
     use std::io::Write;
-    let out = if json { serde_json::to_string_pretty(value)? + "\n" } else { text() };
-    let mut stdout = std::io::stdout().lock();
-    match stdout.write_all(out.as_bytes()).and_then(|()| stdout.flush()) {
+    let mut out = std::io::BufWriter::new(std::io::stdout().lock());
+    let written = if json {
+        serde_json::to_writer_pretty(&mut out, value).map_err(std::io::Error::from).and_then(|()| writeln!(out))
+    } else {
+        out.write_all(text().as_bytes()).and_then(|()| match list {
+            Some(l) => writeln!(out).and_then(|()| l.write_text(&mut out)),
+            None => Ok(()),
+        })
+    };
+    match written.and_then(|()| out.flush()) {
         Err(e) if e.kind() != std::io::ErrorKind::BrokenPipe => {
             Err(anyhow::Error::new(e).context("writing the report"))
         }

@@ -117,7 +117,7 @@ pub fn render(out: &Outcome, history: &[PastRun], now: SystemTime) -> String {
     let secs = |t: SystemTime| t.duration_since(UNIX_EPOCH).map_or(0.0, |d| d.as_secs_f64());
     // The last finished run: this one's report if it finished, else the
     // database's last (a locked or failed run keeps the previous figures).
-    let this = out.report.map(|r| serde_json::to_value(r).unwrap_or(Value::Null));
+    let this = out.report.map(|r| serde_json::to_value(r.without_list()).unwrap_or(Value::Null));
     let last: Value = this.clone().or_else(|| history.last().map(|r| r.report.clone())).unwrap_or(Value::Null);
 
     m.family("info", "gauge", "Version and filesystem type (value always 1).");

@@ -31,7 +31,7 @@ use crate::policy::{Policy, SkipReason};
 use crate::progress::Progress;
 
 use crate::file::{FileFacts, FileId, IdSet};
-use crate::report::{ListedRange, Report, RewriteWhatIf};
+use crate::report::{List, Listed, ListedRange, Report, RewriteWhatIf};
 use crate::sys::beneath::Tree;
 use crate::sys::{self, FsKind};
 use batches::Batches;
@@ -159,7 +159,9 @@ fn run_inner(
         db.set_meta(LAST_SHARE_RUN, &run_id.to_string())?;
     }
     let report = report(&job, &scanned, planned.as_ref(), sharing.as_ref(), ms(t0));
-    db.finish_run(run_id, &serde_json::to_string(&report)?)?;
+    // Stored without its `--list`: the history keeps numbers, and a list
+    // is as long as the plan (FULL's made the row 20 MB).
+    db.finish_run(run_id, &serde_json::to_string(&report.without_list())?)?;
     Ok(report)
 }
 
@@ -216,7 +218,7 @@ struct Planned {
     batches: Batches,
     stats: PlanStats,
     /// `--list`: every range, named.
-    listed: Option<Vec<ListedRange>>,
+    listed: Option<Listed>,
 }
 
 /// Phase 2: plan from the database. Free space before sharing is measured
@@ -270,18 +272,18 @@ fn plan_phase(
     let root = job.scan.paths.first().expect("a path");
     let free_before = (!cfg.dry_run && job.scan.fs.kind != FsKind::Other).then(|| FreeSpace::start(root.clone()));
     let limits = Limits::for_run();
-    let mut batches = if limits.batch_files < Limits::default().batch_files {
-        Batches::with_limit(limits.batch_files as usize) // tests: spill too
-    } else {
-        Batches::default()
-    };
-    let mut listed = job.share.is_some_and(|s| s.list).then(Vec::new);
+    let tiny = limits.batch_files < Limits::default().batch_files; // tests: spill too
+    let mut batches = if tiny { Batches::with_limit(limits.batch_files as usize) } else { Batches::default() };
+    let mut listing = job.share.is_some_and(|s| s.list).then(|| List::for_limits(tiny));
     let stats = crate::plan::from_db_with(db, allowed, fresh.as_ref(), opts, limits, |plan: Plan| -> Result<()> {
-        if let Some(listed) = listed.as_mut() {
-            listed.extend(listed_ranges(&plan, &db.file_facts(plan.files())?));
+        if let Some(listing) = listing.as_mut() {
+            for r in listed_ranges(&plan, &db.file_facts(plan.files())?) {
+                listing.push(r).context("cannot keep the list of ranges in a temporary file")?;
+            }
         }
         batches.push(plan).context("cannot keep the plan in a temporary file")
     })?;
+    let listed = listing.map(List::finish).transpose().context("cannot keep the list of ranges")?;
     progress.finish_phase(&format!(
         "2/3 plan: {} ranges, {} duplicate ({} whole-file groups)",
         stats.ranges,

@@ -10,6 +10,9 @@ use std::fmt::Write as _;
 
 use serde::Serialize;
 
+pub mod listed;
+pub use listed::{List, Listed};
+
 use crate::dedupe::DedupeStatuses;
 use crate::display::{human, human_duration_ms, human_signed};
 use crate::errors::ErrorKind;
@@ -169,11 +172,11 @@ pub struct Report {
     /// With `--list`: every planned range (what is, or in a dry run would
     /// be, submitted for sharing).
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub ranges: Option<Vec<ListedRange>>,
+    pub ranges: Option<Listed>,
 }
 
 /// One planned range, for `--list`.
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, serde::Deserialize)]
 pub struct ListedRange {
     /// Path of the file the data is kept in, escaped.
     pub source: String,
@@ -232,31 +235,46 @@ impl Table {
         let widths: Vec<usize> = (0..cols).map(width).collect();
         let mut out = String::new();
         for r in &self.rows {
-            let mut line = String::from("  ");
-            for (i, w) in widths.iter().enumerate() {
-                let cell = r.get(i).map_or("", String::as_str);
-                let last = i + 1 == cols;
-                if i == 0 || self.left.contains(&i) {
-                    if last {
-                        line.push_str(cell);
-                    } else {
-                        let _ = write!(line, "{cell:<w$}");
-                    }
-                } else {
-                    let _ = write!(line, "{cell:>w$}");
-                }
-                if !last {
-                    line.push_str("  ");
-                }
-            }
-            out.push_str(line.trim_end());
-            out.push('\n');
+            out.push_str(&table_line(r, &widths, &self.left));
         }
         out
     }
 }
 
+/// One line of a table: `cells` padded to `widths` (the first column and
+/// those in `left` to the left, the others to the right, the last one not
+/// padded), two spaces of indent and between columns, a newline.
+pub fn table_line<S: AsRef<str>>(cells: &[S], widths: &[usize], left: &[usize]) -> String {
+    let cols = widths.len();
+    let mut line = String::from("  ");
+    for (i, w) in widths.iter().enumerate() {
+        let cell = cells.get(i).map_or("", AsRef::as_ref);
+        let last = i + 1 == cols;
+        if i == 0 || left.contains(&i) {
+            if last {
+                line.push_str(cell);
+            } else {
+                let _ = write!(line, "{cell:<w$}");
+            }
+        } else {
+            let _ = write!(line, "{cell:>w$}");
+        }
+        if !last {
+            line.push_str("  ");
+        }
+    }
+    let mut line = line.trim_end().to_owned();
+    line.push('\n');
+    line
+}
+
 impl Report {
+    /// The report without its `--list` (what the database and the metrics
+    /// file keep: numbers, not a list as long as the plan).
+    pub fn without_list(&self) -> Report {
+        Report { ranges: None, ..self.clone() }
+    }
+
     /// Count `n` files left out for reason `r`.
     pub fn skip(&mut self, r: SkipReason, n: u64) {
         if n == 0 {
@@ -306,10 +324,6 @@ impl Report {
         for t in tables {
             s.push('\n');
             s.push_str(&t.render());
-        }
-        if let Some(ranges) = &self.ranges {
-            s.push('\n');
-            s.push_str(&list_text(ranges));
         }
         s
     }
@@ -412,30 +426,6 @@ impl Report {
         }
         t
     }
-}
-
-/// `--list` as text: one row per range.
-pub fn list_text(ranges: &[ListedRange]) -> String {
-    let with_state = ranges.iter().any(|r| r.state.is_some());
-    let mut head = vec!["bytes", "source", "offset", "destination", "offset"];
-    if with_state {
-        head.push("state");
-    }
-    let mut t = Table::new(&head).left(1).left(3);
-    for r in ranges {
-        let mut row = vec![
-            human(r.bytes),
-            r.source.clone(),
-            r.source_offset.to_string(),
-            r.destination.clone(),
-            r.destination_offset.to_string(),
-        ];
-        if let Some(st) = &r.state {
-            row.push(st.replace('_', " "));
-        }
-        t.row(row);
-    }
-    format!("{} ranges:\n{}", ranges.len(), t.render())
 }
 
 #[cfg(test)]

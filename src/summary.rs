@@ -26,7 +26,7 @@ use crate::display::{display_path, human, human_signed, iso_time};
 use crate::file::{FileFacts, FileId};
 use crate::plan::{Plan, PlanOptions};
 use crate::progress::{Progress, Silent};
-use crate::report::{list_text, ListedRange, Table};
+use crate::report::{List, Listed, ListedRange, Table};
 
 mod disk;
 mod pinned;
@@ -136,7 +136,7 @@ pub struct Summary {
     pub runs: Vec<RunEntry>,
     /// With `--list`: every planned range and its state now.
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub ranges: Option<Vec<ListedRange>>,
+    pub ranges: Option<Listed>,
 }
 
 /// [`summarize_with`], silently and without the list of ranges.
@@ -230,7 +230,7 @@ struct Live {
     kept_out: u64,
     groups: Vec<RemainingGroup>,
     dirs: Vec<RemainingDir>,
-    ranges: Option<Vec<ListedRange>>,
+    ranges: Option<Listed>,
 }
 
 /// Ranges measured per progress step.
@@ -293,22 +293,27 @@ fn live_status(db: &Db, block_size: u64, progress: &dyn Progress, list: bool) ->
         kept_out: kept_out.len() as u64,
         groups: vec![],
         dirs: vec![],
-        ranges: list.then(Vec::new),
+        ranges: None,
     };
     let mut by_dir: HashMap<PathBuf, u64> = HashMap::new();
     let opts = PlanOptions { block_size, ..Default::default() };
     progress.phase("report: planning and measuring ranges", None, false);
     let limits = crate::plan::Limits::for_run();
+    let mut listing = list.then(|| List::for_limits(limits.batch_files < crate::plan::Limits::default().batch_files));
     let stats = crate::plan::from_db_with(db, &allowed, None, opts, limits, |plan: Plan| -> Result<()> {
         let files = db.file_facts(plan.files())?;
         let status = measure_ranges(&plan, &files, block_size, progress);
-        if let Some(listed) = live.ranges.as_mut() {
-            listed.extend(listed_ranges(&plan, &status, &files));
+        if let Some(listing) = listing.as_mut() {
+            for r in listed_ranges(&plan, &status, &files) {
+                listing.push(r).map_err(|e| anyhow::anyhow!("keeping the list of ranges: {e}"))?;
+            }
         }
         tally(&mut live, &mut by_dir, &plan, status, &files);
         Ok(())
     })?;
     progress.finish_phase("");
+    live.ranges =
+        listing.map(List::finish).transpose().map_err(|e| anyhow::anyhow!("keeping the list of ranges: {e}"))?;
     live.whole_dup_files = stats.whole_copies;
     live.whole_dup_bytes = stats.whole_copy_bytes;
     live.dirs = top_dirs(by_dir, &root);
@@ -491,10 +496,6 @@ impl Summary {
                 );
             }
             s.push_str(&self.runs_table().render());
-        }
-        if let Some(ranges) = &self.ranges {
-            s.push('\n');
-            s.push_str(&list_text(ranges));
         }
         s
     }

@@ -15,17 +15,6 @@ use crate::plan::{Plan, Range};
 /// temporary file.
 pub const MEM_RANGES: usize = 1 << 20;
 
-/// Where the temporary file goes: `$TMPDIR`, else `/var/tmp` (on disk by
-/// convention, where `/tmp` may be a tmpfs, i.e. memory; the systemd unit
-/// gives the run private ones, `PrivateTmp=yes`), else the system's.
-fn spill_dir() -> std::path::PathBuf {
-    match std::env::var_os("TMPDIR") {
-        Some(d) if !d.is_empty() => d.into(),
-        _ if std::path::Path::new("/var/tmp").is_dir() => "/var/tmp".into(),
-        _ => std::env::temp_dir(),
-    }
-}
-
 /// The batches of one plan, in the order they were planned.
 #[derive(Default)]
 pub struct Batches {
@@ -50,7 +39,7 @@ impl Batches {
             return Ok(());
         }
         if self.spilled.is_none() {
-            match tempfile::tempfile_in(spill_dir()) {
+            match crate::sys::spill::spill_file() {
                 Ok(f) => self.spilled = Some((BufWriter::new(f), Vec::new())),
                 Err(_) => {
                     // No room for a temporary file: memory it is (the
