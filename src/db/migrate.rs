@@ -23,6 +23,7 @@ pub const MIGRATIONS: &[&str] = &[
     include_str!("../../schema/0007_files_by_inode.sql"),
     include_str!("../../schema/0008_pinned.sql"),
     include_str!("../../schema/0009_kept_out.sql"),
+    include_str!("../../schema/0010_runs_without_lists.sql"),
 ];
 
 /// The schema version this build writes.
@@ -163,6 +164,28 @@ mod tests {
             c.query_row("SELECT count(*) FROM sqlite_schema WHERE name = 'anchors'", [], |r| r.get(0)).unwrap();
         let files: i64 = c.query_row("SELECT count(*) FROM files", [], |r| r.get(0)).unwrap();
         assert_eq!((tables, files), (0, 1));
+    }
+
+    #[test]
+    fn version_9_reports_lose_their_list_and_nothing_else() {
+        let mut c = Connection::open_in_memory().unwrap();
+        for sql in &MIGRATIONS[..9] {
+            c.execute_batch(sql).unwrap();
+        }
+        c.pragma_update(None, "user_version", 9).unwrap();
+        let listed = r#"{"ranges_planned":2,"freed_bytes":4096,"ranges":[{"source":"/a","bytes":4096}]}"#;
+        for report in [Some(listed), Some(r#"{"ranges_planned":0}"#), Some("not json"), None] {
+            c.execute("INSERT INTO runs (started_at, command, dry_run, report) VALUES (1, 'run', 0, ?1)", [report])
+                .unwrap();
+        }
+        migrate(&mut c).unwrap();
+        let reports: Vec<Option<String>> = (c.prepare("SELECT report FROM runs ORDER BY id").unwrap())
+            .query_map([], |r| r.get(0))
+            .unwrap()
+            .collect::<Result<_, _>>()
+            .unwrap();
+        let want = [r#"{"ranges_planned":2,"freed_bytes":4096}"#, r#"{"ranges_planned":0}"#, "not json"];
+        assert_eq!(reports, want.iter().map(|s| Some(s.to_string())).chain([None]).collect::<Vec<_>>());
     }
 
     #[test]
