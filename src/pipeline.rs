@@ -126,6 +126,7 @@ fn run_inner(
     check_fingerprints(&job, &db, progress)?;
 
     let (db, scanned) = scan_phase(&job, db, run_id, progress, stop)?;
+    crate::sys::limits::trim_heap();
     let mut planned = None;
     let mut sharing = None;
     if let Some(cfg) = share.filter(|_| !scanned.interrupted) {

@@ -97,6 +97,7 @@ impl Db {
         let mode: String = conn.query_row("PRAGMA journal_mode=WAL", [], |r| r.get(0)).map_err(corrupt)?;
         debug_assert_eq!(mode.to_lowercase(), "wal");
         conn.pragma_update(None, "synchronous", "NORMAL")?;
+        conn.pragma_update(None, "cache_size", CACHE_SIZE)?;
         migrate::migrate(&mut conn).map_err(|e| match e {
             DbError::Sqlite(s) => corrupt(s),
             other => other,
@@ -140,6 +141,7 @@ impl Db {
         let flags =
             OpenFlags::SQLITE_OPEN_READ_ONLY | OpenFlags::SQLITE_OPEN_NO_MUTEX | OpenFlags::SQLITE_OPEN_NOFOLLOW;
         let conn = Connection::open_with_flags(path, flags).map_err(corrupt)?;
+        conn.pragma_update(None, "cache_size", CACHE_SIZE).map_err(corrupt)?;
         let v: i64 = conn.query_row("PRAGMA user_version", [], |r| r.get(0)).map_err(corrupt)?;
         if v > migrate::CURRENT {
             return Err(DbError::TooNew { found: v, supported: migrate::CURRENT });
@@ -312,6 +314,13 @@ impl Db {
 }
 
 /// The columns a file's path is rebuilt from, and the join they need.
+/// SQLite's page cache, in KiB when negative: 512 KiB, not the default 2
+/// MiB. The database is read in streams (every block map, the files in
+/// inode order) and by row id, which the kernel's page cache serves as
+/// well; the rest of SQLite's cache stood at the plan's peak (heaptrack on
+/// FULL: 2.3 MB).
+const CACHE_SIZE: i64 = -512;
+
 const PATH_COLS: &str = "d.path, f.name";
 const FROM_FILES: &str = "FROM files f JOIN dirs d ON d.id = f.dir";
 

@@ -99,7 +99,11 @@ impl<'a> Planner<'a> {
             for k in 0..data {
                 self.union(bc + k, bd + k);
             }
-            self.walked.entry((canon, d, 0)).or_default().push((0, len));
+            // Only diagonal walks read this (sampled anchors); with exact
+            // groups it was a map entry per copy kept to the plan's peak.
+            if !self.opts.exact_groups {
+                self.walked.entry((canon, d, 0)).or_default().push((0, len));
+            }
         }
     }
 
