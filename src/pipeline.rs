@@ -161,7 +161,7 @@ fn run_inner(
     }
     let report = report(&job, &scanned, planned.as_ref(), sharing.as_ref(), ms(t0));
     // Stored without its `--list`: the history keeps numbers, and a list
-    // is as long as the plan (FULL's made the row 20 MB).
+    // is as long as the plan (FULL's made the row 27 MB).
     db.finish_run(run_id, &serde_json::to_string(&report.without_list())?)?;
     Ok(report)
 }

@@ -5,6 +5,7 @@
 //! of collecting them.
 
 use rustc_hash::FxHashMap;
+use std::os::unix::ffi::OsStrExt;
 use std::path::{Path, PathBuf};
 
 use rusqlite::{params, Connection};
@@ -22,16 +23,49 @@ pub struct Reader {
     run: i64,
     /// Every known file, loaded in one pass when there are at most
     /// [`PRELOAD_MAX`] of them; `None`: one indexed lookup per file.
-    preloaded: Option<FxHashMap<FileKey, Known>>,
+    preloaded: Option<Preloaded>,
+}
+
+/// The known files of a preload, compact: each directory's path once, and
+/// per file its name, not its whole path. A `Known` per file held the full
+/// path in a heap block of its own: 245 bytes a file in all, the peak of a
+/// no-change `--incremental` run on FULL (53 MB for 126,815 files).
+struct Preloaded {
+    dirs: Vec<PathBuf>,
+    files: FxHashMap<FileKey, Compact>,
+}
+
+/// One known file of a [`Preloaded`].
+struct Compact {
+    id: FileId,
+    /// Index in [`Preloaded::dirs`].
+    dir: u32,
+    name: Box<[u8]>,
+    size: u64,
+    mtime: crate::file::TimeTag,
+    ctime: crate::file::TimeTag,
+    hashed_run: i64,
+}
+
+impl Preloaded {
+    /// The known file at `key`, as a lookup would answer.
+    fn get(&self, key: FileKey) -> Option<Known> {
+        let c = self.files.get(&key)?;
+        let mut path = self.dirs[c.dir as usize].clone();
+        path.push(std::ffi::OsStr::from_bytes(&c.name));
+        let file = FileFacts { path, key, size: c.size, mtime: c.mtime, ctime: c.ctime };
+        Some(Known { id: c.id, file, hashed_run: c.hashed_run })
+    }
 }
 
 /// Up to this many known files, change detection loads them all in one
 /// pass instead of asking per file: a pass over the table is faster than a
 /// lookup per file (FULL corpus, 126,815 files: a no-change `--incremental`
-/// run took 1.22 s with lookups against 0.87 s with the whole index), and
-/// the map stays under about 90 MB (the run that held it grew by 360 bytes
-/// a file, the map included), below issue 14's 256 MB bound. Beyond it,
-/// memory stays flat in the number of files.
+/// run took 1.22 s with lookups against 0.87 s with the whole index; again
+/// in session 20: 1.74–2.58 s against 1.09–1.61 s), and the map stays
+/// under about 25 MB ([`Preloaded`]: a run holding it peaks 95 bytes a file
+/// above one that looks files up — FULL 34 against 22 MB), below issue
+/// 14's 256 MB bound. Beyond it, memory stays flat in the number of files.
 pub const PRELOAD_MAX: u64 = 250_000;
 
 impl Reader {
@@ -73,7 +107,7 @@ impl Reader {
 /// the two cannot drift apart.
 macro_rules! select_known {
     () => {
-        "SELECT f.id, d.path, f.name, f.size, f.mtime, f.ctime, f.hashed_run, d.dev, f.ino \
+        "SELECT f.id, d.path, f.name, f.size, f.mtime, f.ctime, f.hashed_run, d.dev, f.ino, d.id \
          FROM files f JOIN dirs d ON d.id = f.dir"
     };
 }
@@ -93,15 +127,37 @@ fn known_row(r: &rusqlite::Row<'_>) -> rusqlite::Result<Known> {
 
 /// Every known file by `(volume key, inode)`, in one pass; of two rows of
 /// one inode (hard links) the first written, as [`KNOWN`] answers.
-fn preload(conn: &Connection, count: usize) -> rusqlite::Result<FxHashMap<FileKey, Known>> {
+fn preload(conn: &Connection, count: usize) -> rusqlite::Result<Preloaded> {
     let mut st = conn.prepare(concat!(select_known!(), " ORDER BY f.id"))?;
     let mut rows = st.query([])?;
-    let mut map = FxHashMap::with_capacity_and_hasher(count, Default::default());
+    let mut dir_index: FxHashMap<i64, u32> = FxHashMap::default();
+    let mut out = Preloaded { dirs: Vec::new(), files: FxHashMap::with_capacity_and_hasher(count, Default::default()) };
     while let Some(r) = rows.next()? {
-        let k = known_row(r)?;
-        map.entry(k.file.key).or_insert(k);
+        let key = FileKey { volume: r.get::<_, i64>(7)? as u64, ino: r.get::<_, i64>(8)? as u64 };
+        if out.files.contains_key(&key) {
+            continue;
+        }
+        let dir = match dir_index.get(&r.get::<_, i64>(9)?) {
+            Some(&d) => d,
+            None => {
+                out.dirs.push(PathBuf::from(std::ffi::OsStr::from_bytes(r.get_ref(1)?.as_blob()?)));
+                let d = out.dirs.len() as u32 - 1;
+                dir_index.insert(r.get(9)?, d);
+                d
+            }
+        };
+        let c = Compact {
+            id: r.get(0)?,
+            dir,
+            name: r.get_ref(2)?.as_blob()?.into(),
+            size: r.get::<_, i64>(3)? as u64,
+            mtime: r.get(4)?,
+            ctime: r.get(5)?,
+            hashed_run: r.get(6)?,
+        };
+        out.files.insert(key, c);
     }
-    Ok(map)
+    Ok(out)
 }
 
 /// Read the database file (and its WAL) once, sequentially, on a thread of
@@ -131,7 +187,7 @@ const KNOWN: &str = concat!(select_known!(), " WHERE f.ino = ?1 AND d.dev = ?2 O
 impl Index for Reader {
     fn get(&self, key: FileKey) -> Result<Option<Known>, IndexError> {
         match &self.preloaded {
-            Some(map) => Ok(map.get(&key).cloned()),
+            Some(p) => Ok(p.get(key)),
             None => Ok(self.known(key)?),
         }
     }
