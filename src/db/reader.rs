@@ -27,12 +27,14 @@ pub struct Reader {
 }
 
 /// The known files of a preload, compact: each directory's path once, and
-/// per file its name, not its whole path. A `Known` per file held the full
-/// path in a heap block of its own: 245 bytes a file in all, the peak of a
-/// no-change `--incremental` run on FULL (53 MB for 126,815 files).
+/// per file its name, not its whole path, in an array sorted by key (found
+/// by binary search). A map of `Known`s held each full path in a heap block
+/// of its own, 245 bytes a file in all, the peak of a no-change
+/// `--incremental` run on FULL (53 MB for 126,815 files); a hash map of
+/// these entries still took 19 MB of buckets at half load.
 struct Preloaded {
     dirs: Vec<PathBuf>,
-    files: FxHashMap<FileKey, Compact>,
+    files: Vec<(FileKey, Compact)>,
 }
 
 /// One known file of a [`Preloaded`].
@@ -50,7 +52,8 @@ struct Compact {
 impl Preloaded {
     /// The known file at `key`, as a lookup would answer.
     fn get(&self, key: FileKey) -> Option<Known> {
-        let c = self.files.get(&key)?;
+        let at = self.files.binary_search_by_key(&key, |e| e.0).ok()?;
+        let c = &self.files[at].1;
         let mut path = self.dirs[c.dir as usize].clone();
         path.push(std::ffi::OsStr::from_bytes(&c.name));
         let file = FileFacts { path, key, size: c.size, mtime: c.mtime, ctime: c.ctime };
@@ -62,10 +65,11 @@ impl Preloaded {
 /// pass instead of asking per file: a pass over the table is faster than a
 /// lookup per file (FULL corpus, 126,815 files: a no-change `--incremental`
 /// run took 1.22 s with lookups against 0.87 s with the whole index; again
-/// in session 20: 1.74–2.58 s against 1.09–1.61 s), and the map stays
-/// under about 25 MB ([`Preloaded`]: a run holding it peaks 95 bytes a file
-/// above one that looks files up — FULL 34 against 22 MB), below issue
-/// 14's 256 MB bound. Beyond it, memory stays flat in the number of files.
+/// in session 20: 1.74–2.58 s against 1.09–1.61 s), and the preload stays
+/// under about 25 MB ([`Preloaded`]: a run holding it peaks about 20 bytes
+/// a file above one that looks files up — FULL 24 against 22 MB), below
+/// issue 14's 256 MB bound. Beyond it, memory stays flat in the number of
+/// files.
 pub const PRELOAD_MAX: u64 = 250_000;
 
 impl Reader {
@@ -131,12 +135,9 @@ fn preload(conn: &Connection, count: usize) -> rusqlite::Result<Preloaded> {
     let mut st = conn.prepare(concat!(select_known!(), " ORDER BY f.id"))?;
     let mut rows = st.query([])?;
     let mut dir_index: FxHashMap<i64, u32> = FxHashMap::default();
-    let mut out = Preloaded { dirs: Vec::new(), files: FxHashMap::with_capacity_and_hasher(count, Default::default()) };
+    let mut out = Preloaded { dirs: Vec::new(), files: Vec::with_capacity(count) };
     while let Some(r) = rows.next()? {
         let key = FileKey { volume: r.get::<_, i64>(7)? as u64, ino: r.get::<_, i64>(8)? as u64 };
-        if out.files.contains_key(&key) {
-            continue;
-        }
         let dir = match dir_index.get(&r.get::<_, i64>(9)?) {
             Some(&d) => d,
             None => {
@@ -155,8 +156,12 @@ fn preload(conn: &Connection, count: usize) -> rusqlite::Result<Preloaded> {
             ctime: r.get(5)?,
             hashed_run: r.get(6)?,
         };
-        out.files.insert(key, c);
+        out.files.push((key, c));
     }
+    // By key, then id: the first kept of each key is the first written.
+    out.files.sort_unstable_by_key(|e| (e.0, e.1.id));
+    out.files.dedup_by_key(|e| e.0);
+    out.files.shrink_to_fit();
     Ok(out)
 }
 
