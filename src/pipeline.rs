@@ -273,7 +273,7 @@ fn plan_phase(
     let root = job.scan.paths.first().expect("a path");
     let free_before = (!cfg.dry_run && job.scan.fs.kind != FsKind::Other).then(|| FreeSpace::start(root.clone()));
     let limits = Limits::for_run();
-    let tiny = limits.batch_files < Limits::default().batch_files; // tests: spill too
+    let tiny = limits.is_tiny();
     let mut batches = if tiny { Batches::with_limit(limits.batch_files as usize) } else { Batches::default() };
     let mut listing = job.share.is_some_and(|s| s.list).then(|| List::for_limits(tiny));
     let stats = crate::plan::from_db_with(db, allowed, fresh.as_ref(), opts, limits, |plan: Plan| -> Result<()> {

@@ -299,7 +299,7 @@ fn live_status(db: &Db, block_size: u64, progress: &dyn Progress, list: bool) ->
     let opts = PlanOptions { block_size, ..Default::default() };
     progress.phase("report: planning and measuring ranges", None, false);
     let limits = crate::plan::Limits::for_run();
-    let mut listing = list.then(|| List::for_limits(limits.batch_files < crate::plan::Limits::default().batch_files));
+    let mut listing = list.then(|| List::for_limits(limits.is_tiny()));
     let stats = crate::plan::from_db_with(db, &allowed, None, opts, limits, |plan: Plan| -> Result<()> {
         let files = db.file_facts(plan.files())?;
         let status = measure_ranges(&plan, &files, block_size, progress);

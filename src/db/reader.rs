@@ -137,26 +137,22 @@ fn preload(conn: &Connection, count: usize) -> rusqlite::Result<Preloaded> {
     let mut dir_index: FxHashMap<i64, u32> = FxHashMap::default();
     let mut out = Preloaded { dirs: Vec::new(), files: Vec::with_capacity(count) };
     while let Some(r) = rows.next()? {
-        let key = FileKey { volume: r.get::<_, i64>(7)? as u64, ino: r.get::<_, i64>(8)? as u64 };
+        // Read as a lookup reads it (one column list, one parse), then
+        // split: the path joined there is split again here.
+        let k = known_row(r)?;
+        let name: Box<[u8]> = k.file.path.file_name().map_or(&[][..], |n| n.as_bytes()).into();
         let dir = match dir_index.get(&r.get::<_, i64>(9)?) {
             Some(&d) => d,
             None => {
-                out.dirs.push(PathBuf::from(std::ffi::OsStr::from_bytes(r.get_ref(1)?.as_blob()?)));
+                out.dirs.push(k.file.path.parent().map(Path::to_path_buf).unwrap_or_default());
                 let d = out.dirs.len() as u32 - 1;
                 dir_index.insert(r.get(9)?, d);
                 d
             }
         };
-        let c = Compact {
-            id: r.get(0)?,
-            dir,
-            name: r.get_ref(2)?.as_blob()?.into(),
-            size: r.get::<_, i64>(3)? as u64,
-            mtime: r.get(4)?,
-            ctime: r.get(5)?,
-            hashed_run: r.get(6)?,
-        };
-        out.files.push((key, c));
+        let f = k.file;
+        let c = Compact { id: k.id, dir, name, size: f.size, mtime: f.mtime, ctime: f.ctime, hashed_run: k.hashed_run };
+        out.files.push((f.key, c));
     }
     // By key, then id: the first kept of each key is the first written.
     out.files.sort_unstable_by_key(|e| (e.0, e.1.id));

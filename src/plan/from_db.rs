@@ -72,6 +72,13 @@ impl Limits {
     pub const ONE_PIECE: Limits =
         Limits { whole_keys: u64::MAX, batch_files: u64::MAX, batch_blocks: u64::MAX, whole_copies: usize::MAX };
 
+    /// Smaller than the default: a test's limits, under which whatever can
+    /// wait in a temporary file (the plan, a `--list`) goes there early, so
+    /// that the tests go through that path too.
+    pub fn is_tiny(&self) -> bool {
+        self.batch_files < Limits::default().batch_files
+    }
+
     /// The limits of a run or report: the default, or [`Limits::TINY`]
     /// when `DEDUPSCAN_TEST_SMALL_BATCHES` is set (tests only; the plan is
     /// the same either way, only memory and time differ).
