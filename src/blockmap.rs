@@ -9,11 +9,12 @@
 //! iterators over them for the planner and the reports (the planner's
 //! random-access view, `plan::map`, is built over these).
 //!
-//! The in-memory form *is* the stored form: per block the 4-byte block-map
-//! fingerprint ([`short_fp`]), little endian; a 0 (zero block or hole) is
-//! followed by the length of the run of zero blocks it starts (at most
-//! `u32::MAX`, a longer run continues in the next pair). So a map costs 4
-//! bytes per data block and 8 bytes per run of holes, whatever the file's
+//! The in-memory form *is* the stored form: per block the 6-byte block-map
+//! fingerprint ([`short_fp`], [`FP_BYTES`]), little endian; a 0 (zero block
+//! or hole) is followed by the length of the run of zero blocks it starts,
+//! in a word of the same width (at most 2⁴⁸ − 1, a longer run continues in
+//! the next pair). So a map costs 6 bytes per data block and 12 bytes per
+//! run of holes, whatever the file's
 //! apparent size: `truncate -s 8T` is one pair, not two billion entries
 //! (issue 12: a dense `Vec` per block of apparent size made one user's sparse
 //! file exhaust a root run's memory). Nothing here ever materialises a run of
@@ -31,21 +32,40 @@ use std::fmt;
 pub const ZERO_FP: u64 = 0;
 
 /// What the planner and the block maps keep of a block's fingerprint: the
-/// high 32 bits of the 64-bit fingerprint, never 0 except for zero blocks.
-/// Along a diagonal, a false equal has odds of 2^-32 per comparison, and the
-/// kernel's compare catches it before anything is shared.
-pub type Fp = u32;
+/// high 48 bits of the 64-bit fingerprint ([`FP_BITS`]), never 0 except for
+/// zero blocks.
+///
+/// Why 48: the planner groups every block outside whole-file copies by this
+/// value, so N distinct blocks give about N²/2^(bits+1) false pairs. Each
+/// one is a request the kernel refuses after reading two random blocks,
+/// a part rewritten on btrfs so it does not pin its extent, and a link that
+/// joins two unrelated files into one planning component (memory follows
+/// the largest component). With 32 bits that was ~100 pairs on the
+/// benchmark's million blocks but ~8 million at 1 TiB of distinct data,
+/// enough to join a volume into one component; 48 bits leave ~130 at
+/// 1 TiB and ~13,000 at 10 TiB, for 2 bytes more per 4 KiB block in the
+/// database (0.15% of the data instead of 0.1%).
+pub type Fp = u64;
+
+/// Bits of a block-map fingerprint.
+pub const FP_BITS: u32 = 48;
+
+/// Bytes of a block-map fingerprint in a map's encoding.
+pub const FP_BYTES: usize = FP_BITS as usize / 8;
+
+/// Largest block-map fingerprint (and longest run of zeros in one pair).
+pub const FP_MAX: Fp = (1 << FP_BITS) - 1;
 
 /// The block-map fingerprint of a 64-bit fingerprint.
 pub fn short_fp(fp64: u64) -> Fp {
     match fp64 {
         ZERO_FP => 0,
-        f => ((f >> 32) as u32).max(1),
+        f => (f >> (64 - FP_BITS)).max(1),
     }
 }
 
-/// Largest encoded map we build, in bytes: 4 bytes per data block, so
-/// about 915 GiB of data per file with 4 KiB blocks. SQLite refuses values
+/// Largest encoded map we build, in bytes: 6 bytes per data block, so
+/// about 610 GiB of data per file with 4 KiB blocks. SQLite refuses values
 /// over 10⁹ bytes (`SQLITE_MAX_LENGTH`), which would fail the whole batch
 /// in the writer; a file past this is reported and skipped instead.
 pub const MAX_MAP_BYTES: usize = 960_000_000;
@@ -108,7 +128,7 @@ pub struct DataRun<'a> {
 impl<'a> DataRun<'a> {
     /// Number of blocks in the run.
     pub fn len(&self) -> u64 {
-        (self.words.len() / 4) as u64
+        (self.words.len() / W) as u64
     }
 
     /// Never true: a data run holds at least one block.
@@ -123,17 +143,29 @@ impl<'a> DataRun<'a> {
 
     /// The fingerprints of its blocks, in order.
     pub fn fps(&self) -> impl Iterator<Item = Fp> + 'a {
-        self.words.chunks_exact(4).map(word)
+        self.words.chunks_exact(W).map(word)
     }
 
     /// The fingerprint of block `start + i`.
     pub fn fp(&self, i: u64) -> Fp {
-        word(&self.words[i as usize * 4..i as usize * 4 + 4])
+        word(&self.words[i as usize * W..i as usize * W + W])
     }
 }
 
-fn word(c: &[u8]) -> u32 {
-    u32::from_le_bytes(c.try_into().expect("4 bytes"))
+/// Width of a word of the encoding (a fingerprint or a run length).
+const W: usize = FP_BYTES;
+
+/// A word of the encoding (little endian, [`W`] bytes).
+fn word(c: &[u8]) -> u64 {
+    let mut b = [0u8; 8];
+    b[..W].copy_from_slice(&c[..W]);
+    u64::from_le_bytes(b)
+}
+
+/// The encoding of `v` (at most [`FP_MAX`]).
+fn put(v: u64) -> [u8; W] {
+    debug_assert!(v <= FP_MAX);
+    v.to_le_bytes()[..W].try_into().expect("W bytes")
 }
 
 impl BlockMap {
@@ -172,34 +204,35 @@ impl BlockMap {
         if fp == 0 {
             return self.push_zeros(1);
         }
-        self.grow(4)?;
-        self.enc.extend_from_slice(&fp.to_le_bytes());
+        debug_assert!(fp <= FP_MAX, "not a block-map fingerprint: {fp:#x}");
+        self.grow(W)?;
+        self.enc.extend_from_slice(&put(fp));
         self.blocks += 1;
         self.tail_run = None;
         Ok(())
     }
 
     /// Append `n` zero blocks or holes, merged into the trailing zero run.
-    /// Costs at most 8 bytes per 2³² blocks, whatever `n` is.
+    /// Costs at most 12 bytes per 2⁴⁸ blocks, whatever `n` is.
     pub fn push_zeros(&mut self, mut n: u64) -> Result<(), MapError> {
         while n > 0 {
             let room = match self.tail_run {
-                Some(at) => u32::MAX - word(&self.enc[at..at + 4]),
+                Some(at) => FP_MAX - word(&self.enc[at..at + W]),
                 None => 0,
             };
             if room == 0 {
-                self.grow(8)?;
-                self.enc.extend_from_slice(&0u32.to_le_bytes());
+                self.grow(2 * W)?;
+                self.enc.extend_from_slice(&put(0));
                 self.tail_run = Some(self.enc.len());
-                self.enc.extend_from_slice(&0u32.to_le_bytes());
+                self.enc.extend_from_slice(&put(0));
                 continue;
             }
             let at = self.tail_run.expect("room > 0");
-            let take = n.min(room as u64) as u32;
-            let len = word(&self.enc[at..at + 4]) + take;
-            self.enc[at..at + 4].copy_from_slice(&len.to_le_bytes());
-            self.blocks += take as u64;
-            n -= take as u64;
+            let take = n.min(room);
+            let len = word(&self.enc[at..at + W]) + take;
+            self.enc[at..at + W].copy_from_slice(&put(len));
+            self.blocks += take;
+            n -= take;
         }
         Ok(())
     }
@@ -240,19 +273,19 @@ impl BlockMap {
     /// stored encoding is canonical as long as this module wrote it.
     pub fn from_bytes(enc: Vec<u8>) -> BlockMap {
         let mut m = BlockMap { enc, blocks: 0, tail_run: None };
-        let whole = m.enc.len() / 4 * 4;
+        let whole = m.enc.len() / W * W;
         m.enc.truncate(whole);
         let mut i = 0;
         while i < m.enc.len() {
-            let fp = word(&m.enc[i..i + 4]);
-            i += 4;
+            let fp = word(&m.enc[i..i + W]);
+            i += W;
             if fp == 0 {
-                if i + 4 > m.enc.len() {
-                    m.enc.extend_from_slice(&1u32.to_le_bytes());
+                if i + W > m.enc.len() {
+                    m.enc.extend_from_slice(&put(1));
                 }
-                m.blocks += word(&m.enc[i..i + 4]) as u64;
+                m.blocks += word(&m.enc[i..i + W]);
                 m.tail_run = Some(i);
-                i += 4;
+                i += W;
             } else {
                 m.blocks += 1;
                 m.tail_run = None;
@@ -264,7 +297,7 @@ impl BlockMap {
     /// Like [`BlockMap::from_bytes`], from a borrowed BLOB (fallible copy).
     pub fn from_blob(blob: &[u8]) -> Result<BlockMap, MapError> {
         let mut enc = Vec::new();
-        enc.try_reserve_exact(blob.len()).map_err(MapError::oom(blob.len() as u64 / 4))?;
+        enc.try_reserve_exact(blob.len()).map_err(MapError::oom((blob.len() / W) as u64))?;
         enc.extend_from_slice(blob);
         Ok(BlockMap::from_bytes(enc))
     }
@@ -312,7 +345,7 @@ impl BlockMap {
     /// instead of aborting.
     pub fn to_dense(&self, max_blocks: u64) -> Result<Vec<Fp>, MapError> {
         if self.blocks > max_blocks {
-            return Err(MapError::TooLarge { blocks: self.blocks, limit: (max_blocks * 4) as usize });
+            return Err(MapError::TooLarge { blocks: self.blocks, limit: (max_blocks * W as u64) as usize });
         }
         let mut out = Vec::new();
         out.try_reserve_exact(self.blocks as usize).map_err(MapError::oom(self.blocks))?;
@@ -348,17 +381,17 @@ impl<'a> Iterator for Runs<'a> {
 
     fn next(&mut self) -> Option<DataRun<'a>> {
         // Skip zero runs.
-        while self.pos + 4 <= self.enc.len() && word(&self.enc[self.pos..self.pos + 4]) == 0 {
-            let len = self.enc.get(self.pos + 4..self.pos + 8).map_or(1, word);
-            self.block += len as u64;
-            self.pos += 8;
+        while self.pos + W <= self.enc.len() && word(&self.enc[self.pos..self.pos + W]) == 0 {
+            let len = self.enc.get(self.pos + W..self.pos + 2 * W).map_or(1, word);
+            self.block += len;
+            self.pos += 2 * W;
         }
-        if self.pos + 4 > self.enc.len() {
+        if self.pos + W > self.enc.len() {
             return None;
         }
         let start = self.pos;
-        while self.pos + 4 <= self.enc.len() && word(&self.enc[self.pos..self.pos + 4]) != 0 {
-            self.pos += 4;
+        while self.pos + W <= self.enc.len() && word(&self.enc[self.pos..self.pos + W]) != 0 {
+            self.pos += W;
         }
         let run = DataRun { start: self.block, words: &self.enc[start..self.pos] };
         self.block += run.len();
@@ -366,9 +399,16 @@ impl<'a> Iterator for Runs<'a> {
     }
 }
 
+/// The raw encoding of `words`, each a fingerprint or a run length, as
+/// [`BlockMap::as_bytes`] would hold them (tests that build a BLOB by
+/// hand, e.g. a zero run of a given length).
+pub fn encode_words(words: &[u64]) -> Vec<u8> {
+    words.iter().flat_map(|&w| put(w)).collect()
+}
+
 /// Iterate the data runs of a stored BLOB without copying it.
 pub fn runs_of(blob: &[u8]) -> Runs<'_> {
-    Runs { enc: &blob[..blob.len() / 4 * 4], pos: 0, block: 0 }
+    Runs { enc: &blob[..blob.len() / W * W], pos: 0, block: 0 }
 }
 
 /// Every non-zero block of a stored BLOB as `(block index, fingerprint)`,
@@ -394,8 +434,8 @@ mod tests {
     fn encoding_is_the_stored_format() {
         let fps = [0x1234_5678_0000_0001u64, 0, 0, 0, 7 << 40, 0, 9 << 33];
         let m = BlockMap::from_fps(&fps);
-        // Seven blocks, two zero runs: 4 + 8 + 4 + 8 + 4 bytes.
-        assert_eq!(m.as_bytes().len(), 28);
+        // Seven blocks, two zero runs: 6 + 12 + 6 + 12 + 6 bytes.
+        assert_eq!(m.as_bytes().len(), 42);
         assert_eq!(m.len(), 7);
         assert_eq!(m.to_dense(u64::MAX).unwrap(), dense(&fps));
         let round = BlockMap::from_bytes(m.as_bytes().to_vec());
@@ -407,13 +447,13 @@ mod tests {
         let mut m = BlockMap::new();
         m.push_zeros(1 << 31).unwrap(); // 8 TiB of 4 KiB blocks
         m.push(0xdead_beef_0000_0000).unwrap();
-        m.push_zeros((1 << 33) + 5).unwrap(); // past u32::MAX: two pairs
-        assert_eq!(m.len(), (1 << 31) + 1 + (1 << 33) + 5);
-        assert!(m.as_bytes().len() <= 8 + 4 + 8 * 3, "{m:?}");
-        assert_eq!(m.data_blocks().collect::<Vec<_>>(), vec![(1 << 31, 0xdead_beef)]);
+        m.push_zeros((1 << 49) + 5).unwrap(); // past FP_MAX: three pairs
+        assert_eq!(m.len(), (1 << 31) + 1 + (1 << 49) + 5);
+        assert!(m.as_bytes().len() <= 12 + 6 + 12 * 3, "{m:?}");
+        assert_eq!(m.data_blocks().collect::<Vec<_>>(), vec![(1 << 31, 0xdead_beef_0000)]);
         assert_eq!(BlockMap::from_bytes(m.as_bytes().to_vec()), m);
         assert!(matches!(m.to_dense(1 << 20), Err(MapError::TooLarge { .. })));
-        assert_eq!(m.get(1 << 31), 0xdead_beef);
+        assert_eq!(m.get(1 << 31), 0xdead_beef_0000);
         assert_eq!(m.get(5), 0);
     }
 
@@ -446,7 +486,7 @@ mod tests {
     #[test]
     fn a_truncated_blob_reads_as_the_dense_decoder_read_it() {
         // A trailing 0 without a length: one zero block.
-        let blob = [7u32.to_le_bytes(), 0u32.to_le_bytes()].concat();
+        let blob = [put(7), put(0)].concat();
         let m = BlockMap::from_bytes(blob.clone());
         assert_eq!(m.to_dense(10).unwrap(), vec![7, 0]);
         assert_eq!(runs_of(&blob).count(), 1);

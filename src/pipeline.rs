@@ -176,6 +176,12 @@ const LAST_SHARE_RUN: &str = "last_complete_share_run";
 fn check_fingerprints(job: &Job, db: &Db, progress: &dyn Progress) -> Result<()> {
     let block_size = job.scan.block_size.to_string();
     let salting = if job.scan.share_across_owners { SALT_NONE } else { SALT_BY_OWNER };
+    if let Some(v) = db.upgraded_from.filter(|&v| v < crate::db::migrate::MAPS_DROPPED_AT) {
+        progress.warn(&format!(
+            "{}: upgraded from schema version {v}: block maps now keep 48-bit fingerprints, every file is hashed again",
+            display_path(job.db_path)
+        ));
+    }
     let recorded = db.meta("block_size")?;
     let recorded_salting = db.meta(SALTING)?.unwrap_or_else(|| SALT_NONE.to_owned());
     let why = if recorded.as_deref() != Some(&block_size) {

@@ -156,6 +156,41 @@ fn version_1_database_is_migrated_and_used() {
     assert_eq!(v, dedupscan::db::migrate::CURRENT);
 }
 
+/// Schema v11 widened block maps (4 → 6 bytes a block): a v10 database's
+/// maps cannot be read. `report` refuses it (read-only, it must not
+/// upgrade) and says what to do; the next run upgrades it, says every file
+/// is hashed again, and does so, even with `--incremental` on unchanged
+/// files (the old build read them as 6-byte words: garbage groups).
+#[test]
+fn version_10_database_is_rehashed_after_the_upgrade_and_report_waits() {
+    let Some(vol) = Volume::new(Fs::Xfs, 320) else { return };
+    let data = vol.path("d");
+    std::fs::create_dir(&data).unwrap();
+    let x = Rng::new(10).bytes(40_960);
+    std::fs::write(data.join("a"), &x).unwrap();
+    std::fs::write(data.join("b"), &x).unwrap();
+    let db = vol.db();
+    let r = run_json(&vol, &["scan", s(&data)]);
+    assert_eq!(num(&r, "files_hashed"), 2);
+    rusqlite::Connection::open(&db).unwrap().pragma_update(None, "user_version", 10).unwrap();
+    let out = dedupscan().args(["report"]).db(&db).expect(3).run();
+    assert!(out.stderr.contains("schema version 10") && out.stderr.contains("run `dedupscan`"), "{}", out.stderr);
+    let version = || -> i64 {
+        rusqlite::Connection::open(&db).unwrap().query_row("PRAGMA user_version", [], |r| r.get(0)).unwrap()
+    };
+    assert_eq!(version(), 10, "report upgraded the database");
+    let out = dedupscan().arg(&data).arg("--incremental").json().db(&db).expect(0).run();
+    assert!(
+        out.stderr.contains("upgraded from schema version 10") && out.stderr.contains("hashed again"),
+        "{}",
+        out.stderr
+    );
+    let r = out.json;
+    assert_eq!((num(&r, "files_hashed"), num(&r, "files_unchanged")), (2, 0), "{r:#}");
+    assert_eq!(num(&r, "deduped_bytes"), 40_960, "{r:#}");
+    assert_eq!(version(), dedupscan::db::migrate::CURRENT);
+}
+
 #[test]
 fn corrupt_database_is_refused_and_left_untouched() {
     let Some(vol) = Volume::new(Fs::Xfs, 320) else { return };

@@ -24,19 +24,30 @@ pub const MIGRATIONS: &[&str] = &[
     include_str!("../../schema/0008_pinned.sql"),
     include_str!("../../schema/0009_kept_out.sql"),
     include_str!("../../schema/0010_runs_without_lists.sql"),
+    include_str!("../../schema/0011_wider_fingerprints.sql"),
 ];
 
 /// The schema version this build writes.
 pub const CURRENT: i64 = MIGRATIONS.len() as i64;
 
 /// Bring `conn` up to [`CURRENT`], each step in its own transaction.
-/// A database from a newer dedupscan is refused, never rewritten.
-pub fn migrate(conn: &mut Connection) -> Result<(), DbError> {
+/// A database from a newer dedupscan is refused, never rewritten. Returns
+/// the version found (0: a new database).
+pub fn migrate(conn: &mut Connection) -> Result<i64, DbError> {
+    migrate_to(conn, CURRENT)
+}
+
+/// The last migration that drops every file's block map (v11: 48-bit
+/// fingerprints), so a run on a database found older hashes every file.
+pub const MAPS_DROPPED_AT: i64 = 11;
+
+/// [`migrate`], stopping at version `target` (tests of one step).
+pub(super) fn migrate_to(conn: &mut Connection, target: i64) -> Result<i64, DbError> {
     let version: i64 = conn.query_row("PRAGMA user_version", [], |r| r.get(0))?;
     if version > CURRENT {
         return Err(DbError::TooNew { found: version, supported: CURRENT });
     }
-    for (i, sql) in MIGRATIONS.iter().enumerate().skip(version as usize) {
+    for (i, sql) in MIGRATIONS.iter().enumerate().take(target as usize).skip(version as usize) {
         let tx = conn.transaction()?;
         tx.execute_batch(sql)?;
         if i + 1 == 5 {
@@ -45,7 +56,7 @@ pub fn migrate(conn: &mut Connection) -> Result<(), DbError> {
         tx.pragma_update(None, "user_version", (i + 1) as i64)?;
         tx.commit()?;
     }
-    Ok(())
+    Ok(version)
 }
 
 /// Version 5: `dirs.dev` turns from `st_dev` into the volume key (btrfs
@@ -136,7 +147,7 @@ mod tests {
             [],
         )
         .unwrap();
-        migrate(&mut c).unwrap();
+        migrate_to(&mut c, 10).unwrap();
         let key =
             |id: i64| c.query_row("SELECT dev FROM dirs WHERE id = ?1", [id], |r| r.get::<_, i64>(0)).unwrap() as u64;
         let want = crate::sys::volume_key(std::os::fd::AsFd::as_fd(&open_dir(d.path()).unwrap())).unwrap();
@@ -159,7 +170,7 @@ mod tests {
         )
         .unwrap();
         c.execute("INSERT INTO anchors (fp, file_id, blk) VALUES (16, 1, 0)", []).unwrap();
-        migrate(&mut c).unwrap();
+        migrate_to(&mut c, 10).unwrap();
         let tables: i64 =
             c.query_row("SELECT count(*) FROM sqlite_schema WHERE name = 'anchors'", [], |r| r.get(0)).unwrap();
         let files: i64 = c.query_row("SELECT count(*) FROM files", [], |r| r.get(0)).unwrap();
@@ -186,6 +197,30 @@ mod tests {
             .unwrap();
         let want = [r#"{"ranges_planned":2,"freed_bytes":4096}"#, r#"{"ranges_planned":0}"#, "not json"];
         assert_eq!(reports, want.iter().map(|s| Some(s.to_string())).chain([None]).collect::<Vec<_>>());
+    }
+
+    #[test]
+    fn version_10_maps_are_dropped_and_the_history_kept() {
+        let mut c = Connection::open_in_memory().unwrap();
+        for sql in &MIGRATIONS[..10] {
+            c.execute_batch(sql).unwrap();
+        }
+        c.pragma_update(None, "user_version", 10).unwrap();
+        c.execute_batch(
+            "INSERT INTO dirs (id, dev, path) VALUES (1, 5, x'2f61');
+             INSERT INTO files (id, dir, name, ino, size, mtime, ctime, hashed_run, blocks)
+                 VALUES (1, 1, x'62', 7, 4096, 1, 1, 1, x'01000000');
+             INSERT INTO pinned VALUES (1, 'compressed', 4096, 1, 1);
+             INSERT INTO kept_out VALUES (1, 1);
+             INSERT INTO runs (started_at, command, dry_run, report) VALUES (1, 'run', 0, '{}');
+             INSERT INTO meta VALUES ('block_size', '4096'), ('last_complete_share_run', '1');",
+        )
+        .unwrap();
+        migrate(&mut c).unwrap();
+        let count = |t: &str| -> i64 { c.query_row(&format!("SELECT count(*) FROM {t}"), [], |r| r.get(0)).unwrap() };
+        let gone = ["files", "dirs", "pinned", "kept_out"].map(count);
+        assert_eq!((gone, count("runs"), count("meta WHERE key = 'block_size'")), ([0; 4], 1, 1));
+        assert_eq!(count("meta WHERE key = 'last_complete_share_run'"), 0);
     }
 
     #[test]

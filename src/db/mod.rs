@@ -47,6 +47,11 @@ pub enum DbError {
     /// The schema is newer than this build.
     #[error("database was written by a newer dedupscan (schema version {found}, this build knows up to {supported}); upgrade dedupscan or point --db at another file")]
     TooNew { found: i64, supported: i64 },
+    /// Read-only (`report`), and the schema is older than this build's: the
+    /// block maps may be in a format it does not read (v11 widened them),
+    /// and a report must not rewrite the database.
+    #[error("database {path} has schema version {found}, older than this build's ({supported}); run `dedupscan` on the volume once to upgrade it (the upgrade to version 11 hashes every file again), then report")]
+    TooOld { path: PathBuf, found: i64, supported: i64 },
     /// Not a readable SQLite database, or not one of ours.
     #[error("database {path} is not readable as a dedupscan database ({reason}); it was left untouched. Move it aside (e.g. `mv {path} {path}.broken`) and run again to rebuild it from a full scan")]
     Corrupt { path: PathBuf, reason: String },
@@ -76,6 +81,9 @@ pub struct Db {
     place: Place,
     /// The run lock; `None` for a read-only [`Db::open_for_report`].
     _lock: Option<Flock<File>>,
+    /// The schema version this open found, when it upgraded an existing
+    /// database (the run says so when the upgrade dropped the block maps).
+    pub upgraded_from: Option<i64>,
 }
 
 impl Db {
@@ -98,11 +106,12 @@ impl Db {
         debug_assert_eq!(mode.to_lowercase(), "wal");
         conn.pragma_update(None, "synchronous", "NORMAL")?;
         conn.pragma_update(None, "cache_size", CACHE_SIZE)?;
-        migrate::migrate(&mut conn).map_err(|e| match e {
+        let found = migrate::migrate(&mut conn).map_err(|e| match e {
             DbError::Sqlite(s) => corrupt(s),
             other => other,
         })?;
-        let db = Db { conn, path: path.clone(), place, _lock: Some(lock) };
+        let upgraded_from = (found > 0 && found < migrate::CURRENT).then_some(found);
+        let db = Db { conn, path: path.clone(), place, _lock: Some(lock), upgraded_from };
         match db.meta("filesystem")? {
             Some(found) if found != fs_uuid => {
                 return Err(DbError::WrongFilesystem { path: path.to_owned(), found, expected: fs_uuid.to_owned() })
@@ -121,7 +130,7 @@ impl Db {
         let place = Place::existing(path)?;
         place.check_files()?;
         let path = place.path.clone();
-        Ok(Db { conn: Self::open_readonly(&path)?, path, place, _lock: None })
+        Ok(Db { conn: Self::open_readonly(&path)?, path, place, _lock: None, upgraded_from: None })
     }
 
     /// The database's files (itself, SQLite's, the lock), for the crawl to
@@ -145,6 +154,9 @@ impl Db {
         let v: i64 = conn.query_row("PRAGMA user_version", [], |r| r.get(0)).map_err(corrupt)?;
         if v > migrate::CURRENT {
             return Err(DbError::TooNew { found: v, supported: migrate::CURRENT });
+        }
+        if v < migrate::CURRENT {
+            return Err(DbError::TooOld { path: path.to_owned(), found: v, supported: migrate::CURRENT });
         }
         Ok(conn)
     }
@@ -400,14 +412,28 @@ mod tests {
     use crate::blockmap::short_fp;
 
     #[test]
+    fn a_report_refuses_an_older_schema_and_leaves_it_alone() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("old.sqlite");
+        let mut c = Connection::open(&path).unwrap();
+        migrate::migrate_to(&mut c, 10).unwrap();
+        drop(c);
+        let err = Db::open_for_report(&path).err().expect("a v10 database read by a v11 report");
+        assert!(matches!(err, DbError::TooOld { found: 10, .. }), "{err}");
+        assert!(err.to_string().contains("run `dedupscan` on the volume once"), "{err}");
+        let c = Connection::open(&path).unwrap();
+        assert_eq!(c.query_row("PRAGMA user_version", [], |r| r.get::<_, i64>(0)).unwrap(), 10, "rewritten");
+    }
+
+    #[test]
     fn block_maps_round_trip_with_zero_runs() {
         let fps = [0x1234_5678_0000_0001u64, 0, 0, 0, 7 << 40, 0, 9 << 33];
         let blob = encode_blocks(&fps);
         assert_eq!(decode_blocks(&blob), fps.iter().map(|&f| short_fp(f)).collect::<Vec<_>>());
-        // Seven blocks, two zero runs: 4 + 8 + 4 + 8 + 4 bytes.
-        assert_eq!(blob.len(), 28);
+        // Seven blocks, two zero runs: 6 + 12 + 6 + 12 + 6 bytes.
+        assert_eq!(blob.len(), 42);
         let holes = vec![0u64; 100_000];
-        assert_eq!(encode_blocks(&holes).len(), 8);
+        assert_eq!(encode_blocks(&holes).len(), 12);
         assert_eq!(decode_blocks(&encode_blocks(&holes)).len(), 100_000);
     }
 

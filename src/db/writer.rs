@@ -33,7 +33,7 @@ pub const MAP_BYTES_CAP: u64 = 32 << 20;
 const COMMIT_BYTES: u64 = 8 << 20;
 
 /// Block-map bytes handed to the writer and not yet committed. The channel
-/// bounds files, not bytes: a map is 4 bytes a block, 1 MB for a 1 GiB
+/// bounds files, not bytes: a map is 6 bytes a block, 1.5 MB for a 1 GiB
 /// file, and files whose extents were hashed before (reflinked clones,
 /// snapshots) come out of the hashers with no read at all, faster than the
 /// writer commits them; 256 queued and 512 in a transaction of 1 GiB

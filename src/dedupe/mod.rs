@@ -100,8 +100,9 @@ pub struct Outcome {
     pub rewrite_what_if: bookend::WhatIf,
     /// Parts of destinations, `(file, offset, length)`, the kernel found
     /// different from their source and did not share: two blocks whose
-    /// 32-bit fingerprints collide (about a hundred pairs in a million
-    /// blocks), or a file changed since its scan. On btrfs such a part
+    /// 48-bit fingerprints collide (about N²/2⁴⁹ pairs for N blocks, ~130
+    /// at 1 TiB of distinct data; see `blockmap::Fp`), or a file changed
+    /// since its scan. On btrfs such a part
     /// keeps its whole old extent on disk once the rest of the file left
     /// it ([`bookend`] then rewrites it).
     pub differs: Vec<(FileId, u64, u64)>,

@@ -2,7 +2,7 @@
 //!
 //! In: an open file and its expected size. Out: a [`FileHash`] whose
 //! [`BlockMap`] holds one fingerprint per block (the first 8 bytes of the
-//! block's SHA-256, kept as the 4-byte block-map fingerprint). One call reads
+//! block's SHA-256, kept as the 6-byte block-map fingerprint). One call reads
 //! one file sequentially in large chunks, on a thread of the hashing pool
 //! ([`pool`], which also opens each file and applies the per-file policy);
 //! [`reuse`] takes the fingerprints of physical extents already hashed in
@@ -36,7 +36,7 @@ use nix::unistd::{lseek, Whence};
 use sha2::{Digest, Sha256};
 
 pub use crate::blockmap::ZERO_FP;
-use crate::blockmap::{short_fp, BlockMap, Fp, MapError};
+use crate::blockmap::{short_fp, BlockMap, Fp, MapError, FP_MAX};
 
 pub mod pool;
 pub mod reuse;
@@ -101,7 +101,7 @@ fn block_fp(blk: &[u8]) -> Fp {
 }
 
 /// The salt of the fingerprints of files owned by `uid`: an odd multiplier
-/// (a bijection of 32-bit values that keeps 0, the zero block, at 0 and
+/// (modulo 2⁴⁸, a bijection of block-map fingerprints that keeps 0, the zero block, at 0 and
 /// every other fingerprint non-zero), 1 for root, so the same content owned
 /// by two users gets fingerprints that do not match. The planner then never
 /// joins files of different owners, which must not be shared (sharing shows
@@ -114,7 +114,7 @@ pub fn owner_salt(uid: u32) -> Fp {
     let mut z = u64::from(uid).wrapping_add(0x9e37_79b9_7f4a_7c15);
     z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
     z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-    match ((z ^ (z >> 31)) as u32) | 1 {
+    match ((z ^ (z >> 31)) & FP_MAX) | 1 {
         1 => 3,
         m => m,
     }
@@ -210,7 +210,7 @@ fn map_err(e: MapError) -> io::Error {
 
 /// Record the next block's fingerprint `fp` in `out`, salted by `salt`.
 fn record(out: &mut FileHash, salt: Fp, fp: Fp) -> io::Result<()> {
-    out.map.push_short(fp.wrapping_mul(salt)).map_err(map_err)
+    out.map.push_short(fp.wrapping_mul(salt) & FP_MAX).map_err(map_err)
 }
 
 /// One file being hashed.
@@ -337,8 +337,10 @@ mod tests {
         assert_eq!(salts.len(), 10_000, "two owners share a salt");
         for s in salts {
             assert_eq!(s % 2, 1, "an even salt is not a bijection");
-            assert_eq!(0u32.wrapping_mul(s), 0);
-            assert_ne!(1u32.wrapping_mul(s), 0);
+            assert!(s <= FP_MAX);
+            assert_eq!(0u64.wrapping_mul(s) & FP_MAX, 0);
+            assert_ne!(1u64.wrapping_mul(s) & FP_MAX, 0);
+            assert_ne!(FP_MAX.wrapping_mul(s) & FP_MAX, 0);
         }
     }
 

@@ -168,9 +168,40 @@ pub struct SliceGrouper<'k> {
     slice: u32,
     slices: u32,
     keys: Option<&'k FxHashSet<Fp>>,
-    /// (fingerprint, index in `ids`, block): 16 bytes per block.
-    occ: Vec<(Fp, u32, u64)>,
+    /// (fingerprint, index in `ids`, block) packed in 16 bytes per block,
+    /// in that order of significance (so they sort as the triple would):
+    /// see [`Occ`].
+    occ: Vec<u128>,
     ids: Vec<FileId>,
+}
+
+/// One block's place in a slice, packed: the 48-bit fingerprint, the file's
+/// index in the slice (32 bits), the block's index in its file (48 bits).
+/// A tuple of the three took 24 bytes a block, and the slice's blocks are
+/// the plan's largest array before the lone ones are dropped.
+struct Occ;
+
+impl Occ {
+    /// Blocks at or past this index (data more than 1 EiB into a sparse
+    /// file, 4 KiB blocks) are not grouped: never matched, never shared.
+    const BLOCK_LIMIT: u64 = 1 << 48;
+
+    fn pack(fp: Fp, at: u32, block: u64) -> u128 {
+        debug_assert!(fp <= crate::blockmap::FP_MAX && block < Occ::BLOCK_LIMIT);
+        (fp as u128) << 80 | (at as u128) << 48 | block as u128
+    }
+
+    fn fp(o: u128) -> Fp {
+        (o >> 80) as Fp
+    }
+
+    fn at(o: u128) -> usize {
+        (o >> 48) as u32 as usize
+    }
+
+    fn block(o: u128) -> u64 {
+        o as u64 & (Occ::BLOCK_LIMIT - 1)
+    }
 }
 
 impl<'k> SliceGrouper<'k> {
@@ -186,8 +217,10 @@ impl<'k> SliceGrouper<'k> {
         let (slice, slices, keys) = (self.slice, self.slices, self.keys);
         self.occ.extend(
             data_blocks_of(map)
-                .filter(|(_, fp)| fp % slices == slice && keys.is_none_or(|k| k.contains(fp)))
-                .map(|(b, fp)| (fp, at, b)),
+                .filter(|&(b, fp)| {
+                    fp % slices as Fp == slice as Fp && b < Occ::BLOCK_LIMIT && keys.is_none_or(|k| k.contains(&fp))
+                })
+                .map(|(b, fp)| Occ::pack(fp, at, b)),
         );
         if self.occ.len() > n {
             self.ids.push(id);
@@ -205,8 +238,8 @@ impl<'k> SliceGrouper<'k> {
         let mut kept = 0;
         let mut at = 0;
         while at < self.occ.len() {
-            let fp = self.occ[at].0;
-            let end = at + self.occ[at..].iter().take_while(|o| o.0 == fp).count();
+            let fp = Occ::fp(self.occ[at]);
+            let end = at + self.occ[at..].iter().take_while(|&&o| Occ::fp(o) == fp).count();
             if end - at > 1 {
                 self.occ.copy_within(at..end, kept);
                 kept += end - at;
@@ -216,8 +249,8 @@ impl<'k> SliceGrouper<'k> {
         self.occ.truncate(kept);
         self.occ.shrink_to_fit();
         let ids = &self.ids;
-        for g in self.occ.chunk_by(|a, b| a.0 == b.0) {
-            out.push(g.iter().map(|o| (ids[o.1 as usize], o.2)));
+        for g in self.occ.chunk_by(|&a, &b| Occ::fp(a) == Occ::fp(b)) {
+            out.push(g.iter().map(|&o| (ids[Occ::at(o)], Occ::block(o))));
         }
     }
 }

@@ -410,11 +410,11 @@ fn sparse_files_of_8_tib_are_planned_by_their_data_alone() {
     // four at the end, the rest holes; the second's data is also in a
     // small file. Holes are never expanded (this would need 16 GiB).
     let end = 1u64 << 31;
-    let enc = |fps: &[u32]| -> Vec<u8> {
-        let mut w: Vec<u32> = fps[..4].to_vec();
-        w.extend([0, (end - 8) as u32]);
+    let enc = |fps: &[Fp]| -> Vec<u8> {
+        let mut w: Vec<u64> = fps[..4].to_vec();
+        w.extend([0, end - 8]);
         w.extend(&fps[4..]);
-        w.iter().flat_map(|x| x.to_le_bytes()).collect()
+        crate::blockmap::encode_words(&w)
     };
     let data: Vec<Fp> = (1..=8).map(|i| i * 0x101).collect();
     let big = |id: i64| PlanFile {
