@@ -13,7 +13,7 @@
 //! `SEEK_DATA`/`SEEK_HOLE` and never read; a file of up to one read is read
 //! with one `pread`, holes included (they read as zeros, which hash as a
 //! hole does, so the map is the same). Either way a hole is appended to the
-//! map as one zero run (8 bytes, however long), never expanded, and every
+//! map as one zero run (12 bytes, however long), never expanded, and every
 //! allocation sized from the file is fallible ([`MapError`] →
 //! `ErrorKind::OutOfMemory` / `FileTooLarge`), so a hostile sparse file costs
 //! a per-file error at worst, not the run (issue 12). Holes and all-zero
@@ -44,8 +44,17 @@ pub mod reuse;
 use reuse::worth_mapping;
 pub use reuse::{Claim, ClaimGuard, ExtentCache, CACHE_BLOCKS};
 
-/// Bytes read per `pread`: large enough that the disk streams.
-pub const CHUNK: usize = 1 << 20;
+/// Bytes read per `pread` (or one block, when blocks are larger): each
+/// hashing thread keeps a buffer of this size for the run. The disk streams
+/// on [`AHEAD`], not on this: the kernel reads ahead what we advise. With
+/// 1 MiB reads, the sixteen threads of a 2-CPU machine held 16.8 MB of
+/// buffers, the largest item of the scan and, once the plan's components
+/// shrank, of the whole run (heaptrack on FULL).
+pub const CHUNK: usize = 256 << 10;
+
+/// Read-ahead asked for past each read (`POSIX_FADV_WILLNEED`), so the disk
+/// reads the next stretch while this one is hashed.
+pub const AHEAD: u64 = 1 << 20;
 
 /// The block fingerprints of one file.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -142,10 +151,13 @@ pub fn hash_file_with(
     cache: Option<&ExtentCache>,
     salt: Fp,
 ) -> io::Result<FileHash> {
-    assert!(block_size.is_power_of_two() && block_size as usize <= CHUNK);
-    if buf.len() < CHUNK {
-        buf.try_reserve_exact(CHUNK - buf.len()).map_err(|_| map_err(MapError::OutOfMemory { blocks: 0 }))?;
-        buf.resize(CHUNK, 0);
+    assert!(block_size.is_power_of_two());
+    // The buffer's length is the read size (see `Hasher::chunk`).
+    let chunk = CHUNK.max(block_size as usize);
+    if buf.len() != chunk {
+        buf.clear();
+        buf.try_reserve_exact(chunk).map_err(|_| map_err(MapError::OutOfMemory { blocks: 0 }))?;
+        buf.resize(chunk, 0);
     }
     let mut h = Hasher {
         file,
@@ -168,7 +180,7 @@ pub fn hash_file_with(
     // A file that fits in one read is read in one `pread`: no hole search,
     // no read-ahead advice (four system calls fewer per small file; a hole
     // reads as zeros, which is what a hole hashes as anyway).
-    let small = size <= CHUNK as u64;
+    let small = size <= chunk as u64;
     if !small {
         // Sequential: the kernel doubles its read-ahead window.
         advise(file, 0, 0, PosixFadviseAdvice::POSIX_FADV_SEQUENTIAL);
@@ -230,6 +242,11 @@ struct Hasher<'a> {
 }
 
 impl Hasher<'_> {
+    /// Bytes per read: the buffer's length, [`CHUNK`] or one block.
+    fn chunk(&self) -> u64 {
+        self.buf.len() as u64
+    }
+
     /// Record the next block's fingerprint, salted. The extent cache keeps
     /// them unsalted: a reflinked copy may belong to another owner.
     fn push(&mut self, fp: Fp) -> io::Result<()> {
@@ -252,12 +269,12 @@ impl Hasher<'_> {
 
     /// Read the next chunk of `[pos, end)` into the buffer; returns its length.
     fn read_chunk(&mut self, pos: u64, end: u64) -> io::Result<usize> {
-        let want = (end - pos).min(CHUNK as u64) as usize;
+        let want = (end - pos).min(self.chunk()) as usize;
         let got = read_full_at(self.file, &mut self.buf[..want], pos)?;
         // Ask for the next chunk now, so the disk reads it while this
         // one is hashed.
         if pos + (got as u64) < self.size {
-            advise(self.file, pos + got as u64, CHUNK as u64, PosixFadviseAdvice::POSIX_FADV_WILLNEED);
+            advise(self.file, pos + got as u64, AHEAD.max(self.chunk()), PosixFadviseAdvice::POSIX_FADV_WILLNEED);
         }
         if got < want {
             return Err(io::Error::new(io::ErrorKind::UnexpectedEof, "file shrank while it was read"));

@@ -16,7 +16,7 @@ use std::sync::{Condvar, Mutex};
 
 use rustc_hash::FxHashMap;
 
-use super::{block_fp, record, Hasher, CHUNK};
+use super::{block_fp, record, Hasher};
 use crate::blockmap::Fp;
 use crate::sys::fiemap::{self, Extent};
 
@@ -74,9 +74,9 @@ impl Hasher<'_> {
     /// address `phys`: take each chunk's fingerprints from the cache, or
     /// read it (once for all the files that share it) and remember them.
     fn reuse(&mut self, cache: &ExtentCache, start: u64, end: u64, phys: u64) -> io::Result<()> {
-        let bs = self.bs;
+        let (bs, chunk) = (self.bs, self.chunk());
         let piece = |pos: u64| {
-            let len = (end - pos).min(CHUNK as u64);
+            let len = (end - pos).min(chunk);
             ((phys + (pos - start)) / bs, len / bs, len)
         };
         // The next chunk, claimed by this thread before it releases the
