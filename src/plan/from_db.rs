@@ -175,8 +175,8 @@ pub fn from_db_with<E: From<rusqlite::Error>>(
         g.finish(&mut blocks);
     }
     drop(covered);
-    blocks.retain(|g| group::keeps(fresh, g.iter().map(|o| o.0)));
-    let in_blocks: IdSet = blocks.iter().flatten().map(|o| o.0).collect();
+    blocks.retain(|g| group::keeps(fresh, g.iter().map(|o| o.file())));
+    let in_blocks: IdSet = blocks.iter().flatten().map(|o| o.file()).collect();
 
     let mut out = Batcher { db, opts, limits, groups: blocks, stats: PlanStats::default() };
     let mut batch = Batch::default();
@@ -224,18 +224,18 @@ fn components(joined: Vec<WholeGroup>, blocks: &BlockGroups) -> Vec<Batch> {
     for g in blocks.iter() {
         for o in g {
             let n = index.len() as u32;
-            index.entry(o.0).or_insert(n);
+            index.entry(o.file()).or_insert(n);
         }
     }
     let mut uf = UnionFind::new(index.len() as u32);
     for g in blocks.iter() {
         for o in &g[1..] {
-            uf.union(index[&g[0].0], index[&o.0]);
+            uf.union(index[&g[0].file()], index[&o.file()]);
         }
     }
     let mut comps: FxHashMap<u32, Batch> = FxHashMap::default();
     for (i, g) in blocks.iter().enumerate() {
-        let c = uf.find(index[&g[0].0]);
+        let c = uf.find(index[&g[0].file()]);
         comps.entry(c).or_default().add_blocks(i, g.len());
     }
     for (size, g) in joined {

@@ -143,7 +143,8 @@ pub fn plan(
     opts: PlanOptions,
 ) -> Plan {
     if opts.exact_groups {
-        return plan_exact(files, whole_groups, anchor_groups.iter().map(Vec::as_slice), opts);
+        let groups = group::BlockGroups::from(anchor_groups.to_vec());
+        return plan_exact(files, whole_groups, groups.iter(), opts);
     }
     let (mut p, ord) = with_whole_files(files, whole_groups, opts);
     // Sampled anchors are walked in a canonical order (what a walk finds
@@ -166,7 +167,7 @@ pub fn plan(
 pub fn plan_exact<'g>(
     files: &[PlanFile],
     whole_groups: &[Vec<FileId>],
-    groups: impl IntoIterator<Item = &'g [(FileId, u64)]>,
+    groups: impl IntoIterator<Item = &'g [group::Member]>,
     opts: PlanOptions,
 ) -> Plan {
     let (mut p, ord) = with_whole_files(files, whole_groups, PlanOptions { exact_groups: true, ..opts });

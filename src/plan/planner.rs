@@ -115,8 +115,8 @@ impl<'a> Planner<'a> {
     /// 16 bytes a block at the plan's peak. The classes do not depend on
     /// the order of the unions, and the fingerprint checked against is the
     /// canonical first member's, so neither depends on the group's order.
-    pub(super) fn exact_group(&mut self, ord: &FxHashMap<FileId, u32>, g: &[(FileId, u64)]) {
-        let locs = || g.iter().filter_map(|(id, b)| Some((*ord.get(id)?, *b)));
+    pub(super) fn exact_group(&mut self, ord: &FxHashMap<FileId, u32>, g: &[super::group::Member]) {
+        let locs = || g.iter().filter_map(|m| Some((*ord.get(&m.file())?, m.block())));
         let Some(fp) = locs().filter(|&l| self.fp(l) != 0).min().map(|l| self.fp(l)) else { return };
         let mut firsts: Vec<Loc> = Vec::new();
         for l in locs() {
