@@ -343,7 +343,8 @@ pub fn join_path(dir: &[u8], name: &[u8]) -> PathBuf {
     p
 }
 
-/// Smallest encoded block map (16 blocks) that copies store once, as a
+/// Smallest encoded block map (64 bytes: eleven data blocks, sixteen with
+/// the 4-byte maps before schema v11) that copies store once, as a
 /// reference to a twin (see `schema/0004_small_database.sql`): below it, a
 /// reference and its index entry would cost about what they save.
 pub const TWIN_MIN_MAP: usize = 64;
