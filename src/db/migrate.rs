@@ -105,9 +105,7 @@ mod tests {
 
     #[test]
     fn version_1_database_is_migrated_in_place() {
-        let mut c = Connection::open_in_memory().unwrap();
-        c.execute_batch(MIGRATIONS[0]).unwrap();
-        c.pragma_update(None, "user_version", 1).unwrap();
+        let mut c = at_version(1);
         c.execute(
             "INSERT INTO files (dev, ino, path, size, mtime_ns, ctime_ns, digest, blocks) VALUES (1, 2, x'2f61', 3, 4, 5, x'00', x'00')",
             [],
@@ -129,16 +127,20 @@ mod tests {
         assert_eq!((files, runs), (0, 1));
     }
 
+    /// A database as a build of schema `version` left it (its migrations
+    /// applied, nothing more).
+    fn at_version(version: i64) -> Connection {
+        let mut c = Connection::open_in_memory().unwrap();
+        migrate_to(&mut c, version).unwrap();
+        c
+    }
+
     #[test]
     fn version_4_dirs_are_rekeyed_without_losing_files() {
         use std::os::unix::fs::MetadataExt;
         let d = tempfile::tempdir().unwrap();
         let dev = std::fs::metadata(d.path()).unwrap().dev() as i64;
-        let mut c = Connection::open_in_memory().unwrap();
-        for sql in &MIGRATIONS[..4] {
-            c.execute_batch(sql).unwrap();
-        }
-        c.pragma_update(None, "user_version", 4).unwrap();
+        let mut c = at_version(4);
         let here = d.path().as_os_str().as_bytes();
         c.execute("INSERT INTO dirs (id, dev, path) VALUES (1, ?1, ?2)", params![dev, here]).unwrap();
         c.execute("INSERT INTO dirs (id, dev, path) VALUES (2, ?1, x'2f6e6f2f73756368')", params![dev + 1]).unwrap();
@@ -159,11 +161,7 @@ mod tests {
 
     #[test]
     fn version_5_anchors_are_dropped_and_nothing_else() {
-        let mut c = Connection::open_in_memory().unwrap();
-        for sql in &MIGRATIONS[..5] {
-            c.execute_batch(sql).unwrap();
-        }
-        c.pragma_update(None, "user_version", 5).unwrap();
+        let mut c = at_version(5);
         c.execute(
             "INSERT INTO files (dir, name, ino, size, mtime, ctime, hashed_run, blocks) VALUES (1, x'61', 7, 1, 0, 0, 1, x'00')",
             [],
@@ -179,11 +177,7 @@ mod tests {
 
     #[test]
     fn version_9_reports_lose_their_list_and_nothing_else() {
-        let mut c = Connection::open_in_memory().unwrap();
-        for sql in &MIGRATIONS[..9] {
-            c.execute_batch(sql).unwrap();
-        }
-        c.pragma_update(None, "user_version", 9).unwrap();
+        let mut c = at_version(9);
         let listed = r#"{"ranges_planned":2,"freed_bytes":4096,"ranges":[{"source":"/a","bytes":4096}]}"#;
         for report in [Some(listed), Some(r#"{"ranges_planned":0}"#), Some("not json"), None] {
             c.execute("INSERT INTO runs (started_at, command, dry_run, report) VALUES (1, 'run', 0, ?1)", [report])
@@ -201,11 +195,7 @@ mod tests {
 
     #[test]
     fn version_10_maps_are_dropped_and_the_history_kept() {
-        let mut c = Connection::open_in_memory().unwrap();
-        for sql in &MIGRATIONS[..10] {
-            c.execute_batch(sql).unwrap();
-        }
-        c.pragma_update(None, "user_version", 10).unwrap();
+        let mut c = at_version(10);
         c.execute_batch(
             "INSERT INTO dirs (id, dev, path) VALUES (1, 5, x'2f61');
              INSERT INTO files (id, dir, name, ino, size, mtime, ctime, hashed_run, blocks)
