@@ -507,7 +507,12 @@ fn report(
     match share {
         None => {}
         Some(ShareOutcome::Refused(why)) => r.sharing_refused = Some(why.clone()),
-        Some(ShareOutcome::Executed(e)) => add_sharing(&mut r, e),
+        Some(ShareOutcome::Executed(e)) => {
+            add_sharing(&mut r, e);
+            // What the plan left out as already shared never reached the
+            // share phase (see `plan::claims`).
+            r.already_shared_bytes += plan.and_then(|p| p.planned.as_ref()).map_or(0, |p| p.stats.already_shared_bytes);
+        }
     }
     r
 }

@@ -314,6 +314,10 @@ fn live_status(db: &Db, block_size: u64, progress: &dyn Progress, list: bool) ->
     progress.finish_phase("");
     live.ranges =
         listing.map(List::finish).transpose().map_err(|e| anyhow::anyhow!("keeping the list of ranges: {e}"))?;
+    // Blocks the plan left out because another file holds them in the same
+    // place on disk (FIEMAP when they were hashed; see `plan::claims`).
+    live.duplicate += stats.already_shared_bytes;
+    live.shared += stats.already_shared_bytes;
     live.whole_dup_files = stats.whole_copies;
     live.whole_dup_bytes = stats.whole_copy_bytes;
     live.dirs = top_dirs(by_dir, &root);

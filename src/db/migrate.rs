@@ -25,6 +25,7 @@ pub const MIGRATIONS: &[&str] = &[
     include_str!("../../schema/0009_kept_out.sql"),
     include_str!("../../schema/0010_runs_without_lists.sql"),
     include_str!("../../schema/0011_wider_fingerprints.sql"),
+    include_str!("../../schema/0012_shared_runs.sql"),
 ];
 
 /// The schema version this build writes.

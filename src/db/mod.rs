@@ -155,7 +155,10 @@ impl Db {
         if v > migrate::CURRENT {
             return Err(DbError::TooNew { found: v, supported: migrate::CURRENT });
         }
-        if v < migrate::CURRENT {
+        // A version-11 database differs only by the shared runs it lacks
+        // (`schema/0012_shared_runs.sql`): readable, its files grouped
+        // block by block.
+        if v < migrate::MAPS_DROPPED_AT {
             return Err(DbError::TooOld { path: path.to_owned(), found: v, supported: migrate::CURRENT });
         }
         Ok(conn)
@@ -267,7 +270,7 @@ impl Db {
     /// Drop every block fingerprint (after the block size changed, all
     /// files must be hashed again).
     pub fn forget_all_hashes(&self) -> rusqlite::Result<()> {
-        self.conn.execute_batch("DELETE FROM files; DELETE FROM dirs;")
+        self.conn.execute_batch("DELETE FROM files; DELETE FROM dirs; DELETE FROM shared_runs;")
     }
 
     /// Record the start of a run; returns its id.
@@ -424,6 +427,17 @@ mod tests {
         assert!(err.to_string().contains("run `dedupscan` on the volume once"), "{err}");
         let c = Connection::open(&path).unwrap();
         assert_eq!(c.query_row("PRAGMA user_version", [], |r| r.get::<_, i64>(0)).unwrap(), 10, "rewritten");
+        drop(c);
+        // Version 11 lacks only the shared runs: a report reads it as it
+        // is (no runs: every block grouped), and leaves it at 11.
+        let mut c = Connection::open(&path).unwrap();
+        migrate::migrate_to(&mut c, 11).unwrap();
+        drop(c);
+        let db = Db::open_for_report(&path).expect("a v11 database is readable");
+        db.for_each_shared_runs(|_| true, |_, _, _, _| panic!("no runs at v11")).unwrap();
+        drop(db);
+        let c = Connection::open(&path).unwrap();
+        assert_eq!(c.query_row("PRAGMA user_version", [], |r| r.get::<_, i64>(0)).unwrap(), 11, "rewritten");
     }
 
     #[test]
@@ -459,6 +473,8 @@ mod tests {
             bytes_reused: 0,
             cached: Vec::new(),
             unshared: false,
+            shared_runs: Vec::new(),
+            salt: 1,
         };
         WriteOp::Hashed { id, dev: 1, ino, path: path.into(), mtime: 0, ctime: 0, hash }
     }
@@ -537,6 +553,35 @@ mod tests {
         assert_eq!(dirs, vec![b"/v".to_vec()]);
         let facts = db.file_facts([b]).unwrap();
         assert_eq!(facts[&b].path, Path::new("/v/b"));
+    }
+
+    #[test]
+    fn shared_runs_follow_their_file() {
+        let dir = tempfile::tempdir().unwrap();
+        let db = Db::open(&dir.path().join("db"), "fs").unwrap();
+        let op = |id, ino, runs: Vec<(u64, u64, u64)>| {
+            let mut op = hashed(id, ino, &format!("/v/{ino}"), &map(ino, 20));
+            if let WriteOp::Hashed { hash, .. } = &mut op {
+                (hash.shared_runs, hash.salt) = (runs, 3);
+            }
+            op
+        };
+        let (db, _) = write(db, 1, vec![op(None, 1, vec![(0, 100, 20)]), op(None, 2, vec![(2, 102, 3)])]);
+        let (a, b) = (id_of(&db, 1), id_of(&db, 2));
+        let runs = |db: &Db| {
+            let mut all = Vec::new();
+            db.for_each_shared_runs(|_| true, |id, ino, salt, r| all.push((id, ino, salt, r.to_vec()))).unwrap();
+            all.sort();
+            all
+        };
+        assert_eq!(runs(&db), vec![(a, 1, 3, vec![(0, 100, 20)]), (b, 2, 3, vec![(2, 102, 3)])]);
+        // Hashed again with no shared extent, removed: the rows go too.
+        let (db, _) = write(db, 2, vec![op(Some(a), 1, vec![]), WriteOp::Removed { id: b }]);
+        assert_eq!(runs(&db), vec![]);
+        let (db, _) = write(db, 3, vec![op(Some(a), 1, vec![(5, 7, 1)])]);
+        assert_eq!(runs(&db), vec![(a, 1, 3, vec![(5, 7, 1)])]);
+        db.forget_all_hashes().unwrap();
+        assert_eq!(runs(&db), vec![]);
     }
 
     #[test]

@@ -14,6 +14,7 @@ use std::time::{Duration, Instant};
 use rusqlite::types::{ToSqlOutput, ValueRef};
 use rusqlite::{params, Connection};
 
+use super::maps::encode_runs;
 use super::{file_map, path_bytes, Db, TWIN_MIN_MAP};
 
 use crate::file::{FileId, IdSet, TimeTag};
@@ -324,10 +325,20 @@ impl Writer {
                     self.run_id,
                     stored,
                 ])?;
+                let replaced = id.is_some();
                 let id = id.unwrap_or_else(|| {
                     self.out.new_files += 1;
                     FileId(conn.last_insert_rowid())
                 });
+                if replaced {
+                    conn.prepare_cached("DELETE FROM shared_runs WHERE file_id = ?1")?.execute([id])?;
+                }
+                if !hash.shared_runs.is_empty() {
+                    conn.prepare_cached(
+                        "INSERT OR REPLACE INTO shared_runs (file_id, salt, runs) VALUES (?1, ?2, ?3)",
+                    )?
+                    .execute(params![id, hash.salt as i64, encode_runs(&hash.shared_runs)])?;
+                }
                 self.out.hashed += 1;
                 if hash.unshared {
                     self.out.unshared.insert(id);
@@ -346,6 +357,7 @@ impl Writer {
             WriteOp::Removed { id } => {
                 self.hand_over(conn, id)?;
                 conn.prepare_cached("DELETE FROM files WHERE id = ?1")?.execute([id])?;
+                conn.prepare_cached("DELETE FROM shared_runs WHERE file_id = ?1")?.execute([id])?;
                 self.prune_dirs = true;
             }
         }

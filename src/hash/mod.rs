@@ -79,7 +79,22 @@ pub struct FileHash {
     /// The share phase then needs no FIEMAP of it as a destination (see
     /// `dedupe::executor`): nothing can already share the source's blocks.
     pub unshared: bool,
+    /// Where the file's blocks lie in extents FIEMAP showed shared with
+    /// another file or snapshot: `(first block, first physical block,
+    /// blocks)`, in file order, adjacent runs merged. The plan groups each
+    /// such physical block once (see `plan::claims`): a reflinked clone or
+    /// a file deduplicated before costs no grouping memory for what it
+    /// already shares.
+    pub shared_runs: Vec<SharedRun>,
+    /// The [`owner_salt`] its fingerprints were recorded with: blocks of
+    /// two owners are never grouped together, so they never claim each
+    /// other's shared blocks either (see `plan::claims`).
+    pub salt: Fp,
 }
+
+/// A run of blocks of a file lying in a shared extent: `(first block,
+/// first physical block, blocks)`, in units of the block size.
+pub type SharedRun = (u64, u64, u64);
 
 /// Fingerprint of a block digest: its first 8 bytes, never [`ZERO_FP`].
 pub fn fingerprint(digest: &[u8; 32]) -> u64 {
@@ -173,6 +188,8 @@ pub fn hash_file_with(
             bytes_reused: 0,
             cached: Vec::new(),
             unshared: false,
+            shared_runs: Vec::new(),
+            salt,
         },
         mapped: None,
         salt,

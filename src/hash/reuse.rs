@@ -84,6 +84,7 @@ impl Hasher<'_> {
         // own read-ahead, in its own file's page cache, is what the next
         // read finds), while the copies' threads take each chunk from the
         // cache behind it.
+        self.shared_run(start / bs, phys / bs, (end - start) / bs);
         let mut ahead: Option<ClaimGuard<'_>> = None;
         let mut pos = start;
         while pos < end {
@@ -119,6 +120,15 @@ impl Hasher<'_> {
             pos += len;
         }
         Ok(())
+    }
+
+    /// Note `n` blocks from block `block` at physical block `pb`, merged
+    /// with the run before when they continue it.
+    fn shared_run(&mut self, block: u64, pb: u64, n: u64) {
+        match self.out.shared_runs.last_mut() {
+            Some((b, p, len)) if *b + *len == block && *p + *len == pb => *len += n,
+            _ => self.out.shared_runs.push((block, pb, n)),
+        }
     }
 
     /// The partial last block `[start, size)` lies at physical address

@@ -12,13 +12,15 @@
 
 use std::collections::HashSet;
 
+use super::claims::{Claims, Region, RunCounts, RUN_BUDGET};
 use super::copies;
 use super::group::{self, BlockGroups, MapPass, SliceGrouper, WholeGroup};
 use super::unionfind::UnionFind;
 use super::{plan_exact, Plan, PlanFile, PlanOptions};
 use crate::db::Db;
 use crate::file::{FileId, IdSet};
-use rustc_hash::FxHashMap;
+use crate::hash::SharedRun;
+use rustc_hash::{FxHashMap, FxHashSet};
 
 /// Most files planned in one batch (a batch holds the maps of its files,
 /// the union-find of their blocks, their ranges and recorded facts: a few
@@ -106,6 +108,10 @@ pub struct PlanStats {
     pub whole_copies: u64,
     /// Bytes of those copies.
     pub whole_copy_bytes: u64,
+    /// Bytes of blocks left out of the plan because another file holds
+    /// them in the same place on disk already (see [`super::claims`]):
+    /// already shared, as the share phase counts what it finds shared.
+    pub already_shared_bytes: u64,
 }
 
 /// [`from_db_with`] with the default [`Limits`].
@@ -166,19 +172,13 @@ pub fn from_db_with<E: From<rusqlite::Error>>(
             kept = groups;
         }
     }
-    let keys = fresh.map(|_| &pass.fresh_fps);
-    let slices = group::slices(pass.data_blocks, keys.is_some());
-    let mut blocks = BlockGroups::default();
-    for slice in 0..slices {
-        let mut g = SliceGrouper::new(slice, slices, keys);
-        db.for_each_map(|id| keep(id) && !covered.contains(id), |id, _, map| g.add(id, map))?;
-        g.finish(&mut blocks);
-    }
+    let (mut blocks, skipped, held) = group_blocks(db, |id| keep(id) && !covered.contains(id), fresh, &pass)?;
     drop(covered);
     blocks.retain(|g| group::keeps(fresh, g.iter().map(|o| o.file())));
     let in_blocks: IdSet = blocks.iter().flatten().map(|o| o.file()).collect();
 
-    let mut out = Batcher { db, opts, limits, groups: blocks, stats: PlanStats::default() };
+    let stats = PlanStats { already_shared_bytes: skipped * opts.block_size, ..PlanStats::default() };
+    let mut out = Batcher { db, opts, limits, groups: blocks, held, stats };
     let mut batch = Batch::default();
     let mut joined: Vec<WholeGroup> = Vec::new();
     let mut take = |(size, g): WholeGroup, batch: &mut Batch, joined: &mut Vec<WholeGroup>, out: &mut Batcher| {
@@ -213,6 +213,60 @@ pub fn from_db_with<E: From<rusqlite::Error>>(
     }
     out.plan(batch, &mut sink)?;
     Ok(out.stats)
+}
+
+/// Groups of equal blocks among the files `keep` accepts (not a whole
+/// file's second copy), in slices of the fingerprint space (see
+/// [`group`]), with the blocks another of them holds in the same place on
+/// disk left out ([`Claims`]); also how many were, and the files holding
+/// blocks for others.
+fn group_blocks(
+    db: &Db,
+    keep: impl Fn(FileId) -> bool + Copy,
+    fresh: Option<&HashSet<FileId>>,
+    pass: &MapPass,
+) -> rusqlite::Result<(BlockGroups, u64, FxHashSet<FileId>)> {
+    let claims = shared_claims(db, keep, fresh)?;
+    let keys = fresh.map(|_| &pass.fresh_fps);
+    let slices = group::slices(pass.data_blocks.saturating_sub(claims.blocks()), keys.is_some());
+    let mut blocks = BlockGroups::default();
+    let mut skipped = 0;
+    for slice in 0..slices {
+        let mut g = SliceGrouper::new(slice, slices, keys);
+        db.for_each_map(keep, |id, _, map| g.add(id, map, claims.skips(id)))?;
+        skipped += g.finish(&mut blocks);
+    }
+    Ok((blocks, skipped, claims.into_held()))
+}
+
+/// The [`Claims`] of the shared runs of the files `keep` accepts; in an
+/// incremental plan (`fresh`), only where the fresh files lie on disk.
+fn shared_claims(
+    db: &Db,
+    keep: impl Fn(FileId) -> bool + Copy,
+    fresh: Option<&HashSet<FileId>>,
+) -> rusqlite::Result<Claims> {
+    let region = match fresh {
+        None => None,
+        Some(f) => {
+            let mut r = Region::default();
+            db.for_each_shared_runs(|id| keep(id) && f.contains(&id), |_, _, salt, runs| r.add(salt, runs))?;
+            Some(r)
+        }
+    };
+    let runs_of = |salt, runs: &[SharedRun]| region.as_ref().map_or_else(|| runs.to_vec(), |r| r.clip(salt, runs));
+    let mut counts = RunCounts::default();
+    db.for_each_shared_runs(keep, |_, _, salt, runs| counts.add(&runs_of(salt, runs)))?;
+    let min = counts.shortest(RUN_BUDGET);
+    let mut files = Vec::new();
+    db.for_each_shared_runs(keep, |id, ino, salt, runs| {
+        let mut runs = runs_of(salt, runs);
+        runs.retain(|r| r.2 >= min);
+        if !runs.is_empty() {
+            files.push((id, ino, salt, runs));
+        }
+    })?;
+    Ok(Claims::build(files))
 }
 
 /// Split the block groups, and the whole-file groups whose first copy is
@@ -318,6 +372,9 @@ struct Batcher<'d> {
     /// name theirs by index (a copy per batch, or moving groups between
     /// batches, needs them in a `Vec` each; see [`BlockGroups`]).
     groups: BlockGroups,
+    /// Files whose extents others left out of the plan keep (see
+    /// [`super::claims`]).
+    held: FxHashSet<FileId>,
     stats: PlanStats,
 }
 
@@ -351,7 +408,7 @@ impl Batcher<'_> {
         }
         let groups = || batch.blocks.iter().map(|&i| self.groups.get(i));
         let files: Vec<PlanFile> = (self.db.map_rows(group::involved(&batch.whole, groups()))?.into_iter())
-            .map(|r| PlanFile { id: r.id, ino: r.ino, size: r.size, blocks: r.map })
+            .map(|r| PlanFile { id: r.id, ino: r.ino, size: r.size, blocks: r.map, held: self.held.contains(&r.id) })
             .collect();
         let mut p = plan_exact(&files, &batch.whole, groups(), self.opts);
         drop(files);

@@ -18,6 +18,7 @@ use std::collections::HashSet;
 
 use rustc_hash::FxHashSet;
 
+use super::claims::Skipper;
 use crate::blockmap::{data_blocks_of, hash_encoding, Fp};
 use crate::file::FileId;
 
@@ -220,6 +221,9 @@ pub struct SliceGrouper<'k> {
     /// see [`Occ`].
     occ: Vec<u128>,
     ids: Vec<FileId>,
+    /// Blocks of the slice left out as already shared (see
+    /// [`super::claims`]).
+    skipped: u64,
 }
 
 /// One block's place in a slice, packed: the 48-bit fingerprint, the file's
@@ -255,17 +259,26 @@ impl<'k> SliceGrouper<'k> {
     /// Slice `slice` of `slices`; with `keys`, only blocks whose
     /// fingerprint is one of them.
     pub fn new(slice: u32, slices: u32, keys: Option<&'k FxHashSet<Fp>>) -> SliceGrouper<'k> {
-        SliceGrouper { slice, slices, keys, occ: Vec::new(), ids: Vec::new() }
+        SliceGrouper { slice, slices, keys, occ: Vec::new(), ids: Vec::new(), skipped: 0 }
     }
 
-    /// Take in the blocks of file `id` (encoded map) that fall in the slice.
-    pub fn add(&mut self, id: FileId, map: &[u8]) {
+    /// Take in the blocks of file `id` (encoded map) that fall in the slice,
+    /// but those in `skip` (sorted `[start, end)` block ranges another file
+    /// holds the same physical blocks of: [`super::claims::Claims::skips`]).
+    pub fn add(&mut self, id: FileId, map: &[u8], skip: &[(u64, u64)]) {
         let (n, at) = (self.occ.len(), self.ids.len() as u32);
         let (slice, slices, keys) = (self.slice, self.slices, self.keys);
+        let mut skipper = Skipper::new(skip);
+        let skipped = &mut self.skipped;
         self.occ.extend(
             data_blocks_of(map)
                 .filter(|&(b, fp)| {
                     fp % slices as Fp == slice as Fp && b < Occ::BLOCK_LIMIT && keys.is_none_or(|k| k.contains(&fp))
+                })
+                .filter(|&(b, _)| {
+                    let left_out = skipper.skips(b);
+                    *skipped += u64::from(left_out);
+                    !left_out
                 })
                 .map(|(b, fp)| Occ::pack(fp, at, b)),
         );
@@ -274,8 +287,9 @@ impl<'k> SliceGrouper<'k> {
         }
     }
 
-    /// Append the slice's groups of two or more equal blocks to `out`.
-    pub fn finish(mut self, out: &mut BlockGroups) {
+    /// Append the slice's groups of two or more equal blocks to `out`;
+    /// returns how many blocks were left out as already shared.
+    pub fn finish(mut self, out: &mut BlockGroups) -> u64 {
         self.occ.sort_unstable();
         // Blocks found once go first, in place, and their room is handed
         // back before the groups are built: the slice's blocks and its
@@ -299,6 +313,7 @@ impl<'k> SliceGrouper<'k> {
         for g in self.occ.chunk_by(|&a, &b| Occ::fp(a) == Occ::fp(b)) {
             out.push(g.iter().map(|&o| (ids[Occ::at(o)], Occ::block(o))));
         }
+        self.skipped
     }
 }
 
@@ -342,7 +357,7 @@ mod tests {
         for s in 0..slices {
             let mut g = SliceGrouper::new(s, slices, keys);
             for (id, enc) in files {
-                g.add(*id, enc);
+                g.add(*id, enc, &[]);
             }
             g.finish(&mut out);
         }

@@ -21,6 +21,7 @@ use rustc_hash::FxHashMap;
 use crate::blockmap::{BlockMap, Fp};
 use crate::file::FileId;
 
+mod claims;
 mod copies;
 mod from_db;
 pub mod group;
@@ -52,12 +53,17 @@ pub struct PlanFile {
     /// Fingerprint per block ([`crate::blockmap::short_fp`]), holes and
     /// zero blocks run-length encoded.
     pub blocks: BlockMap,
+    /// Other files hold some of its extents and were left out of the plan
+    /// for it (see `claims`): those extents stay on disk whatever the plan
+    /// does, so the planner prefers it as a source (sharing it into a
+    /// copy would free nothing).
+    pub held: bool,
 }
 
 impl PlanFile {
     /// A file from one fingerprint per block (tests, benchmarks).
     pub fn dense(id: FileId, ino: u64, size: u64, blocks: &[Fp]) -> PlanFile {
-        PlanFile { id, ino, size, blocks: BlockMap::from_short(blocks) }
+        PlanFile { id, ino, size, blocks: BlockMap::from_short(blocks), held: false }
     }
 }
 

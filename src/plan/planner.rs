@@ -265,8 +265,12 @@ impl<'a> Planner<'a> {
             .collect();
         drop(count);
         let len = |f: usize| self.maps[f].data_len();
-        let by_unique: Vec<Preference> =
-            (0..n).map(|f| (u8::from(unique[f] == 0), std::cmp::Reverse(len(f)), f as u32)).collect();
+        // Held files first (their extents stay for files left out of the
+        // plan), then files with blocks of their own.
+        let held = |f: usize| self.files[f].held;
+        let by_unique: Vec<Preference> = (0..n)
+            .map(|f| (if held(f) { 0 } else { 1 + u8::from(unique[f] == 0) }, std::cmp::Reverse(len(f)), f as u32))
+            .collect();
         // One choice of sources in memory at a time (4 bytes a block each):
         // the first is made again if it wins, a pass over the blocks.
         let a = self.pinned_estimate(&self.pick(&by_unique));
@@ -291,7 +295,8 @@ impl<'a> Planner<'a> {
         let ratio = self.opts.rewrite_ratio;
         let n = self.files.len();
         let len = |f: usize| self.maps[f].data_len();
-        let mut kept: Vec<bool> = (0..n).map(|f| unique[f] as f64 > ratio * (len(f) - unique[f]) as f64).collect();
+        let mut kept: Vec<bool> =
+            (0..n).map(|f| self.files[f].held || unique[f] as f64 > ratio * (len(f) - unique[f]) as f64).collect();
         let mut round = 0;
         loop {
             let pref: Vec<Preference> = (0..n)

@@ -422,6 +422,7 @@ fn sparse_files_of_8_tib_are_planned_by_their_data_alone() {
         ino: id as u64,
         size: end * BS,
         blocks: BlockMap::from_blob(&enc(&data)).unwrap(),
+        held: false,
     };
     let small = file(3, &data[4..]);
     let files = vec![big(1), big(2), small];
