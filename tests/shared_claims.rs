@@ -96,6 +96,26 @@ fn near_clones_are_grouped_once(fs: Fs) {
     // `report` plans the same way, and says the same.
     let rep = db_report(&vol);
     assert!(num(&rep, "shared_bytes") >= clone_shared + kept, "{rep:#}");
+
+    // One more clone, and a nightly run: it groups the fresh file's
+    // fingerprints — every clone has them — and claims where the fresh
+    // file lies (here the image's extent, which every clone shares): all
+    // found shared, in bounded memory, nothing shared anew.
+    let late = d.join("late.img");
+    reflink(&base, &late);
+    let late_own = rewrite_blocks(&late, 5000, REWRITTEN);
+    let before = Snapshot::take(&d);
+    let nightly = bounded(&vol, &["--incremental", s(&d)]);
+    assert_eq!(nightly.code, 0, "{}", nightly.stderr);
+    let n = &nightly.json;
+    assert_eq!(num(n, "files_hashed"), 1, "{n:#}");
+    // (Not the blocks where the late clone has its own data: no fresh
+    // fingerprint leads there.)
+    let fresh_shared = clone_shared + IMAGE - (CLONES + 1) * late_own * BLOCK;
+    assert!(num(n, "already_shared_bytes") >= fresh_shared, "{n:#}");
+    assert_eq!(num(n, "deduped_bytes"), 0, "{n:#}");
+    assert!(nightly.max_rss < 40 * MIB, "peak RSS {} MiB", nightly.max_rss / MIB);
+    before.assert_same(&Snapshot::take(&d));
 }
 
 #[test]
