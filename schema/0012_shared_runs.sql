@@ -5,7 +5,7 @@
 -- since the previous run's end, first physical block, blocks: see
 -- `db::maps::encode_runs`); `salt` is the owner salt of its fingerprints.
 -- The plan groups each shared physical block once per owner salt (the
--- file of lowest inode number keeps it), so what is already shared costs
+-- file of lowest volume key and inode keeps it), so what is already shared costs
 -- no grouping memory and is reported as already shared. A file
 -- hashed before this version has no row and is grouped block by block, as
 -- before, until it is hashed again: no rehash is needed. (IF NOT EXISTS:

@@ -9,7 +9,7 @@ use rusqlite::OptionalExtension;
 
 use super::{stored_map, Db};
 use crate::blockmap::{BlockMap, Fp};
-use crate::file::FileId;
+use crate::file::{FileId, FileKey};
 use crate::hash::SharedRun;
 
 /// A file's block map with what the planner orders copies by.
@@ -74,14 +74,14 @@ impl Db {
         Ok(())
     }
 
-    /// Call `f(id, inode, owner salt, runs)` for every file with recorded shared runs
+    /// Call `f(id, file key, owner salt, runs)` for every file with recorded shared runs
     /// (see [`crate::hash::FileHash::shared_runs`]) whose id `keep`
     /// accepts. A version-11 database opened read-only by `report` has no
     /// such table: no runs.
     pub fn for_each_shared_runs(
         &self,
         keep: impl Fn(FileId) -> bool,
-        mut f: impl FnMut(FileId, u64, Fp, &[SharedRun]),
+        mut f: impl FnMut(FileId, FileKey, Fp, &[SharedRun]),
     ) -> rusqlite::Result<()> {
         let exists: bool = self.conn.query_row(
             "SELECT EXISTS (SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = 'shared_runs')",
@@ -92,7 +92,7 @@ impl Db {
             return Ok(());
         }
         let mut st = self.conn.prepare_cached(
-            "SELECT s.file_id, f.ino, s.salt, s.runs FROM shared_runs s JOIN files f ON f.id = s.file_id",
+            "SELECT s.file_id, d.dev, f.ino, s.salt, s.runs FROM shared_runs s JOIN files f ON f.id = s.file_id JOIN dirs d ON d.id = f.dir",
         )?;
         let mut rows = st.query([])?;
         let mut runs = Vec::new();
@@ -102,8 +102,9 @@ impl Db {
                 continue;
             }
             runs.clear();
-            runs.extend(decode_runs(r.get_ref(3)?.as_blob()?));
-            f(id, r.get::<_, i64>(1)? as u64, r.get::<_, i64>(2)? as Fp, &runs);
+            runs.extend(decode_runs(r.get_ref(4)?.as_blob()?));
+            let key = FileKey { volume: r.get::<_, i64>(1)? as u64, ino: r.get::<_, i64>(2)? as u64 };
+            f(id, key, r.get::<_, i64>(3)? as Fp, &runs);
         }
         Ok(())
     }

@@ -570,7 +570,7 @@ mod tests {
         let (a, b) = (id_of(&db, 1), id_of(&db, 2));
         let runs = |db: &Db| {
             let mut all = Vec::new();
-            db.for_each_shared_runs(|_| true, |id, ino, salt, r| all.push((id, ino, salt, r.to_vec()))).unwrap();
+            db.for_each_shared_runs(|_| true, |id, k, salt, r| all.push((id, k.ino, salt, r.to_vec()))).unwrap();
             all.sort();
             all
         };

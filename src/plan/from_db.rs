@@ -259,11 +259,11 @@ fn shared_claims(
     db.for_each_shared_runs(keep, |_, _, salt, runs| counts.add(&runs_of(salt, runs)))?;
     let min = counts.shortest(RUN_BUDGET);
     let mut files = Vec::new();
-    db.for_each_shared_runs(keep, |id, ino, salt, runs| {
+    db.for_each_shared_runs(keep, |id, key, salt, runs| {
         let mut runs = runs_of(salt, runs);
         runs.retain(|r| r.2 >= min);
         if !runs.is_empty() {
-            files.push((id, ino, salt, runs));
+            files.push((id, key, salt, runs));
         }
     })?;
     Ok(Claims::build(files))
