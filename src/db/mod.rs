@@ -466,16 +466,8 @@ mod tests {
     }
 
     fn hashed(id: Option<FileId>, ino: u64, path: &str, blocks: &[u64]) -> WriteOp {
-        let hash = FileHash {
-            size: blocks.len() as u64 * 4096,
-            map: crate::blockmap::BlockMap::from_fps(blocks),
-            bytes_read: 0,
-            bytes_reused: 0,
-            cached: Vec::new(),
-            unshared: false,
-            shared_runs: Vec::new(),
-            salt: 1,
-        };
+        let map = crate::blockmap::BlockMap::from_fps(blocks);
+        let hash = FileHash { map, ..FileHash::empty(blocks.len() as u64 * 4096, 1) };
         WriteOp::Hashed { id, dev: 1, ino, path: path.into(), mtime: 0, ctime: 0, hash }
     }
 

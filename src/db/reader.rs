@@ -281,16 +281,7 @@ mod tests {
 
     fn hashed(dev: u64, ino: u64, path: &str) -> WriteOp {
         let map = crate::blockmap::BlockMap::from_fps(&[ino << 36 | 1 << 32]);
-        let hash = FileHash {
-            size: 4096,
-            map,
-            bytes_read: 0,
-            bytes_reused: 0,
-            cached: Vec::new(),
-            unshared: false,
-            shared_runs: Vec::new(),
-            salt: 1,
-        };
+        let hash = FileHash { map, ..FileHash::empty(4096, 1) };
         WriteOp::Hashed { id: None, dev, ino, path: path.into(), mtime: 3, ctime: 4, hash }
     }
 

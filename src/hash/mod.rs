@@ -92,6 +92,23 @@ pub struct FileHash {
     pub salt: Fp,
 }
 
+impl FileHash {
+    /// A file of `size` bytes before any block is hashed, its fingerprints
+    /// to be salted by `salt`.
+    pub fn empty(size: u64, salt: Fp) -> FileHash {
+        FileHash {
+            size,
+            map: BlockMap::new(),
+            bytes_read: 0,
+            bytes_reused: 0,
+            cached: Vec::new(),
+            unshared: false,
+            shared_runs: Vec::new(),
+            salt,
+        }
+    }
+}
+
 /// A run of blocks of a file lying in a shared extent: `(first block,
 /// first physical block, blocks)`, in units of the block size.
 pub type SharedRun = (u64, u64, u64);
@@ -181,16 +198,7 @@ pub fn hash_file_with(
         buf,
         drop_behind,
         cache: cache.filter(|c| c.block_size == block_size && worth_mapping(size, block_size)),
-        out: FileHash {
-            size,
-            map: BlockMap::new(),
-            bytes_read: 0,
-            bytes_reused: 0,
-            cached: Vec::new(),
-            unshared: false,
-            shared_runs: Vec::new(),
-            salt,
-        },
+        out: FileHash::empty(size, salt),
         mapped: None,
         salt,
     };
