@@ -372,8 +372,8 @@ struct Batcher<'d> {
     /// name theirs by index (a copy per batch, or moving groups between
     /// batches, needs them in a `Vec` each; see [`BlockGroups`]).
     groups: BlockGroups,
-    /// Files whose extents others left out of the plan keep (see
-    /// [`super::claims`]).
+    /// Files holding extents another file's run also covers: those stay
+    /// on disk whatever the plan does (see [`super::claims`]).
     held: FxHashSet<FileId>,
     stats: PlanStats,
 }

@@ -392,6 +392,26 @@ mod tests {
     }
 
     #[test]
+    fn blocks_left_out_are_not_grouped_but_counted() {
+        let a = map(1, 10);
+        let files: Vec<(FileId, Vec<u8>)> = (1..=3).map(|i| (FileId(i), BlockMap::from_fps(&a).into_bytes())).collect();
+        let skip: [&[(u64, u64)]; 3] = [&[], &[(0, 10)], &[(2, 4), (8, 9)]];
+        let (mut out, mut left_out) = (BlockGroups::default(), 0);
+        for s in 0..2 {
+            let mut g = SliceGrouper::new(s, 2, None);
+            for ((id, enc), skip) in files.iter().zip(skip) {
+                g.add(*id, enc, skip);
+            }
+            left_out += g.finish(&mut out);
+        }
+        // File 2 is left out whole, file 3 at blocks 2, 3 and 8: those
+        // blocks of file 1 have no partner left.
+        assert_eq!(left_out, 10 + 3);
+        let sizes: Vec<usize> = sorted(out).iter().map(Vec::len).collect();
+        assert_eq!(sizes, vec![2; 7]);
+    }
+
+    #[test]
     fn whole_files_group_by_size_and_map() {
         let keys = vec![(8, 1, FileId(3)), (8, 1, FileId(1)), (8, 2, FileId(2)), (9, 1, FileId(4)), (9, 1, FileId(5))];
         let whole = group_whole_files(keys);
