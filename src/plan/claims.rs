@@ -72,8 +72,8 @@ pub struct Claims {
     skip: FxHashMap<FileId, Vec<(u64, u64)>>,
     /// Sum of their lengths.
     blocks: u64,
-    /// The files whose claimed blocks others left out: their extents stay
-    /// referenced by those others whatever the plan does with them.
+    /// The files holding extents another file's run also covers (see
+    /// [`held`]).
     held: FxHashSet<FileId>,
 }
 

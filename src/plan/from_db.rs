@@ -255,6 +255,8 @@ fn shared_claims(
         }
     };
     let runs_of = |salt, runs: &[SharedRun]| region.as_ref().map_or_else(|| runs.to_vec(), |r| r.clip(salt, runs));
+    // Counted first, so that nothing is held before the budget is known
+    // (one more pass over the runs: a small table, not the maps).
     let mut counts = RunCounts::default();
     db.for_each_shared_runs(keep, |_, _, salt, runs| counts.add(&runs_of(salt, runs)))?;
     let min = counts.shortest(RUN_BUDGET);
