@@ -354,9 +354,26 @@ fn fs_name(magic: i64) -> String {
     .to_owned()
 }
 
-/// Canonical path and the filesystem it is on.
+/// Canonical path and the filesystem it is on. A symlink on the way is
+/// followed only if nobody but root or this user could have put it there
+/// ([`sys::resolve`]): `/home/alice/vms` given as a starting path is
+/// alice's to replace with a symlink to `/root` at any moment, and was
+/// followed, so the run read, recorded and shared files it was never given.
+/// Such a path is refused (exit 2) rather than crawled: the administrator
+/// gives the path the link leads to, or a directory above it. The result
+/// is opened later without following any symlink (`sys::beneath::Tree`),
+/// so a component swapped for one after this fails the open.
 fn resolve_fs(p: &Path) -> Result<(PathBuf, FsInfo)> {
-    let c = std::fs::canonicalize(p).with_context(|| format!("{}: cannot open", display_path(p)))?;
+    let c = match sys::resolve::resolve(p, true) {
+        Ok((c, missing)) if missing.is_empty() => c,
+        Ok(_) => Err(std::io::Error::from(std::io::ErrorKind::NotFound))
+            .with_context(|| format!("{}: cannot open", display_path(p)))?,
+        Err(sys::resolve::Resolve::Io(e)) => Err(e).with_context(|| format!("{}: cannot open", display_path(p)))?,
+        Err(sys::resolve::Resolve::Unsafe(why)) => bail!(
+            "{}: refused: {why} (another user could point it anywhere; give the path it leads to)",
+            display_path(p)
+        ),
+    };
     let info = sys::fs::fs_info_of_path(&c).with_context(|| format!("{}: cannot read filesystem", display_path(&c)))?;
     Ok((c, info))
 }

@@ -50,7 +50,7 @@ impl ExitCode {
         match self {
             ExitCode::Success => "success",
             ExitCode::PartialErrors => "finished, but some paths or ranges had errors (counted in the report)",
-            ExitCode::Usage => "usage error (bad option or glob, missing path, paths on different filesystems); nothing done",
+            ExitCode::Usage => "usage error (bad option or glob, missing path, a path through another user's symlink, paths on different filesystems); nothing done",
             ExitCode::Fatal => {
                 "fatal error (database unreadable, from a newer version, or where another user could tamper with it, …)"
             }

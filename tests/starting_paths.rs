@@ -6,10 +6,14 @@
 //! for a starting path that reaches the same directory through a bind
 //! mount (compared by where it lies in the filesystem, not by its path).
 //! A bind mount of a directory below a `.nodedup` marker is skipped like
-//! the directory itself.
+//! the directory itself. A starting path that leads through a symlink
+//! another user could have planted (`/home/alice/vms`, which alice can
+//! replace with a link to `/root` before the nightly run) is refused, not
+//! followed; the administrator's own symlinks still are.
 
 mod common;
 
+use std::os::unix::fs::symlink;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
@@ -158,4 +162,62 @@ fn xfs_a_bind_mount_below_a_nodedup_marker_is_skipped() {
 #[test]
 fn btrfs_a_bind_mount_below_a_nodedup_marker_is_skipped() {
     bound_below_a_marker(Fs::Btrfs);
+}
+
+/// Run `args` as the unprivileged user 65534.
+fn as_nobody(args: &[&str]) {
+    let user = ["--reuid=65534", "--regid=65534", "--clear-groups", "--inh-caps=-all"];
+    sh(Command::new("setpriv").args(user).args(args));
+}
+
+/// Root's `secret` (0700) holds two copies of 1 MiB; the user 65534 owns
+/// `home/u` and makes `home/u/vms` a symlink to it, and `home/u/proj` one to
+/// the volume's top, so `home/u/proj/secret` leads there too. Given as
+/// starting paths (the administrator configured the user's `vms`), each is
+/// refused with exit 2 naming the link's owner: nothing is read, recorded
+/// or shared. Before, the path was made canonical by following the links,
+/// and the run shared root's copies (exit 0). A symlink root made in a
+/// directory only root writes is followed, as before.
+fn redirected(fs: Fs) {
+    let Some(vol) = Volume::new(fs, 320) else { return };
+    let secret = vol.path("secret");
+    std::fs::create_dir(&secret).unwrap();
+    std::fs::set_permissions(&secret, std::os::unix::fs::PermissionsExt::from_mode(0o700)).unwrap();
+    let bytes = Rng::new(12).bytes(1 << 20);
+    let files = [secret.join("a"), secret.join("b")];
+    for f in &files {
+        std::fs::write(f, &bytes).unwrap();
+    }
+    let before = Snapshot::take(&secret);
+    let home = vol.path("home/u");
+    std::fs::create_dir_all(&home).unwrap();
+    sh(Command::new("chown").arg("65534:65534").arg(&home));
+    as_nobody(&["ln", "-s", s(&secret), s(&home.join("vms"))]);
+    as_nobody(&["ln", "-s", s(&vol.path("")), s(&home.join("proj"))]);
+    for start in [home.join("vms"), home.join("proj/secret")] {
+        let out = dedupscan().arg(&start).db(vol.db()).expect(2).run();
+        let want = format!("{}: refused: ", s(&start));
+        assert!(out.stderr.contains(&want), "want {want:?} in:\n{}", out.stderr);
+        assert!(out.stderr.contains("symbolic link owned by uid 65534"), "{}", out.stderr);
+        assert!(!vol.db().exists(), "a database was created");
+        assert!(!same_physical(&files[0], 0, &files[1], 0, 1 << 20), "root's copies were shared through {start:?}");
+    }
+    before.assert_same(&Snapshot::take(&secret));
+    let link = vol.path("link");
+    symlink(&secret, &link).unwrap();
+    let out = dedupscan().arg(&link).json().db(vol.db()).expect(0).run();
+    validate_report(&out.json);
+    assert_eq!(num(&out.json, "deduped_bytes"), 1 << 20, "{:#}", out.json);
+    assert!(same_physical(&files[0], 0, &files[1], 0, 1 << 20), "root's own link was not followed");
+    before.assert_same(&Snapshot::take(&secret));
+}
+
+#[test]
+fn xfs_a_starting_path_another_user_could_redirect_is_refused() {
+    redirected(Fs::Xfs);
+}
+
+#[test]
+fn btrfs_a_starting_path_another_user_could_redirect_is_refused() {
+    redirected(Fs::Btrfs);
 }

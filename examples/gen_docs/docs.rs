@@ -233,7 +233,8 @@ fn hand_written() -> Roff {
         (
             ExitCode::Usage,
             "Usage error: a bad command line (including a bad or relative --exclude glob), or paths that cannot be used \
-             (missing, unreadable, on two filesystems). Found before the database is opened: nothing was done.",
+             (missing, unreadable, on two filesystems, or leading through a symbolic link another user could have \
+             planted). Found before the database is opened: nothing was done.",
         ),
         (ExitCode::Fatal, "Fatal error: could not run at all (e.g. the database cannot be opened, read or migrated, or lies where another user could tamper with it)."),
         (ExitCode::Locked, "Another dedupscan run holds the database's lock; nothing was done."),

@@ -22,7 +22,7 @@
 //! - the path is made canonical here, once (so `SQLITE_OPEN_NOFOLLOW`, which
 //!   refuses a symlink in any component, can be passed to SQLite), following
 //!   only symlinks root or that user owns, in directories that pass the
-//!   check above ([`resolve`]): the checks of the canonical directory would
+//!   check above ([`crate::sys::resolve`]): the checks of the canonical directory would
 //!   not see a symlink a user planted on the way (in `/tmp`, or in their own
 //!   directory) to a root-owned directory of their choosing; and the
 //!   directories still missing are created 0700 only below a directory that
@@ -36,12 +36,13 @@ use std::fs::File;
 use std::io;
 use std::os::fd::OwnedFd;
 use std::os::unix::fs::DirBuilderExt;
-use std::path::{Component, Path, PathBuf};
+use std::path::{Path, PathBuf};
 
 use rustix::fs::{AtFlags, FileType, Mode, OFlags, Stat};
 
 use crate::display::display_path;
 use crate::policy::DbFiles;
+use crate::sys::resolve::{check_chain, euid, resolve, Resolve};
 
 use super::DbError;
 
@@ -61,12 +62,6 @@ pub struct Place {
     name: OsString,
     /// The canonical directory joined with `name`: no symlink anywhere.
     pub path: PathBuf,
-}
-
-/// Who may own the directories and files of a database: root, or the user
-/// running dedupscan.
-fn euid() -> u32 {
-    nix::unistd::geteuid().as_raw()
 }
 
 /// The refusal of `path`, for `reason`.
@@ -98,7 +93,7 @@ impl Place {
             Resolve::Io(source) => io_err(source),
             Resolve::Unsafe(why) => refuse(path, why),
         };
-        let (found, missing) = resolve(parent).map_err(fail)?;
+        let (found, missing) = resolve(parent, false).map_err(fail)?;
         if !missing.is_empty() {
             if !create {
                 return Err(io_err(io::Error::from(io::ErrorKind::NotFound)));
@@ -118,7 +113,7 @@ impl Place {
         // Resolved again: a name just created in a sticky directory may
         // have been taken by another user first.
         let (dir_path, still_missing) =
-            resolve(&found.join(missing.iter().rev().collect::<PathBuf>())).map_err(fail)?;
+            resolve(&found.join(missing.iter().rev().collect::<PathBuf>()), false).map_err(fail)?;
         if !still_missing.is_empty() {
             return Err(io_err(io::Error::from(io::ErrorKind::NotFound)));
         }
@@ -221,120 +216,6 @@ impl Place {
     pub fn open_lock(&self) -> Result<File, DbError> {
         self.open_at(".lock", true)
     }
-}
-
-/// Why [`resolve`] stopped.
-enum Resolve {
-    /// A component cannot be read, is not a directory, or symlinks loop.
-    Io(io::Error),
-    /// A symlink on the way that another user could have put there.
-    Unsafe(String),
-}
-
-/// `dir` made canonical one component at a time, as `canonicalize` does,
-/// but a symlink met on the way is followed only if root or the user
-/// running dedupscan owns it and the directory holding it passes
-/// [`check_chain`] (so nobody else could have put it there or replaced
-/// it). `canonicalize` followed any: a symlink a user planted in `/tmp`,
-/// or in their own directory, at a name of `--db`'s path sent the database
-/// (and the directories still missing) into any root-owned directory they
-/// chose, which the checks of the canonical path then accepted. Returns
-/// the longest existing prefix, canonical, and the names below it still
-/// missing (innermost first).
-fn resolve(dir: &Path) -> Result<(PathBuf, Vec<OsString>), Resolve> {
-    /// Components of `p` pushed so that the first is popped first.
-    fn push(todo: &mut Vec<OsString>, p: &Path) {
-        for c in p.components().rev() {
-            match c {
-                Component::Normal(n) => todo.push(n.to_owned()),
-                Component::ParentDir => todo.push("..".into()),
-                _ => {}
-            }
-        }
-    }
-    let mut cur = if dir.is_absolute() { PathBuf::from("/") } else { std::env::current_dir().map_err(Resolve::Io)? };
-    let (mut todo, mut links) = (Vec::new(), 0);
-    push(&mut todo, dir);
-    while let Some(name) = todo.pop() {
-        if name == ".." {
-            cur.pop();
-            continue;
-        }
-        let next = cur.join(&name);
-        let st = match rustix::fs::lstat(&next) {
-            Ok(st) => st,
-            Err(rustix::io::Errno::NOENT) if !todo.iter().any(|n| n == "..") => {
-                todo.push(name);
-                return Ok((cur, todo));
-            }
-            Err(e) => return Err(Resolve::Io(e.into())),
-        };
-        match FileType::from_raw_mode(st.st_mode) {
-            FileType::Directory => cur = next,
-            FileType::Symlink if links >= 40 => return Err(Resolve::Io(io::Error::from_raw_os_error(libc::ELOOP))),
-            FileType::Symlink => {
-                links += 1;
-                if st.st_uid != 0 && st.st_uid != euid() {
-                    return Err(Resolve::Unsafe(format!(
-                        "{} on the way is a symbolic link owned by uid {}: only root or uid {} may own one",
-                        display_path(&next),
-                        st.st_uid,
-                        euid()
-                    )));
-                }
-                check_chain(&cur, false).map_err(Resolve::Unsafe)?;
-                let target = std::fs::read_link(&next).map_err(Resolve::Io)?;
-                if target.is_absolute() {
-                    cur = PathBuf::from("/");
-                }
-                push(&mut todo, &target);
-            }
-            _ => return Err(Resolve::Io(io::Error::from_raw_os_error(libc::ENOTDIR))),
-        }
-    }
-    Ok((cur, Vec::new()))
-}
-
-/// Check the canonical directory `dir` and every directory above it (see
-/// the module's doc). `last`: `dir` is where the database goes (no write
-/// bit for others, sticky or not); otherwise only an ancestor of it.
-/// Returns `dir`'s `lstat`, or why it may not hold a database.
-fn check_chain(dir: &Path, last: bool) -> Result<Stat, String> {
-    let me = euid();
-    let mut out = None;
-    for (i, d) in dir.ancestors().enumerate() {
-        let st =
-            rustix::fs::lstat(d).map_err(|e| format!("cannot check {}: {}", display_path(d), io::Error::from(e)))?;
-        let is_dir = FileType::from_raw_mode(st.st_mode) == FileType::Directory;
-        let (others_write, sticky) = (st.st_mode & 0o022 != 0, st.st_mode & 0o1000 != 0);
-        let what = if i == 0 && last { "its directory" } else { "a directory above it" };
-        if !is_dir {
-            return Err(format!("{what}, {}, is not a directory", display_path(d)));
-        }
-        if st.st_uid != 0 && st.st_uid != me {
-            return Err(format!(
-                "{what}, {}, is owned by uid {}: only root or uid {me} may own it",
-                display_path(d),
-                st.st_uid
-            ));
-        }
-        if others_write && (i == 0 && last || !sticky) {
-            return Err(format!(
-                "{what}, {}, is writable by others (mode {:o}{})",
-                display_path(d),
-                st.st_mode & 0o7777,
-                if sticky {
-                    "; the sticky bit does not keep them from creating the database's files first"
-                } else {
-                    ""
-                }
-            ));
-        }
-        if i == 0 {
-            out = Some(st);
-        }
-    }
-    out.ok_or_else(|| "no directory".to_owned())
 }
 
 #[cfg(test)]

@@ -70,6 +70,29 @@ pub fn open_beneath(dir: BorrowedFd<'_>, rel: &Path, flags: OFlags) -> io::Resul
     open_components(dir, rel, flags)
 }
 
+/// Open the directory at the absolute `path` without following a symlink
+/// in any component (`openat2` from `/` with `RESOLVE_NO_SYMLINKS`, or the
+/// component walk): what was resolved is what is opened. Mounts may be
+/// crossed (a starting path often lies on one below `/`).
+fn open_canonical(path: &Path) -> io::Result<OwnedFd> {
+    let root = rustix::fs::open("/", DIR_FLAGS, Mode::empty())?;
+    let rel = path.strip_prefix("/").map_err(|_| io::Error::from_raw_os_error(libc::EINVAL))?;
+    if rel.as_os_str().is_empty() {
+        return Ok(root);
+    }
+    if rel.components().any(|c| !matches!(c, Component::Normal(_))) {
+        return Err(io::Error::from_raw_os_error(libc::EINVAL));
+    }
+    if !NO_OPENAT2.load(Ordering::Relaxed) {
+        let how = ResolveFlags::NO_SYMLINKS;
+        match rustix::fs::openat2(&root, rel, DIR_FLAGS, Mode::empty(), how) {
+            Err(rustix::io::Errno::NOSYS) => NO_OPENAT2.store(true, Ordering::Relaxed),
+            other => return other.map_err(io::Error::from),
+        }
+    }
+    open_components(root.as_fd(), rel, DIR_FLAGS)
+}
+
 /// The fallback of [`open_beneath`]: open each directory of `rel` relative
 /// to the previous one with `O_NOFOLLOW | O_DIRECTORY`, then the last name
 /// with `O_NOFOLLOW`. A symlink anywhere answers `ELOOP` (or `ENOTDIR`).
@@ -169,21 +192,31 @@ pub struct Tree {
 }
 
 impl Tree {
-    /// Open the starting `paths` (canonical, absolute). Their own
-    /// components are resolved once, here: the administrator chose them, and
-    /// every later open stays below them.
+    /// Open the starting `paths` (canonical, absolute: resolved by
+    /// `config.rs`, which follows only symlinks nobody else could have
+    /// planted). They are opened without following any symlink
+    /// ([`open_canonical`]), so a component another user swapped for one
+    /// since they were resolved fails the open (`ELOOP`) instead of
+    /// leading elsewhere; every later open stays below them.
     pub fn open(paths: &[PathBuf]) -> io::Result<Tree> {
         let mut roots = Vec::new();
         for p in paths {
-            let st = std::fs::symlink_metadata(p)?;
-            let (dir, file) = match (st.is_dir(), p.parent(), p.file_name()) {
-                (false, Some(parent), Some(name)) => {
-                    (parent.to_owned(), Some(std::ffi::CString::new(name.as_bytes())?))
-                }
-                _ => (p.clone(), None),
+            let (Some(parent), Some(name)) = (p.parent(), p.file_name()) else {
+                roots.push((p.clone(), open_canonical(p)?, None));
+                continue;
             };
-            let fd = rustix::fs::open(&dir, DIR_FLAGS, Mode::empty())?;
-            roots.push((dir, fd, file));
+            let parent_fd = open_canonical(parent)?;
+            let name = std::ffi::CString::new(name.as_bytes())?;
+            let st = rustix::fs::statat(&parent_fd, name.as_c_str(), AtFlags::SYMLINK_NOFOLLOW)?;
+            match rustix::fs::FileType::from_raw_mode(st.st_mode) {
+                rustix::fs::FileType::Directory => roots.push((
+                    p.clone(),
+                    rustix::fs::openat(&parent_fd, name.as_c_str(), DIR_FLAGS, Mode::empty())?,
+                    None,
+                )),
+                rustix::fs::FileType::Symlink => return Err(io::Error::from_raw_os_error(libc::ELOOP)),
+                _ => roots.push((parent.to_owned(), parent_fd, Some(name))),
+            }
         }
         Ok(Tree { roots })
     }
@@ -302,6 +335,21 @@ mod tests {
         for rel in ["link/secret", "a/abs/secret", "a/flink"] {
             assert_eq!(errno(open_components(root, Path::new(rel), FILE_FLAGS)), libc::ELOOP, "{rel}");
         }
+    }
+
+    #[test]
+    fn starting_paths_are_opened_without_following_symlinks() {
+        let (d, t) = tree();
+        let top = std::fs::canonicalize(d.path()).unwrap();
+        assert!(Tree::open(&[top.join("t/a"), top.join("t/a/f")]).is_ok());
+        // Resolved before a component became a symlink: refused, not followed.
+        // (A symlink as the last directory of the path answers ENOTDIR to
+        // O_DIRECTORY | O_NOFOLLOW.)
+        for p in ["t/link", "t/link/secret", "t/a/abs/secret", "t/a/flink"] {
+            let e = errno(Tree::open(&[top.join(p)]));
+            assert!(e == libc::ELOOP || e == libc::ENOTDIR, "{p}: {e}");
+        }
+        assert_eq!(errno(Tree::open(&[t.join("nothing")])), libc::ENOENT);
     }
 
     #[test]
