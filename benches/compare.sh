@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # benches/compare.sh [--size SMALL|FULL|BYTES] [--fs btrfs|xfs|both] [--out FILE]
 #                    [--bin PATH] [--label TEXT] [--no-verify] [--permute-names SEED]
+#                    [--thick-images]
 #                    [--memory-limit SIZE]
 #
 # Side-by-side benchmark of dedupscan and duperemove on a loop-mounted btrfs
@@ -52,6 +53,12 @@
 # SEED depend on names (the planner must not). The renames are logged in
 # FILE.logs/permute-names.log.
 #
+# --thick-images writes the holes of the corpus's disk images (*.img,
+# *.raw, *.ext4) as zeros on the volume (`cp --sparse=never`), as a
+# thick-provisioned VM store or images made with `dd if=/dev/zero` hold
+# them: the yardstick leaves zero blocks apart (ideal_zero_block_bytes
+# says how many); what a tool frees of them shows in freed_bytes.
+#
 # --memory-limit SIZE (e.g. 1G) runs every timed step -- the raw reads,
 # each dedupscan step and duperemove -- inside a memory cgroup limited to
 # SIZE (cgroup v2 memory.max, or v1 memory.limit_in_bytes, whichever the
@@ -69,7 +76,7 @@ HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 ROOT=$(dirname "$HERE")
 
 usage() {
-    sed -n '2,3p' "$0" | sed 's/^# \{0,1\}//' >&2
+    sed -n '2,5p' "$0" | sed 's/^# \{0,1\}//' >&2
     exit 2
 }
 
@@ -81,6 +88,7 @@ verify=1
 label=
 permute=
 memory_limit=
+thick_images=0
 while [[ $# -gt 0 ]]; do
     case $1 in
     --size) size_arg=${2:?}; shift 2 ;;
@@ -96,6 +104,7 @@ while [[ $# -gt 0 ]]; do
     --no-verify) verify=0; shift ;;
     --permute-names) permute=${2:?}; shift 2 ;;
     --permute-names=*) permute=${1#*=}; shift ;;
+    --thick-images) thick_images=1; shift ;;
     --memory-limit) memory_limit=${2:?}; shift 2 ;;
     --memory-limit=*) memory_limit=${1#*=}; shift ;;
     -h | --help) usage ;;
@@ -174,7 +183,7 @@ record step=meta started="$(date -u +%FT%TZ)" size_name="$size_name" size_bytes=
     volume_bytes="$vol_bytes" kernel="$(uname -r)" nproc="$(nproc)" \
     cpu="$(awk -F': ' '/model name/ {print $2; exit}' /proc/cpuinfo)" \
     mem_kb="$(awk '/MemTotal/ {print $2}' /proc/meminfo)" \
-    permute_names="$permute" memory_limit_bytes="${memory_limit:-0}" dedupscan_version="$("$BIN" --version)" dedupscan_sha256="$(sha256sum "$BIN" | cut -c1-16)" \
+    permute_names="$permute" thick_images="$thick_images" memory_limit_bytes="${memory_limit:-0}" dedupscan_version="$("$BIN" --version)" dedupscan_sha256="$(sha256sum "$BIN" | cut -c1-16)" \
     git_head="$(git -C "$ROOT" rev-parse --short HEAD 2>/dev/null || echo unknown)" \
     git_dirty_files="$(git -C "$ROOT" status --short 2>/dev/null | wc -l)" \
     git_src_diff_sha256="$(git -C "$ROOT" diff HEAD -- src schema Cargo.toml 2>/dev/null | sha256sum | cut -c1-12)" \

@@ -225,6 +225,14 @@ make_pristine() {
     mount_vol "$1" "$img"
     mkdir "$DATA"
     cp -a --sparse=always --reflink=never "$WORK/corpus/." "$DATA/"
+    if [[ ${thick_images:-0} -eq 1 ]]; then
+        # compare.sh --thick-images: the images' holes written as zeros.
+        find "$DATA" -type f \( -name '*.img' -o -name '*.raw' -o -name '*.ext4' \) -print0 |
+            while IFS= read -r -d '' f; do
+                cp --sparse=never --preserve=all "$f" "$f.thick" && mv "$f.thick" "$f"
+            done
+        log "$1: images written thick: $(du -sB1 "$DATA" | cut -f1) bytes allocated"
+    fi
     if [[ -n ${2:-} ]]; then
         permute_names "$DATA" "$2" >"$LOGS/permute-names.log"
         log "$1: directory names permuted (seed $2): $(tr '\n' ' ' <"$LOGS/permute-names.log" | cut -c1-200)"

@@ -229,6 +229,13 @@ pub struct RunArgs {
     #[arg(long)]
     pub share_snapshotted: bool,
 
+    /// Leave written zero blocks as they are. By default runs of at least
+    /// 64 KiB of zeros a file holds alone on disk (thick-provisioned
+    /// images, files preallocated by writing zeros) become holes: the
+    /// kernel compares them with zeros first, and the file reads the same.
+    #[arg(long)]
+    pub keep_zeros: bool,
+
     /// Also list every planned range (source, destination, offsets, bytes):
     /// with --dry-run, what would be shared.
     #[arg(long)]

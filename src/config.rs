@@ -90,6 +90,8 @@ pub struct ShareConfig {
     pub rewrite_ratio: f64,
     /// Share into extents read-only snapshots keep (`--share-snapshotted`).
     pub share_snapshotted: bool,
+    /// Leave written zero blocks alone (`--keep-zeros`).
+    pub keep_zeros: bool,
     /// `--list`: include every planned range in the report.
     pub list: bool,
 }
@@ -151,6 +153,7 @@ impl Config {
                     min_range: r.min_range,
                     rewrite_ratio: r.rewrite_ratio,
                     share_snapshotted: r.share_snapshotted,
+                    keep_zeros: r.keep_zeros,
                     list: r.list,
                 };
                 let db_path = db_path(g.db, &scan.fs)?;

@@ -44,11 +44,14 @@ pub enum ErrorKind {
     NoSpace,
     /// Rewriting partly shared extents failed for another reason.
     Rewrite,
+    /// The kernel refused to turn a file's written zero blocks into holes
+    /// (`dedupe::zeros`) for a reason other than a full volume.
+    Zeros,
 }
 
 impl ErrorKind {
     /// Every kind, in order.
-    pub const ALL: [ErrorKind; 10] = [
+    pub const ALL: [ErrorKind; 11] = [
         ErrorKind::Unreadable,
         ErrorKind::Vanished,
         ErrorKind::Open,
@@ -59,6 +62,7 @@ impl ErrorKind {
         ErrorKind::TooLarge,
         ErrorKind::NoSpace,
         ErrorKind::Rewrite,
+        ErrorKind::Zeros,
     ];
 
     /// Name as shown in the report (the serialised form).
@@ -74,6 +78,7 @@ impl ErrorKind {
             ErrorKind::TooLarge => "too_large",
             ErrorKind::NoSpace => "no_space",
             ErrorKind::Rewrite => "rewrite",
+            ErrorKind::Zeros => "zeros",
         }
     }
 }

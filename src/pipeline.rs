@@ -11,8 +11,10 @@
 //! reports through [`Progress`] how much work remains.
 
 mod batches;
+mod fingerprints;
 mod freespace;
 mod scan;
+mod zeros;
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::os::fd::AsFd;
@@ -35,8 +37,10 @@ use crate::report::{List, Listed, ListedRange, Report, RewriteWhatIf};
 use crate::sys::beneath::Tree;
 use crate::sys::{self, FsKind};
 use batches::Batches;
+use fingerprints::check_fingerprints;
 use freespace::{free_bytes, FreeSpace};
 use scan::{scan_phase, ScanOutcome};
+use zeros::{ZeroPass, ZerosOutcome};
 
 /// Scan `scan.paths` into the database at `db_path`, then, with `share`,
 /// plan and share (or verify, in a dry run). `stop` is set by
@@ -138,8 +142,8 @@ fn run_inner(
                 cfg,
                 &db,
                 run_id,
-                (batches, &p.stats),
-                &scanned.unshared,
+                (batches, &p.stats, p.fresh.as_ref()),
+                (&scanned.seen, &scanned.unshared),
                 free_before,
                 progress,
                 stop,
@@ -170,44 +174,6 @@ fn run_inner(
 /// Files hashed before it were matched and shared then.
 const LAST_SHARE_RUN: &str = "last_complete_share_run";
 
-/// A database hashed with another block size, or with fingerprints salted
-/// otherwise (by owner or not, `--share-across-owners`), is hashed again
-/// from scratch. Databases of builds before the salt have plain ones.
-fn check_fingerprints(job: &Job, db: &Db, progress: &dyn Progress) -> Result<()> {
-    let block_size = job.scan.block_size.to_string();
-    let salting = if job.scan.share_across_owners { SALT_NONE } else { SALT_BY_OWNER };
-    if let Some(v) = db.upgraded_from.filter(|&v| v < crate::db::migrate::MAPS_DROPPED_AT) {
-        progress.warn(&format!(
-            "{}: upgraded from schema version {v}: block maps now keep 48-bit fingerprints, every file is hashed again",
-            display_path(job.db_path)
-        ));
-    }
-    let recorded = db.meta("block_size")?;
-    let recorded_salting = db.meta(SALTING)?.unwrap_or_else(|| SALT_NONE.to_owned());
-    let why = if recorded.as_deref() != Some(&block_size) {
-        "block size differs from the database's"
-    } else if recorded_salting != salting {
-        "fingerprints were taken with another --share-across-owners setting"
-    } else {
-        return Ok(());
-    };
-    if recorded.is_some() {
-        progress.warn(&format!("{}: {why}: every file is hashed again", display_path(job.db_path)));
-    }
-    db.forget_all_hashes()?;
-    db.set_meta("block_size", &block_size)?;
-    db.set_meta(SALTING, salting)?;
-    Ok(())
-}
-
-/// Meta key: how the recorded fingerprints are salted ([`SALT_BY_OWNER`]
-/// or [`SALT_NONE`]; see `hash::owner_salt`).
-const SALTING: &str = "fingerprint_salt";
-/// Each owner's fingerprints salted apart (the default).
-const SALT_BY_OWNER: &str = "owner";
-/// Plain fingerprints (`--share-across-owners`, and older databases).
-const SALT_NONE: &str = "none";
-
 /// A row of the `pending` table: destination, why, planned bytes.
 type PendingRow = (FileId, String, u64);
 
@@ -226,6 +192,9 @@ struct Planned {
     stats: PlanStats,
     /// `--list`: every range, named.
     listed: Option<Listed>,
+    /// Incremental: the files planned (hashed since the last complete run,
+    /// or pending); `None`: every file seen.
+    fresh: Option<HashSet<FileId>>,
 }
 
 /// Phase 2: plan from the database. Free space before sharing is measured
@@ -297,7 +266,7 @@ fn plan_phase(
         human(stats.bytes),
         stats.whole_groups
     ));
-    let planned = Some(Planned { batches, stats, listed });
+    let planned = Some(Planned { batches, stats, listed, fresh });
     Ok((PlanOutcome { pending, planned, plan_ms: ms(t) }, free_before))
 }
 
@@ -322,6 +291,9 @@ struct Executed {
     pending: Option<Vec<PendingRow>>,
     /// Stopped while sharing.
     interrupted: bool,
+    /// Written zero blocks turned into holes (`None`: `--keep-zeros`, or
+    /// sharing stopped before).
+    zeros: Option<ZerosOutcome>,
     share_ms: u64,
 }
 
@@ -344,8 +316,8 @@ fn share_phase(
     cfg: &ShareConfig,
     db: &Db,
     run_id: i64,
-    (batches, stats): (Batches, &PlanStats),
-    unshared: &IdSet,
+    (batches, stats, fresh): (Batches, &PlanStats, Option<&HashSet<FileId>>),
+    (allowed, unshared): (&IdSet, &IdSet),
     free_before: Option<FreeSpace>,
     progress: &dyn Progress,
     stop: &AtomicBool,
@@ -389,6 +361,8 @@ fn share_phase(
         out.merge(o);
         Ok(!stop.load(Ordering::Relaxed) && out.refused.is_none())
     })?;
+    let go_on = !stop.load(Ordering::Relaxed) && out.refused.is_none();
+    let zeros = ZeroPass::of(job, cfg).filter(|_| go_on).map(|z| z.run(db, allowed, fresh, progress, stop));
     let mut freed_bytes = None;
     if let Some(before) = before {
         // Flushing the volume can take seconds after much sharing: say so
@@ -413,6 +387,7 @@ fn share_phase(
         freed_bytes,
         pending,
         interrupted: stop.load(Ordering::Relaxed),
+        zeros: zeros.transpose()?,
         share_ms: ms(t),
     })))
 }
@@ -543,6 +518,14 @@ fn add_sharing(r: &mut Report, e: &Executed) {
     // Found only now: these files were considered (and hashed or known
     // unchanged), they stay in files_scanned; they are left out of sharing.
     r.skip(SkipReason::ChangedDuringScan, out.changed_files);
+    if let Some(z) = &e.zeros {
+        (r.zeros_to_holes_files, r.zeros_to_holes_bytes) = (z.files, z.bytes);
+        r.rewritten_bytes += z.rewritten;
+        r.skip(SkipReason::ChangedDuringScan, z.changed);
+        for (k, n) in &z.errors {
+            r.error(*k, *n);
+        }
+    }
     r.skip(SkipReason::Inline, out.inline_files);
     for (k, n) in &out.errors {
         r.error(*k, *n);

@@ -119,6 +119,12 @@ pub struct Report {
     /// Bytes copied into fresh extents so that partly shared extents could
     /// be freed (btrfs); in a dry run, what would be copied.
     pub rewritten_bytes: u64,
+    /// Files with written zero blocks turned into holes
+    /// (`dedupe::zeros`); in a dry run, how many would be.
+    pub zeros_to_holes_files: u64,
+    /// Bytes of written zero blocks turned into holes (freed, counted in
+    /// `freed_bytes` too); in a dry run, read back as zeros and would be.
+    pub zeros_to_holes_bytes: u64,
     /// btrfs: bytes shared into extents that stay on disk for a part still
     /// in use (a remainder too large to rewrite, or compressed): shared but
     /// not freed, so that `deduped_bytes` = `freed_bytes` + this, give or
@@ -394,6 +400,13 @@ impl Report {
                     t.row([format!("    --rewrite-ratio {}", w.rewrite_ratio), human(w.would_free_bytes), copy]);
                 }
             }
+        }
+        if self.zeros_to_holes_bytes > 0 {
+            let what = if self.dry_run { "would become holes" } else { "zeros made holes" };
+            let files = format!("written zero blocks, {} files", self.zeros_to_holes_files);
+            t.row([what.to_owned(), human(self.zeros_to_holes_bytes), files]);
+        }
+        if !self.dry_run {
             t.row(["freed".to_owned(), human_signed(self.freed_bytes), "measured with statfs".to_owned()]);
         }
         t.left(2)

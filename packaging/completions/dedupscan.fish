@@ -1,6 +1,6 @@
 # Print an optspec for argparse to handle cmd's options that are independent of any subcommand.
 function __fish_dedupscan_global_optspecs
-    string join \n incremental rehash block-size= threads= exclude= exclude-from= include-readonly-snapshots share-across-owners drop-cache max-runtime= metrics-file= n/dry-run min-range= rewrite-ratio= share-snapshotted list db= json v/verbose q/quiet log-level= progress= h/help V/version
+    string join \n incremental rehash block-size= threads= exclude= exclude-from= include-readonly-snapshots share-across-owners drop-cache max-runtime= metrics-file= n/dry-run min-range= rewrite-ratio= share-snapshotted keep-zeros list db= json v/verbose q/quiet log-level= progress= h/help V/version
 end
 
 function __fish_dedupscan_needs_command
@@ -46,6 +46,7 @@ complete -c dedupscan -n "__fish_dedupscan_needs_command" -l share-across-owners
 complete -c dedupscan -n "__fish_dedupscan_needs_command" -l drop-cache -d 'Drop file data from the page cache once it is hashed, so a scan does not evict the server\'s working set (used by the systemd unit; costs rereads when ranges are shared, which then run on more workers)'
 complete -c dedupscan -n "__fish_dedupscan_needs_command" -s n -l dry-run -d 'Show what would be shared, verified byte for byte, and change nothing on the volume'
 complete -c dedupscan -n "__fish_dedupscan_needs_command" -l share-snapshotted -d 'btrfs: also share into files whose extents a read-only snapshot (or another file outside the run) still keeps. Nothing is freed until those snapshots are deleted, and sharing adds metadata meanwhile; by default such files wait, counted as pending. Meant for rotating snapshots (snapper, timeshift), where every old extent is always kept by the newest snapshot and would otherwise wait forever'
+complete -c dedupscan -n "__fish_dedupscan_needs_command" -l keep-zeros -d 'Leave written zero blocks as they are. By default runs of at least 64 KiB of zeros a file holds alone on disk (thick-provisioned images, files preallocated by writing zeros) become holes: the kernel compares them with zeros first, and the file reads the same'
 complete -c dedupscan -n "__fish_dedupscan_needs_command" -l list -d 'Also list every planned range (source, destination, offsets, bytes): with --dry-run, what would be shared'
 complete -c dedupscan -n "__fish_dedupscan_needs_command" -l json -d 'Print the report as one JSON document on stdout'
 complete -c dedupscan -n "__fish_dedupscan_needs_command" -s v -l verbose -d 'More detail (repeatable)'

@@ -55,6 +55,7 @@ mod ready;
 mod swap;
 mod verify;
 mod workers;
+pub mod zeros;
 
 pub use bookend::PinReason;
 pub use workers::{default_workers, sharing, Sharing, IO_WORKERS, MAX_WORKERS};

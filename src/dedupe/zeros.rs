@@ -1,0 +1,313 @@
+//! Written zero blocks turned into holes.
+//!
+//! The block map gives zero blocks and holes one fingerprint, 0, and the
+//! plan never groups it: sharing zeros with zeros frees no more than a hole
+//! would. But a zero block that was *written* — a thick-provisioned VM
+//! image, a file preallocated by writing zeros, the free space of a disk
+//! image made with `dd if=/dev/zero` — takes its block on disk, and no tool
+//! we are compared with frees it (duperemove hashes extents, which differ
+//! around the zeros). `FIDEDUPERANGE` from a *hole* of an unnamed file of
+//! our own does: both filesystems map the hole into the destination (XFS
+//! unmaps the blocks, btrfs drops the file extent items), after the kernel
+//! compared the destination's bytes with the hole's zeros under lock — a
+//! block written since the scan answers `DIFFERS` and stays as it is. The
+//! file reads the same, byte for byte; only its allocation changes.
+//!
+//! Which zero runs (the map's runs of fingerprint 0 of at least
+//! [`MIN_BYTES`]) are worth it is decided by FIEMAP at share time, one call
+//! per file that has such runs ([`plan_extent`]): only written extents the
+//! file holds alone. An extent flagged `SHARED` stays (a reflink or a
+//! snapshot keeps it: freeing our reference frees nothing); `UNWRITTEN`
+//! stays (preallocated on purpose with `fallocate`, and it costs no read
+//! anyway); compressed, inline, delayed or unknown extents have no blocks
+//! of their own. On btrfs a hole in part of an extent frees nothing while
+//! the rest holds it (the bookend problem of `bookend.rs`): an extent
+//! wholly zero is punched; one partly zero is punched only if its data (the
+//! rest) is at most `--rewrite-ratio` times its zeros, and that data is
+//! then rewritten first, as the bookend pass does — copied to an unnamed
+//! file and shared back, the kernel comparing every byte — so the old
+//! extent is referenced by nothing and freed ([`plan_extent`]).
+//!
+//! The source is a hole, so it carries nobody's data: unlike the plan's
+//! ranges, a destination of any owner may be turned into holes (nothing is
+//! learnt from it but what `stat` shows: the file is sparser).
+
+use std::fs::File;
+use std::os::fd::AsFd;
+use std::os::unix::fs::FileExt;
+
+use crate::blockmap::BlockMap;
+use crate::sys::dedupe::{dedupe_range, DedupeStatus, MAX_REQUEST_LEN};
+use crate::sys::fiemap::Extent;
+
+/// The shortest zero run turned into a hole: 64 KiB. Scattered zero blocks
+/// inside data (a database's empty pages, padding) would cost an extent
+/// record each for 4 KiB, and split the file; whole zero regions are what
+/// thick images and preallocated files hold.
+pub const MIN_BYTES: u64 = 64 * 1024;
+
+/// The runs of whole zero blocks of at least `min` bytes in the map of a
+/// file of `size` bytes, as sorted byte ranges `(offset, length)`. Holes are
+/// in them too: the map cannot tell them apart (FIEMAP does, later). The
+/// partial last block is never in a run.
+pub fn zero_runs(map: &BlockMap, size: u64, block: u64, min: u64) -> Vec<(u64, u64)> {
+    let whole = size / block;
+    let mut out = Vec::new();
+    let mut push = |from: u64, to: u64| {
+        let to = to.min(whole);
+        if to > from && (to - from) * block >= min {
+            out.push((from * block, (to - from) * block));
+        }
+    };
+    let mut next = 0;
+    for r in map.runs() {
+        push(next, r.start);
+        next = r.end();
+    }
+    push(next, map.len().max(whole));
+    out
+}
+
+/// Whether a zero run in `e` may become a hole: written, held by this file
+/// alone, with blocks of its own (see the module's doc).
+fn eligible(e: &Extent) -> bool {
+    use crate::sys::fiemap::flags;
+    !e.is_shared() && e.has_address() && !e.is_encoded() && !e.is_inline() && e.flags & flags::UNWRITTEN == 0
+}
+
+/// What to do with one extent of a file of `size` bytes.
+#[derive(Debug, Default, Clone, PartialEq, Eq)]
+pub struct ExtentWork {
+    /// Byte ranges to turn into holes.
+    pub punch: Vec<(u64, u64)>,
+    /// Byte ranges of data to rewrite first (btrfs), so the extent is
+    /// referenced by nothing once `punch` is done.
+    pub rewrite: Vec<(u64, u64)>,
+}
+
+/// The work on extent `e` given the file's zero `runs` (sorted byte
+/// ranges, whole blocks): its parts in the runs, in whole `block`s. XFS
+/// (`btrfs_ratio` `None`) frees blocks one by one: each part of at least
+/// `min` bytes is punched. btrfs (`Some(ratio)`) frees an extent only
+/// whole: wholly zero, it is punched; else its parts are punched and its
+/// data rewritten if the zeros come to at least `min` and the data to at
+/// most `ratio` times them; else nothing.
+pub fn plan_extent(
+    e: &Extent,
+    runs: &[(u64, u64)],
+    size: u64,
+    block: u64,
+    min: u64,
+    btrfs_ratio: Option<f64>,
+) -> ExtentWork {
+    let mut work = ExtentWork::default();
+    if !eligible(e) {
+        return work;
+    }
+    let (start, end) = (e.logical, (e.logical + e.length).min(size));
+    let zeros: Vec<(u64, u64)> = (runs.iter())
+        .map(|&(o, l)| ((o.max(start)).div_ceil(block) * block, (o + l).min(end) / block * block))
+        .filter(|(a, b)| b > a)
+        .map(|(a, b)| (a, b - a))
+        .collect();
+    let zero_bytes: u64 = zeros.iter().map(|z| z.1).sum();
+    let Some(ratio) = btrfs_ratio else {
+        work.punch = zeros.into_iter().filter(|z| z.1 >= min).collect();
+        return work;
+    };
+    let data = (end - start).saturating_sub(zero_bytes);
+    if data > 0 && (zero_bytes < min || data as f64 > ratio * zero_bytes as f64) {
+        return work;
+    }
+    let mut at = start;
+    for &(o, l) in &zeros {
+        if o > at {
+            work.rewrite.push((at, o - at));
+        }
+        at = o + l;
+    }
+    if end > at {
+        work.rewrite.push((at, end - at));
+    }
+    work.punch = zeros;
+    work
+}
+
+/// What one file's parts came to.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub struct Punched {
+    /// Bytes now holes (a dry run: bytes read back as zeros).
+    pub bytes: u64,
+    /// Parts the kernel found no longer zero (written since the scan).
+    pub differs: u64,
+}
+
+/// Turn `parts` of `dest` into holes from `hole` (an unnamed file of at
+/// least [`MAX_REQUEST_LEN`] bytes with no data), [`MAX_REQUEST_LEN`] at a
+/// time; `dry_run`: read them back and count the bytes that are zeros
+/// instead. `still_same` is asked before each request (the file may change
+/// under us). The first error the kernel gives for this file stops it.
+pub fn punch(
+    hole: &File,
+    dest: &File,
+    parts: &[(u64, u64)],
+    dry_run: bool,
+    mut still_same: impl FnMut() -> bool,
+) -> Result<Punched, nix::errno::Errno> {
+    let mut done = Punched::default();
+    let mut buf = Vec::new();
+    for &(off, len) in parts {
+        let mut at = off;
+        while at < off + len {
+            if !still_same() {
+                return Ok(done);
+            }
+            let n = (off + len - at).min(MAX_REQUEST_LEN);
+            if dry_run {
+                buf.resize(n as usize, 0);
+                let zeros = dest.read_exact_at(&mut buf, at).is_ok() && buf.iter().all(|&b| b == 0);
+                if zeros {
+                    done.bytes += n
+                } else {
+                    done.differs += 1
+                }
+                at += n;
+                continue;
+            }
+            let r = dedupe_range(hole.as_fd(), 0, n, &[(dest.as_fd(), at)])?[0];
+            match r.status {
+                DedupeStatus::Same if r.bytes_deduped > 0 => {
+                    done.bytes += r.bytes_deduped;
+                    at += r.bytes_deduped;
+                }
+                DedupeStatus::Same | DedupeStatus::Differs => {
+                    done.differs += 1;
+                    at += n;
+                }
+                DedupeStatus::Error(e) => return Err(e),
+            }
+        }
+    }
+    Ok(done)
+}
+
+/// Rewrite the data `pieces` of `dest` (a file of `size` bytes) into fresh
+/// extents: copied into an unnamed file of the volume made by `tmpfile`,
+/// then shared back, the kernel comparing every byte (as the bookend pass
+/// does). `Ok(false)`: some piece was not moved (the file changed, or the
+/// kernel found it different): its old extent stays, so the caller leaves
+/// the zeros there too. A dry run only says `true`.
+pub fn rewrite(
+    tmpfile: impl FnOnce() -> std::io::Result<File>,
+    dest: &File,
+    size: u64,
+    pieces: &[(u64, u64)],
+    dry_run: bool,
+    mut still_same: impl FnMut() -> bool,
+) -> std::io::Result<bool> {
+    if dry_run {
+        return Ok(true);
+    }
+    let tmp = tmpfile()?;
+    tmp.set_len(size)?;
+    let mut buf = vec![0u8; 1 << 20];
+    for &(off, len) in pieces {
+        let mut pos = 0;
+        while pos < len {
+            let n = ((len - pos) as usize).min(buf.len());
+            dest.read_exact_at(&mut buf[..n], off + pos)?;
+            tmp.write_all_at(&buf[..n], off + pos)?;
+            pos += n as u64;
+        }
+    }
+    for &(off, len) in pieces {
+        let mut pos = 0;
+        while pos < len {
+            if !still_same() {
+                return Ok(false);
+            }
+            let n = (len - pos).min(MAX_REQUEST_LEN);
+            let r = dedupe_range(tmp.as_fd(), off + pos, n, &[(dest.as_fd(), off + pos)])?[0];
+            match (r.status, r.bytes_deduped) {
+                (DedupeStatus::Same, done) if done > 0 => pos += done,
+                (DedupeStatus::Error(e), _) => return Err(e.into()),
+                _ => return Ok(false),
+            }
+        }
+    }
+    Ok(true)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::sys::fiemap::flags;
+
+    const K: u64 = 1024;
+
+    fn ext(logical: u64, length: u64, flags: u32) -> Extent {
+        Extent { logical, physical: 1 << 30, length, flags }
+    }
+
+    #[test]
+    fn zero_runs_are_whole_blocks_of_the_minimum_length() {
+        // data, 20 zero blocks, data, 3 zero blocks, data, 17 zero blocks, a partial block.
+        let mut fps = vec![7u64];
+        fps.extend([0; 20]);
+        fps.push(8);
+        fps.extend([0; 3]);
+        fps.push(9);
+        fps.extend([0; 17]);
+        let map = BlockMap::from_fps(&fps);
+        let size = fps.len() as u64 * 4 * K + 100;
+        assert_eq!(zero_runs(&map, size, 4 * K, 64 * K), vec![(4 * K, 80 * K), (104 * K, 68 * K)]);
+        // The zero tail past the map (a hole to the end) counts; past the
+        // last whole block it does not.
+        let map = BlockMap::from_fps(&[7]);
+        assert_eq!(zero_runs(&map, 40 * 4 * K + 1, 4 * K, 64 * K), vec![(4 * K, 39 * 4 * K)]);
+        assert!(zero_runs(&BlockMap::from_fps(&[7; 40]), 160 * K, 4 * K, 64 * K).is_empty());
+    }
+
+    #[test]
+    fn only_written_extents_the_file_holds_alone() {
+        let runs = [(0, 1024 * K)];
+        for f in [flags::SHARED, flags::UNWRITTEN, flags::ENCODED, flags::DATA_INLINE, flags::DELALLOC] {
+            for ratio in [None, Some(1.0)] {
+                let w = plan_extent(&ext(0, 1024 * K, f), &runs, 1024 * K, 4 * K, 64 * K, ratio);
+                assert_eq!(w, ExtentWork::default(), "{f:#x}");
+            }
+        }
+        let w = plan_extent(&ext(0, 1024 * K, flags::LAST), &runs, 1024 * K, 4 * K, 64 * K, Some(1.0));
+        assert_eq!((w.punch, w.rewrite), (vec![(0, 1024 * K)], vec![]));
+    }
+
+    #[test]
+    fn xfs_punches_each_part_long_enough() {
+        // Runs [64K, 400K) and [600K, 700K); one extent [0, 1M).
+        let runs = [(64 * K, 336 * K), (600 * K, 100 * K)];
+        let w = plan_extent(&ext(0, 1024 * K, 0), &runs, 1024 * K, 4 * K, 64 * K, None);
+        assert_eq!((w.punch, w.rewrite), (runs.to_vec(), vec![]));
+        // Clipped to the extent: under the minimum, left.
+        let w = plan_extent(&ext(360 * K, 100 * K, 0), &runs, 1024 * K, 4 * K, 64 * K, None);
+        assert!(w.punch.is_empty());
+    }
+
+    #[test]
+    fn btrfs_frees_an_extent_whole_or_not_at_all() {
+        let runs = [(64 * K, 336 * K), (600 * K, 100 * K)];
+        // [0, 1M): 436K of zeros, 588K of data: more than 1x, nothing.
+        let e = ext(0, 1024 * K, 0);
+        assert_eq!(plan_extent(&e, &runs, 1024 * K, 4 * K, 64 * K, Some(1.0)), ExtentWork::default());
+        // At ratio 2, the data around the zeros is rewritten, the zeros punched.
+        let w = plan_extent(&e, &runs, 1024 * K, 4 * K, 64 * K, Some(2.0));
+        assert_eq!(w.punch, runs.to_vec());
+        assert_eq!(w.rewrite, vec![(0, 64 * K), (400 * K, 200 * K), (700 * K, 324 * K)]);
+        // The extent past the end of the file: the data stops at the size.
+        let w = plan_extent(&ext(0, 404 * K, 0), &runs, 401 * K, 4 * K, 64 * K, Some(1.0));
+        assert_eq!((w.punch, w.rewrite), (vec![(64 * K, 336 * K)], vec![(0, 64 * K), (400 * K, K)]));
+        // Ratio 0: only whole zero extents.
+        assert!(plan_extent(&ext(0, 404 * K, 0), &runs, 401 * K, 4 * K, 64 * K, Some(0.0)).punch.is_empty());
+        let w = plan_extent(&ext(64 * K, 336 * K, 0), &runs, 1024 * K, 4 * K, 64 * K, Some(0.0));
+        assert_eq!((w.punch, w.rewrite), (vec![(64 * K, 336 * K)], vec![]));
+    }
+}

@@ -1,0 +1,240 @@
+//! The share phase's last pass: written zero blocks of the plan's files
+//! turned into holes (`dedupe::zeros` says why and which).
+//!
+//! The files are those the plan took (`allowed`: seen by this run, policy
+//! and hard-link rules applied; on an incremental run only the fresh ones),
+//! streamed from the database with their maps; those with a zero run of
+//! [`zeros::MIN_BYTES`] are looked up in batches of [`BATCH`] (so memory is
+//! that of a batch, whatever the volume), opened below the starting paths
+//! and checked to be what was scanned, as the share workers do, then mapped
+//! with FIEMAP and punched.
+
+use std::collections::{BTreeMap, HashSet};
+use std::fs::File;
+use std::sync::atomic::{AtomicBool, Ordering};
+
+use anyhow::Result;
+
+use crate::blockmap::BlockMap;
+use crate::db::Db;
+use crate::dedupe::zeros;
+use crate::display::display_path;
+use crate::errors::ErrorKind;
+use crate::file::{FileFacts, FileId, IdSet};
+use crate::progress::Progress;
+use crate::sys::beneath::Tree;
+use crate::sys::SubvolIds;
+
+/// Files with zero runs looked up and punched at a time.
+const BATCH: usize = 1024;
+
+/// Bytes of a file mapped with one FIEMAP call (as the hasher does).
+const WINDOW: u64 = 256 << 20;
+
+/// The error kind of a failed rewrite or punch (`errno`).
+fn error_kind(errno: Option<i32>) -> ErrorKind {
+    match errno {
+        Some(libc::ENOSPC | libc::EDQUOT) => ErrorKind::NoSpace,
+        _ => ErrorKind::Zeros,
+    }
+}
+
+/// What the pass did (a dry run: what it would do).
+#[derive(Debug, Default)]
+pub struct ZerosOutcome {
+    /// Files with at least one part turned into holes.
+    pub files: u64,
+    /// Bytes turned into holes.
+    pub bytes: u64,
+    /// btrfs: data rewritten so that extents partly zero could be freed.
+    pub rewritten: u64,
+    /// Files changed since the scan, left alone.
+    pub changed: u64,
+    /// Files that could not be opened or mapped, or that the kernel
+    /// refused, by kind.
+    pub errors: BTreeMap<ErrorKind, u64>,
+}
+
+/// What the pass carries from batch to batch.
+struct State {
+    /// The hole every request shares from, once made (`Err`: it could
+    /// not be, said once; the pass does nothing more).
+    hole: Option<Result<File, ()>>,
+    keys: SubvolIds,
+    out: ZerosOutcome,
+}
+
+/// How the pass runs.
+pub struct ZeroPass<'a> {
+    pub tree: &'a Tree,
+    pub block: u64,
+    /// btrfs: `--rewrite-ratio` (an extent is freed only whole; see
+    /// `zeros::plan_extent`); XFS: `None`.
+    pub btrfs_ratio: Option<f64>,
+    pub dry_run: bool,
+}
+
+impl ZeroPass<'_> {
+    /// The pass of a run (`None` with `--keep-zeros`).
+    pub fn of<'a>(job: &'a super::Job, cfg: &crate::config::ShareConfig) -> Option<ZeroPass<'a>> {
+        (!cfg.keep_zeros).then_some(ZeroPass {
+            tree: &job.tree,
+            block: job.scan.block_size,
+            btrfs_ratio: (job.scan.fs.kind == crate::sys::FsKind::Btrfs).then_some(cfg.rewrite_ratio),
+            dry_run: cfg.dry_run,
+        })
+    }
+
+    /// Turn the written zero runs of the files `allowed` (and in `fresh`,
+    /// when given) into holes.
+    pub fn run(
+        &self,
+        db: &Db,
+        allowed: &IdSet,
+        fresh: Option<&HashSet<FileId>>,
+        progress: &dyn Progress,
+        stop: &AtomicBool,
+    ) -> Result<ZerosOutcome> {
+        let mut st = State { hole: None, keys: SubvolIds::new(), out: ZerosOutcome::default() };
+        let keep = |id| allowed.contains(id) && fresh.is_none_or(|f| f.contains(&id));
+        let mut batch: Vec<(FileId, Vec<(u64, u64)>)> = Vec::new();
+        let mut failed: Option<anyhow::Error> = None;
+        db.for_each_map(keep, |id, size, enc| {
+            if failed.is_some() || stop.load(Ordering::Relaxed) {
+                return;
+            }
+            let Ok(map) = BlockMap::from_blob(enc) else { return };
+            let runs = zeros::zero_runs(&map, size, self.block, zeros::MIN_BYTES);
+            if !runs.is_empty() {
+                batch.push((id, runs));
+            }
+            if batch.len() >= BATCH {
+                if let Err(e) = self.batch(db, &mut batch, &mut st, progress, stop) {
+                    failed = Some(e);
+                }
+            }
+        })?;
+        if let Some(e) = failed {
+            return Err(e);
+        }
+        self.batch(db, &mut batch, &mut st, progress, stop)?;
+        Ok(st.out)
+    }
+
+    /// Punch one batch of files (emptied).
+    fn batch(
+        &self,
+        db: &Db,
+        batch: &mut Vec<(FileId, Vec<(u64, u64)>)>,
+        st: &mut State,
+        progress: &dyn Progress,
+        stop: &AtomicBool,
+    ) -> Result<()> {
+        if batch.is_empty() {
+            return Ok(());
+        }
+        // The source of every request: an unnamed file on the volume, all
+        // hole, made when the first file needs it (a run inside a read-only
+        // snapshot, which has nothing to punch, cannot make one).
+        if st.hole.is_none() {
+            let hole = self.tree.tmpfile().and_then(|f| f.set_len(crate::sys::dedupe::MAX_REQUEST_LEN).map(|()| f));
+            st.hole = Some(hole.map_err(|e| {
+                progress.warn(&format!("cannot make an unnamed file to turn written zeros into holes: {e}"));
+                *st.out.errors.entry(ErrorKind::Zeros).or_default() += 1;
+            }));
+        }
+        let Some(Ok(hole)) = &st.hole else {
+            batch.clear();
+            return Ok(());
+        };
+        let facts = db.file_facts(batch.iter().map(|b| b.0))?;
+        for (id, runs) in batch.drain(..) {
+            if stop.load(Ordering::Relaxed) {
+                break;
+            }
+            let Some(c) = facts.get(&id) else { continue };
+            self.file(c, &runs, hole, &mut st.keys, &mut st.out, progress);
+        }
+        Ok(())
+    }
+
+    /// One file: open, check, map, punch.
+    fn file(
+        &self,
+        c: &FileFacts,
+        runs: &[(u64, u64)],
+        hole: &File,
+        keys: &mut SubvolIds,
+        out: &mut ZerosOutcome,
+        progress: &dyn Progress,
+    ) {
+        let mut fail = |kind: ErrorKind, why: String| {
+            progress.warn(&format!("{}: {why}", display_path(&c.path)));
+            *out.errors.entry(kind).or_default() += 1;
+        };
+        let f = match self.tree.open_file(&c.path) {
+            Ok(f) => f,
+            Err(e) => {
+                let kind = match e.raw_os_error() {
+                    Some(libc::ENOENT | libc::ENOTDIR | libc::ELOOP | libc::EXDEV) => ErrorKind::Vanished,
+                    _ => ErrorKind::Open,
+                };
+                return fail(kind, format!("cannot open: {e}"));
+            }
+        };
+        let mut same = || {
+            use std::os::unix::fs::MetadataExt;
+            f.metadata().is_ok_and(|m| {
+                m.is_file() && FileFacts::from_metadata(c.path.clone(), keys.id_for(m.dev(), &f), &m) == *c
+            })
+        };
+        if !same() {
+            progress.warn(&format!(
+                "{}: changed since it was scanned; left alone, it is rehashed next run",
+                display_path(&c.path)
+            ));
+            out.changed += 1;
+            return;
+        }
+        // Mapped a window at a time, so a file of millions of extents costs
+        // the extents of one window. An extent is judged once, whole, in
+        // the first window that finds it, against all of the file's runs.
+        let (mut done, mut judged_to) = (zeros::Punched::default(), 0);
+        for &(off, len) in runs {
+            let mut at = off;
+            while at < off + len {
+                let end = (at + WINDOW).min(off + len);
+                let extents = match crate::sys::fiemap::fiemap(std::os::fd::AsFd::as_fd(&f), at, end - at) {
+                    Ok(e) => e,
+                    Err(e) => return fail(ErrorKind::Open, format!("cannot map its extents: {e}")),
+                };
+                for e in &extents {
+                    if e.logical < judged_to {
+                        continue;
+                    }
+                    judged_to = e.logical + e.length;
+                    let w = zeros::plan_extent(e, runs, c.size, self.block, zeros::MIN_BYTES, self.btrfs_ratio);
+                    if w.punch.is_empty() {
+                        continue;
+                    }
+                    let moved = zeros::rewrite(|| self.tree.tmpfile(), &f, c.size, &w.rewrite, self.dry_run, &mut same);
+                    match moved {
+                        Ok(true) => out.rewritten += w.rewrite.iter().map(|r| r.1).sum::<u64>(),
+                        Ok(false) => continue,
+                        Err(e) => return fail(error_kind(e.raw_os_error()), format!("data not rewritten: {e}")),
+                    }
+                    match zeros::punch(hole, &f, &w.punch, self.dry_run, &mut same) {
+                        Ok(p) => (done.bytes, done.differs) = (done.bytes + p.bytes, done.differs + p.differs),
+                        Err(e) => {
+                            let why = format!("written zero blocks not turned into holes: {e}");
+                            return fail(error_kind(Some(e as i32)), why);
+                        }
+                    }
+                }
+                at = end;
+            }
+        }
+        out.files += u64::from(done.bytes > 0);
+        out.bytes += done.bytes;
+    }
+}

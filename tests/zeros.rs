@@ -1,0 +1,122 @@
+//! Written zero blocks become holes (`dedupe::zeros`): a thick file's
+//! zeros are freed, its bytes, size, mode and times unchanged; what must
+//! stay allocated stays: preallocated (`fallocate`) space, zeros a reflink
+//! also holds, a `user.nodedup` file, zero runs shorter than 64 KiB, and
+//! everything with `--keep-zeros`. A dry run predicts the bytes and changes
+//! nothing. On the builds before, nothing was freed (the map gives zeros
+//! fingerprint 0, never grouped).
+
+mod common;
+
+use std::os::unix::fs::{FileExt, MetadataExt};
+use std::path::Path;
+use std::process::Command;
+
+use common::*;
+use dedupscan::corpus::Rng;
+
+const MIB: u64 = 1 << 20;
+
+/// Bytes allocated to `p` (`st_blocks`).
+fn allocated(p: &Path) -> u64 {
+    std::fs::metadata(p).unwrap().blocks() * 512
+}
+
+/// A file of `mib` MiB of written zeros, flushed, then `header` written
+/// over its start (on btrfs a separate extent, as when an image made with
+/// `dd` is filled later) and a 32 KiB burst of data in its middle.
+fn thick(p: &Path, mib: u64, header: &[u8]) {
+    std::fs::write(p, vec![0u8; (mib * MIB) as usize]).unwrap();
+    dedupscan::sys::syncfs(std::fs::File::open(p).unwrap()).unwrap();
+    let f = std::fs::OpenOptions::new().write(true).open(p).unwrap();
+    f.write_all_at(header, 0).unwrap();
+    f.write_all_at(&header[..32 * 1024], mib * MIB / 2).unwrap();
+    f.sync_all().unwrap();
+}
+
+fn zeros(fs: Fs) {
+    let Some(vol) = Volume::new(fs, 512) else { return };
+    let d = vol.path("z");
+    std::fs::create_dir(&d).unwrap();
+    let header = Rng::new(21).bytes(MIB as usize);
+    // Two thick files; zeros a reflink also holds; preallocated space; a
+    // file marked nodedup; 16 KiB zero gaps between data (under 64 KiB).
+    thick(&d.join("thick1"), 48, &header);
+    thick(&d.join("thick2"), 32, &header[1..]);
+    // Written in one pass: on btrfs its header and zeros share one extent,
+    // freed only once the header is rewritten elsewhere.
+    let mut onepass = header[4..].to_vec();
+    onepass.resize(16 * MIB as usize, 0);
+    std::fs::write(d.join("onepass"), &onepass).unwrap();
+    thick(&d.join("cloned"), 16, &header[2..]);
+    sh(Command::new("cp").arg("--reflink=always").arg(d.join("cloned")).arg(d.join("clone")));
+    sh(Command::new("fallocate").args(["-l", "16M"]).arg(d.join("prealloc")));
+    thick(&d.join("private"), 16, &header[3..]);
+    set_nodedup(&d.join("private"));
+    let mut gaps = Vec::new();
+    for i in 0..64 {
+        gaps.extend(Rng::new(100 + i).bytes(48 * 1024));
+        gaps.extend(vec![0; 16 * 1024]);
+    }
+    std::fs::write(d.join("gaps"), &gaps).unwrap();
+    dedupscan::sys::syncfs(std::fs::File::open(&d).unwrap()).unwrap();
+    let kept = ["cloned", "clone", "prealloc", "private", "gaps"].map(|n| (n, allocated(&d.join(n))));
+    let before = Snapshot::take(&d);
+    let thick = ["thick1", "thick2", "onepass"];
+    let thick_alloc: u64 = thick.iter().map(|n| allocated(&d.join(n))).sum();
+    // The zeros of thick1 and thick2 around their header and burst, and of
+    // onepass after its header.
+    let expected = (48 + 32 - 2) * MIB - 2 * 32 * 1024 + 15 * MIB;
+
+    // --keep-zeros, then a dry run: nothing changes.
+    let keep = dedupscan().args([s(&d), "--keep-zeros", "--rehash"]).json().db(vol.db()).expect(0).run();
+    assert_eq!(num(&keep.json, "zeros_to_holes_bytes"), 0, "{:#}", keep.json);
+    let dry = dedupscan().args([s(&d), "--dry-run", "--rehash"]).json().db(vol.db()).expect(0).run();
+    validate_report(&dry.json);
+    assert_eq!(num(&dry.json, "zeros_to_holes_bytes"), expected, "{:#}", dry.json);
+    assert_eq!(num(&dry.json, "zeros_to_holes_files"), 3, "{:#}", dry.json);
+    let alloc: u64 = thick.iter().map(|n| allocated(&d.join(n))).sum();
+    assert_eq!(alloc, thick_alloc, "the dry run changed something");
+    before.assert_same(&Snapshot::take(&d));
+
+    let free0 = free_bytes(&d);
+    let real = dedupscan().args([s(&d), "--rehash"]).json().db(vol.db()).expect(0).run();
+    let r = &real.json;
+    validate_report(r);
+    assert_eq!(num(r, "zeros_to_holes_bytes"), expected, "{r:#}");
+    assert_eq!(num(r, "errors"), 0, "{r:#}");
+    before.assert_same(&Snapshot::take(&d));
+    let freed = free_bytes(&d) - free0;
+    assert!(freed >= expected - 2 * MIB, "statfs: freed {freed} of {expected}: {r:#}");
+    if fs == Fs::Btrfs {
+        // onepass's header, moved out of the extent its zeros shared.
+        assert!(num(r, "rewritten_bytes") >= MIB, "{r:#}");
+        assert_eq!(num(r, "rewritten_bytes"), num(&dry.json, "rewritten_bytes"), "{r:#}");
+    }
+    for (n, mib, burst) in [("thick1", 48, true), ("thick2", 32, true), ("onepass", 16, false)] {
+        let a = allocated(&d.join(n));
+        assert!(a <= 2 * MIB, "{n}: {a} bytes still allocated of {mib} MiB");
+        // The header and the burst are data, the rest holes.
+        let map = physical_blocks(&d.join(n), 0, mib * MIB);
+        let mid = (mib * MIB / 2 / 4096) as usize;
+        assert!(map[0].is_some() && map[mid].is_some() == burst, "{n}: data unmapped or zeros mapped");
+        assert!(map[(MIB / 4096) as usize + 1].is_none(), "{n}: zeros still mapped");
+    }
+    for (n, a) in kept {
+        assert_eq!(allocated(&d.join(n)), a, "{n}: allocation changed: {r:#}");
+    }
+    // Nothing left for a rerun.
+    let again = dedupscan().args([s(&d), "--rehash"]).json().db(vol.db()).expect(0).run();
+    assert_eq!(num(&again.json, "zeros_to_holes_bytes"), 0, "{:#}", again.json);
+    before.assert_same(&Snapshot::take(&d));
+}
+
+#[test]
+fn xfs_written_zeros_become_holes() {
+    zeros(Fs::Xfs);
+}
+
+#[test]
+fn btrfs_written_zeros_become_holes() {
+    zeros(Fs::Btrfs);
+}
