@@ -54,7 +54,7 @@
 # FILE.logs/permute-names.log.
 #
 # --thick-images writes the holes of the corpus's disk images (*.img,
-# *.raw, *.ext4) as zeros on the volume (`cp --sparse=never`), as a
+# *.raw, *.ext4) as zeros on the volume (`dd`), as a
 # thick-provisioned VM store or images made with `dd if=/dev/zero` hold
 # them: the yardstick leaves zero blocks apart (ideal_zero_block_bytes
 # says how many); what a tool frees of them shows in freed_bytes.

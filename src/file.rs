@@ -95,6 +95,16 @@ impl FileFacts {
         }
     }
 
+    /// Whether the open file `f` is still this one as recorded (a regular
+    /// file of the same volume key, inode, size, mtime and ctime): checked
+    /// before a file is shared into or punched, and before each request.
+    pub fn is_open_as_recorded(&self, f: &std::fs::File, keys: &mut crate::sys::SubvolIds) -> bool {
+        f.metadata().is_ok_and(|m| {
+            let key = keys.id_for(m.dev(), f);
+            m.is_file() && FileFacts::from_metadata(self.path.clone(), key, &m) == *self
+        })
+    }
+
     /// Build from a raw `fstatat`/`fstat` result (the crawl's), on the
     /// volume `volume`.
     // The field types of `struct stat` differ by architecture.

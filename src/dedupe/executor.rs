@@ -247,13 +247,9 @@ impl<'a> Executor<'a> {
     /// one, takes many requests. Sharing itself changes neither time
     /// (`FIDEDUPERANGE` leaves both).
     fn unchanged(&mut self, id: FileId, f: &File) -> bool {
-        use std::os::unix::fs::MetadataExt;
         let files = self.files;
         let Some(c) = files.get(&id) else { return false };
-        let same = f.metadata().is_ok_and(|m| {
-            let key = self.keys.id_for(m.dev(), f);
-            m.is_file() && FileFacts::from_metadata(c.path.clone(), key, &m) == *c
-        });
+        let same = c.is_open_as_recorded(f, &mut self.keys);
         if !same && locked(&self.ctx.bad).insert(id) {
             self.progress.warn(&format!(
                 "{}: changed since it was scanned; left alone, it is rehashed next run",

@@ -182,12 +182,7 @@ impl ZeroPass<'_> {
                 return fail(kind, format!("cannot open: {e}"));
             }
         };
-        let mut same = || {
-            use std::os::unix::fs::MetadataExt;
-            f.metadata().is_ok_and(|m| {
-                m.is_file() && FileFacts::from_metadata(c.path.clone(), keys.id_for(m.dev(), &f), &m) == *c
-            })
-        };
+        let mut same = || c.is_open_as_recorded(&f, keys);
         if !same() {
             progress.warn(&format!(
                 "{}: changed since it was scanned; left alone, it is rehashed next run",
