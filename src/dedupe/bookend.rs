@@ -228,57 +228,79 @@ impl Executor<'_> {
         }
     }
 
-    /// Copy `pieces` of `dest` into an unnamed temporary file on the same
-    /// filesystem (in the first starting directory, opened through its held
-    /// descriptor), at the same offsets and of the same size, so that an
-    /// unaligned tail ends at both EOFs (the kernel shares a partial block
-    /// only there).
+    /// Copy `pieces` of `dest` out ([`copy_out`]), in the first starting
+    /// directory (opened through its held descriptor).
     fn copy_out(&mut self, dest: &File, size: u64, pieces: &[(u64, u64)]) -> std::io::Result<File> {
-        let tmp = self.ctx.tree.tmpfile()?;
-        tmp.set_len(size)?;
-        for &(off, len) in pieces {
-            let mut pos = 0;
-            while pos < len {
-                let n = ((len - pos) as usize).min(self.buf_a.len());
-                dest.read_exact_at(&mut self.buf_a[..n], off + pos)?;
-                tmp.write_all_at(&self.buf_a[..n], off + pos)?;
-                pos += n as u64;
-            }
-        }
-        Ok(tmp)
+        copy_out(self.ctx.tree.tmpfile()?, dest, size, pieces, &mut self.buf_a)
     }
 
-    /// Share `pieces` of `tmp` back into `dest` ([`Executor::copy_out`]):
-    /// the kernel compares the bytes, and `dest` then references fresh
-    /// extents there. `false`: some piece was not moved (the file changed,
-    /// or the kernel refused).
+    /// Share `pieces` of `tmp` back into `dest` ([`share_back`]), counting
+    /// the bytes moved.
     fn share_back(&mut self, tmp: &File, dest: &File, pieces: &[(u64, u64)]) -> std::io::Result<bool> {
-        let mut complete = true;
-        for &(off, len) in pieces {
-            let mut pos = 0;
-            while pos < len {
-                let n = (len - pos).min(MAX_REQUEST_LEN);
-                let r = sys::dedupe_range(tmp.as_fd(), off + pos, n, &[(dest.as_fd(), off + pos)])
-                    .map_err(std::io::Error::from)?;
-                match r[0] {
-                    DestResult { status: DedupeStatus::Same, bytes_deduped } if bytes_deduped > 0 => {
-                        self.out.rewritten_bytes += bytes_deduped;
-                        pos += bytes_deduped;
-                    }
-                    // Out of space: the caller leaves the file for later.
-                    DestResult { status: DedupeStatus::Error(e), .. } if no_space(e) => {
-                        return Err(std::io::Error::from(e));
-                    }
-                    // Changed meanwhile, or refused: the file keeps its old extent.
-                    _ => {
-                        complete = false;
-                        break;
-                    }
+        let (complete, moved) = share_back(tmp, dest, pieces, || true)?;
+        self.out.rewritten_bytes += moved;
+        Ok(complete)
+    }
+}
+
+/// Copy `pieces` of `dest` into `tmp`, an unnamed temporary file on the
+/// same filesystem, at the same offsets and made of the same size, so that
+/// an unaligned tail ends at both EOFs (the kernel shares a partial block
+/// only there), through `buf`. Used by the bookend pass and by the zero
+/// pass (`zeros::rewrite`).
+pub fn copy_out(tmp: File, dest: &File, size: u64, pieces: &[(u64, u64)], buf: &mut [u8]) -> std::io::Result<File> {
+    tmp.set_len(size)?;
+    for &(off, len) in pieces {
+        let mut pos = 0;
+        while pos < len {
+            let n = ((len - pos) as usize).min(buf.len());
+            dest.read_exact_at(&mut buf[..n], off + pos)?;
+            tmp.write_all_at(&buf[..n], off + pos)?;
+            pos += n as u64;
+        }
+    }
+    Ok(tmp)
+}
+
+/// Share `pieces` of `tmp` back into `dest` ([`copy_out`]): the kernel
+/// compares the bytes, and `dest` then references fresh extents there.
+/// `still_same` is asked before each request (`false` stops). Returns
+/// whether every piece moved (not: the file changed, or the kernel refused
+/// one; the file keeps its old extent there) and the bytes moved; out of space is an error (the
+/// caller leaves the file for later).
+pub fn share_back(
+    tmp: &File,
+    dest: &File,
+    pieces: &[(u64, u64)],
+    mut still_same: impl FnMut() -> bool,
+) -> std::io::Result<(bool, u64)> {
+    let (mut complete, mut moved) = (true, 0);
+    for &(off, len) in pieces {
+        let mut pos = 0;
+        while pos < len {
+            if !still_same() {
+                return Ok((false, moved));
+            }
+            let n = (len - pos).min(MAX_REQUEST_LEN);
+            let r = sys::dedupe_range(tmp.as_fd(), off + pos, n, &[(dest.as_fd(), off + pos)])
+                .map_err(std::io::Error::from)?;
+            match r[0] {
+                DestResult { status: DedupeStatus::Same, bytes_deduped } if bytes_deduped > 0 => {
+                    moved += bytes_deduped;
+                    pos += bytes_deduped;
+                }
+                DestResult { status: DedupeStatus::Error(e), .. } if no_space(e) => {
+                    return Err(std::io::Error::from(e));
+                }
+                // Changed meanwhile, or refused: on to the next piece.
+                _ => {
+                    complete = false;
+                    break;
                 }
             }
         }
-        Ok(complete)
     }
+    Ok((complete, moved))
 }
 
 /// Out of space or quota (the file is left for a later run).

@@ -164,8 +164,11 @@ pub fn punch(
             }
             let n = (off + len - at).min(MAX_REQUEST_LEN);
             if dry_run {
-                buf.resize(n as usize, 0);
-                let zeros = dest.read_exact_at(&mut buf, at).is_ok() && buf.iter().all(|&b| b == 0);
+                buf.resize(1 << 20, 0);
+                let zeros = (0..n).step_by(1 << 20).all(|o| {
+                    let piece = &mut buf[..(n - o).min(1 << 20) as usize];
+                    dest.read_exact_at(piece, at + o).is_ok() && piece.iter().all(|&b| b == 0)
+                });
                 if zeros {
                     done.bytes += n
                 } else {
@@ -192,50 +195,24 @@ pub fn punch(
 }
 
 /// Rewrite the data `pieces` of `dest` (a file of `size` bytes) into fresh
-/// extents: copied into an unnamed file of the volume made by `tmpfile`,
-/// then shared back, the kernel comparing every byte (as the bookend pass
-/// does). `Ok(false)`: some piece was not moved (the file changed, or the
-/// kernel found it different): its old extent stays, so the caller leaves
-/// the zeros there too. A dry run only says `true`.
+/// extents, as the bookend pass does (`bookend::copy_out`, then
+/// `bookend::share_back`: the kernel compares every byte). `Ok(false)`:
+/// some piece was not moved (the file changed, or the kernel refused): its
+/// old extent stays, so the caller leaves the zeros there too. A dry run
+/// only says `true`.
 pub fn rewrite(
     tmpfile: impl FnOnce() -> std::io::Result<File>,
     dest: &File,
     size: u64,
     pieces: &[(u64, u64)],
     dry_run: bool,
-    mut still_same: impl FnMut() -> bool,
+    still_same: impl FnMut() -> bool,
 ) -> std::io::Result<bool> {
     if dry_run {
         return Ok(true);
     }
-    let tmp = tmpfile()?;
-    tmp.set_len(size)?;
-    let mut buf = vec![0u8; 1 << 20];
-    for &(off, len) in pieces {
-        let mut pos = 0;
-        while pos < len {
-            let n = ((len - pos) as usize).min(buf.len());
-            dest.read_exact_at(&mut buf[..n], off + pos)?;
-            tmp.write_all_at(&buf[..n], off + pos)?;
-            pos += n as u64;
-        }
-    }
-    for &(off, len) in pieces {
-        let mut pos = 0;
-        while pos < len {
-            if !still_same() {
-                return Ok(false);
-            }
-            let n = (len - pos).min(MAX_REQUEST_LEN);
-            let r = dedupe_range(tmp.as_fd(), off + pos, n, &[(dest.as_fd(), off + pos)])?[0];
-            match (r.status, r.bytes_deduped) {
-                (DedupeStatus::Same, done) if done > 0 => pos += done,
-                (DedupeStatus::Error(e), _) => return Err(e.into()),
-                _ => return Ok(false),
-            }
-        }
-    }
-    Ok(true)
+    let tmp = super::bookend::copy_out(tmpfile()?, dest, size, pieces, &mut vec![0u8; 1 << 20])?;
+    Ok(super::bookend::share_back(&tmp, dest, pieces, still_same)?.0)
 }
 
 #[cfg(test)]

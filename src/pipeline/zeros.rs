@@ -103,6 +103,10 @@ impl ZeroPass<'_> {
             if failed.is_some() || stop.load(Ordering::Relaxed) {
                 return;
             }
+            // A file too small for a run is not decoded.
+            if size < zeros::MIN_BYTES {
+                return;
+            }
             let Ok(map) = BlockMap::from_blob(enc) else { return };
             let runs = zeros::zero_runs(&map, size, self.block, zeros::MIN_BYTES);
             if !runs.is_empty() {
