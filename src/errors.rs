@@ -65,6 +65,17 @@ impl ErrorKind {
         ErrorKind::Zeros,
     ];
 
+    /// The kind of a failed open of a scanned file in the share phase (or
+    /// the zero pass): gone, or a directory on its path replaced by a
+    /// symlink or a mount since the scan, is `vanished`; anything else
+    /// `open`.
+    pub fn of_reopen(e: &std::io::Error) -> ErrorKind {
+        match e.raw_os_error() {
+            Some(libc::ENOENT | libc::ENOTDIR | libc::ELOOP | libc::EXDEV) => ErrorKind::Vanished,
+            _ => ErrorKind::Open,
+        }
+    }
+
     /// Name as shown in the report (the serialised form).
     pub const fn name(self) -> &'static str {
         match self {

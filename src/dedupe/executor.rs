@@ -223,13 +223,7 @@ impl<'a> Executor<'a> {
             Ok(f) => self.unchanged(id, &f).then_some(f),
             Err(e) => {
                 if locked(&self.ctx.bad).insert(id) {
-                    // Gone, or a directory on its path replaced by a symlink
-                    // or a mount since the scan: the scanned file is no
-                    // longer there.
-                    let kind = match e.raw_os_error() {
-                        Some(libc::ENOENT | libc::ENOTDIR | libc::ELOOP | libc::EXDEV) => ErrorKind::Vanished,
-                        _ => ErrorKind::Open,
-                    };
+                    let kind = ErrorKind::of_reopen(&e);
                     self.progress.warn(&format!("{}: cannot open: {e}", display_path(&c.path)));
                     *self.out.errors.entry(kind).or_default() += 1;
                 }

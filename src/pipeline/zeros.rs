@@ -179,10 +179,7 @@ impl ZeroPass<'_> {
         let f = match self.tree.open_file(&c.path) {
             Ok(f) => f,
             Err(e) => {
-                let kind = match e.raw_os_error() {
-                    Some(libc::ENOENT | libc::ENOTDIR | libc::ELOOP | libc::EXDEV) => ErrorKind::Vanished,
-                    _ => ErrorKind::Open,
-                };
+                let kind = ErrorKind::of_reopen(&e);
                 return fail(kind, format!("cannot open: {e}"));
             }
         };
