@@ -5,7 +5,12 @@
 # file plus the block data).
 #
 #   benches/million.sh [FILES] [--fs xfs|btrfs] [--bin PATH]... [--keep | --reuse DIR]
+#                      [--max-file BYTES] [--xfs-block BYTES]
 #                       FILES default 1000000; 10M / 10000000 for the big run.
+#                       --max-file: files of 100 B up to about BYTES (4K);
+#                       --xfs-block: the XFS block size (4K). 10M files with
+#                       `--max-file 1K --xfs-block 1K` need ~16 GB of disk
+#                       instead of ~45 GB.
 #                       --bin (repeatable): measure these binaries instead of
 #                       this tree's release build, one after the other on
 #                       the same files, each with a database of its own (A/B;
@@ -28,14 +33,16 @@
 # sparse image is written); btrfs keeps files under 2 KiB inline in its
 # metadata (10M files: ~15 GB). Creating 10M files takes 10-20 minutes.
 set -euo pipefail
-n=1000000 fs=xfs bins=() keep=0 reuse=
+n=1000000 fs=xfs bins=() keep=0 reuse= max_file=4096 xfs_block=4096
 while [ $# -gt 0 ]; do
   case $1 in
     --fs) fs=${2:?}; shift ;;
     --bin) bins+=("$(realpath "${2:?}")"); shift ;;
     --keep) keep=1 ;;
+    --max-file) max_file=$(numfmt --from=iec "${2:?}"); shift ;;
+    --xfs-block) xfs_block=$(numfmt --from=iec "${2:?}"); shift ;;
     --reuse) reuse=$(realpath "${2:?}"); shift ;;
-    -h | --help) sed -n '2,29p' "$0"; exit 0 ;;
+    -h | --help) sed -n '2,34p' "$0"; exit 0 ;;
     *) n=$(numfmt --from=si "$1") ;;
   esac
   shift
@@ -62,18 +69,18 @@ else
   fi
   mkdir "$work/mnt"
   # Room for every file's block (XFS) or inline item (btrfs), and the inodes.
-  per_file_kib=6
+  per_file_kib=$(( (max_file + xfs_block - 1) / xfs_block * xfs_block / 1024 + 2 ))
   [ "$fs" = btrfs ] && per_file_kib=3
   truncate -s $((n * per_file_kib / 1024 + 2048))M "$work/vol.img"
   case $fs in
-    xfs) mkfs.xfs -q -m reflink=1 -i maxpct=50 "$work/vol.img" ;;
+    xfs) mkfs.xfs -q -m reflink=1 -i maxpct=50 -b size="$xfs_block" "$work/vol.img" ;;
     btrfs) mkfs.btrfs -q "$work/vol.img" >/dev/null ;;
   esac
   mount -o loop "$work/vol.img" "$work/mnt"
   echo "creating $n files on $fs..."
-  python3 - "$work/mnt/files" "$n" <<'PY'
+  python3 - "$work/mnt/files" "$n" "$max_file" <<'PY'
 import os, random, sys
-root, n = sys.argv[1], int(sys.argv[2])
+root, n, max_file = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
 r = random.Random(1)
 made = []
 for i in range(n):
@@ -83,7 +90,7 @@ for i in range(n):
     if made and r.random() < 1 / 3:
         data = made[r.randrange(len(made))]
     else:
-        data = r.randbytes(100 + r.randrange(4000))
+        data = r.randbytes(100 + r.randrange(max_file - 96))
         if len(made) < 10000:
             made.append(data)
     with open(os.path.join(d, "f%08d" % i), "wb") as f:

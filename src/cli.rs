@@ -144,6 +144,8 @@ pub struct ScanArgs {
     pub rehash: bool,
 
     /// Block size for fingerprints: a power of two from 4K to 1M (suffixes K, M).
+    /// At least the filesystem's own block size: XFS made with 16K or 64K
+    /// blocks shares whole blocks of that size only, so those are used.
     #[arg(long, value_name = "BYTES", default_value = "4K", value_parser = parse_block_size)]
     pub block_size: u64,
 

@@ -255,6 +255,10 @@ fn scan_config(scan: ScanArgs, shares: bool) -> Result<ScanConfig> {
         let cpus = std::thread::available_parallelism().map_or(2, |n| n.get());
         (cpus * 8).clamp(8, 64)
     });
+    // The kernel shares whole blocks of the filesystem only (a range that
+    // starts inside one is refused with EINVAL), so fingerprints are never
+    // finer than those: XFS made with `-b size=65536` gets 64 KiB blocks.
+    let block_size = fs_block_floor(block_size, fs.block_size);
     Ok(ScanConfig {
         paths: canon,
         overlapping,
@@ -271,6 +275,17 @@ fn scan_config(scan: ScanArgs, shares: bool) -> Result<ScanConfig> {
         max_runtime,
         metrics_file,
     })
+}
+
+/// The fingerprint block size: the one asked for, or the filesystem's own
+/// where that is larger (a power of two up to 1 MiB; anything else statfs
+/// might say is ignored).
+fn fs_block_floor(asked: u64, fs_block: u64) -> u64 {
+    if fs_block.is_power_of_two() && fs_block <= 1 << 20 {
+        asked.max(fs_block)
+    } else {
+        asked
+    }
 }
 
 /// Split canonical starting paths into those to crawl and those that are
@@ -413,6 +428,16 @@ mod tests {
         let e = check_exclude("./tmp/**").unwrap_err();
         assert!(e.contains("relative") && e.contains("'**/tmp/**'"), "{e}");
         assert!(check_exclude("tmp").is_err());
+    }
+
+    #[test]
+    fn fingerprints_are_never_finer_than_the_filesystems_blocks() {
+        assert_eq!(fs_block_floor(4096, 4096), 4096);
+        assert_eq!(fs_block_floor(4096, 1024), 4096, "XFS with 1 KiB blocks keeps 4 KiB");
+        assert_eq!(fs_block_floor(4096, 65536), 65536, "XFS with 64 KiB blocks");
+        assert_eq!(fs_block_floor(1 << 20, 65536), 1 << 20);
+        assert_eq!(fs_block_floor(4096, 3 << 12), 4096, "not a power of two: ignored");
+        assert_eq!(fs_block_floor(4096, 4 << 20), 4096, "beyond 1 MiB: ignored");
     }
 
     #[test]

@@ -24,7 +24,7 @@ function __fish_dedupscan_using_subcommand
     contains -- $cmd[1] $argv
 end
 
-complete -c dedupscan -n "__fish_dedupscan_needs_command" -l block-size -d 'Block size for fingerprints: a power of two from 4K to 1M (suffixes K, M)' -r -f
+complete -c dedupscan -n "__fish_dedupscan_needs_command" -l block-size -d 'Block size for fingerprints: a power of two from 4K to 1M (suffixes K, M). At least the filesystem\'s own block size: XFS made with 16K or 64K blocks shares whole blocks of that size only, so those are used' -r -f
 complete -c dedupscan -n "__fish_dedupscan_needs_command" -l threads -d 'Hashing threads [default: 8 per CPU, 8 to 64: most wait on the disk]' -r -f
 complete -c dedupscan -n "__fish_dedupscan_needs_command" -l exclude -d 'Leave out paths matching this glob (repeatable; matched on the full path, so it starts with \'/\' or \'*\', e.g. \'**/*.qcow2\' or \'/srv/tmp/**\'). A glob that matches nothing is warned about' -r -f
 complete -c dedupscan -n "__fish_dedupscan_needs_command" -l exclude-from -d 'Read more exclude globs from FILE, one per line (\'#\' starts a comment)' -r -F
@@ -56,7 +56,7 @@ complete -c dedupscan -n "__fish_dedupscan_needs_command" -s V -l version -d 'Pr
 complete -c dedupscan -n "__fish_dedupscan_needs_command" -a "scan" -d 'Only crawl and hash into the database; share nothing'
 complete -c dedupscan -n "__fish_dedupscan_needs_command" -a "report" -d 'Print what the database knows: files, bytes shared, not yet shared and pinned (btrfs), and the history of runs'
 complete -c dedupscan -n "__fish_dedupscan_needs_command" -a "help" -d 'Print this message or the help of the given subcommand(s)'
-complete -c dedupscan -n "__fish_dedupscan_using_subcommand scan" -l block-size -d 'Block size for fingerprints: a power of two from 4K to 1M (suffixes K, M)' -r -f
+complete -c dedupscan -n "__fish_dedupscan_using_subcommand scan" -l block-size -d 'Block size for fingerprints: a power of two from 4K to 1M (suffixes K, M). At least the filesystem\'s own block size: XFS made with 16K or 64K blocks shares whole blocks of that size only, so those are used' -r -f
 complete -c dedupscan -n "__fish_dedupscan_using_subcommand scan" -l threads -d 'Hashing threads [default: 8 per CPU, 8 to 64: most wait on the disk]' -r -f
 complete -c dedupscan -n "__fish_dedupscan_using_subcommand scan" -l exclude -d 'Leave out paths matching this glob (repeatable; matched on the full path, so it starts with \'/\' or \'*\', e.g. \'**/*.qcow2\' or \'/srv/tmp/**\'). A glob that matches nothing is warned about' -r -f
 complete -c dedupscan -n "__fish_dedupscan_using_subcommand scan" -l exclude-from -d 'Read more exclude globs from FILE, one per line (\'#\' starts a comment)' -r -F

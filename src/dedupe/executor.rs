@@ -118,19 +118,21 @@ fn unsupported(s: DedupeStatus) -> bool {
 }
 
 /// Whether the filesystem of the run's first starting path can share
-/// extents at all: write two equal 4 KiB blocks into an unnamed temporary
-/// file there (`O_TMPFILE`: never visible, gone on close) and share the
-/// second with the first. Refused with `EOPNOTSUPP`/`ENOTTY`/`EINVAL`: it
-/// cannot (XFS without reflink). Any other failure to probe (no room for a
-/// temporary file, read-only mount) says nothing about sharing: assumed
-/// able, so a single refusal never stops the whole run.
-fn probe_can_share(tree: &Tree) -> bool {
+/// extents at all: write two equal blocks of the run's block size (at least
+/// the filesystem's: a smaller one would be refused with `EINVAL` for its
+/// alignment alone) into an unnamed temporary file there (`O_TMPFILE`: never
+/// visible, gone on close) and share the second with the first. Refused
+/// with `EOPNOTSUPP`/`ENOTTY`/`EINVAL`: it cannot (XFS without reflink).
+/// Any other failure to probe (no room for a temporary file, read-only
+/// mount) says nothing about sharing: assumed able, so a single refusal
+/// never stops the whole run.
+fn probe_can_share(tree: &Tree, block_size: u64) -> bool {
     let Ok(tmp) = tree.tmpfile() else { return true };
-    let block = [0x5a_u8; 4096];
-    if tmp.write_all_at(&block, 0).and_then(|_| tmp.write_all_at(&block, 4096)).is_err() {
+    let block = vec![0x5a_u8; block_size as usize];
+    if tmp.write_all_at(&block, 0).and_then(|_| tmp.write_all_at(&block, block_size)).is_err() {
         return true;
     }
-    match sys::dedupe_range(tmp.as_fd(), 0, 4096, &[(tmp.as_fd(), 4096)]) {
+    match sys::dedupe_range(tmp.as_fd(), 0, block_size, &[(tmp.as_fd(), block_size)]) {
         Ok(r) => !unsupported(r[0].status),
         Err(Errno::EOPNOTSUPP | Errno::ENOTTY | Errno::EINVAL) => false,
         Err(_) => true,
@@ -178,7 +180,7 @@ impl<'a> Executor<'a> {
     /// it cannot share, stop everyone (true); otherwise the refusal is the
     /// destination's (false).
     fn refuse_if_fs_cannot_share(&mut self) -> bool {
-        let can = *self.ctx.can_share.get_or_init(|| probe_can_share(self.ctx.tree));
+        let can = *self.ctx.can_share.get_or_init(|| probe_can_share(self.ctx.tree, self.block_size));
         if !can {
             self.refuse();
         }

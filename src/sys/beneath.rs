@@ -57,8 +57,15 @@ pub fn open_beneath(dir: BorrowedFd<'_>, rel: &Path, flags: OFlags) -> io::Resul
     if rel.is_absolute() || rel.components().any(|c| !matches!(c, Component::Normal(_))) {
         return Err(io::Error::from_raw_os_error(libc::EXDEV));
     }
+    open_resolved(dir, rel, flags, RESOLVE)
+}
+
+/// `openat2(dir, rel, flags, how)`, or the component walk (which refuses
+/// every symlink, so is at least as strict as any `how` used here) where the
+/// kernel lacks `openat2`.
+fn open_resolved(dir: BorrowedFd<'_>, rel: &Path, flags: OFlags, how: ResolveFlags) -> io::Result<OwnedFd> {
     if !NO_OPENAT2.load(Ordering::Relaxed) {
-        match rustix::fs::openat2(dir, rel, flags | OFlags::CLOEXEC, Mode::empty(), RESOLVE) {
+        match rustix::fs::openat2(dir, rel, flags | OFlags::CLOEXEC, Mode::empty(), how) {
             Err(rustix::io::Errno::NOSYS) => NO_OPENAT2.store(true, Ordering::Relaxed),
             // openat2 may answer EAGAIN when a rename raced the lookup
             // (RESOLVE_BENEATH guards against `..` escapes that way): the
@@ -83,14 +90,7 @@ fn open_canonical(path: &Path) -> io::Result<OwnedFd> {
     if rel.components().any(|c| !matches!(c, Component::Normal(_))) {
         return Err(io::Error::from_raw_os_error(libc::EINVAL));
     }
-    if !NO_OPENAT2.load(Ordering::Relaxed) {
-        let how = ResolveFlags::NO_SYMLINKS;
-        match rustix::fs::openat2(&root, rel, DIR_FLAGS, Mode::empty(), how) {
-            Err(rustix::io::Errno::NOSYS) => NO_OPENAT2.store(true, Ordering::Relaxed),
-            other => return other.map_err(io::Error::from),
-        }
-    }
-    open_components(root.as_fd(), rel, DIR_FLAGS)
+    open_resolved(root.as_fd(), rel, DIR_FLAGS, ResolveFlags::NO_SYMLINKS)
 }
 
 /// The fallback of [`open_beneath`]: open each directory of `rel` relative

@@ -42,6 +42,10 @@ pub enum Fs {
     Xfs,
     /// XFS with reflink=0: sharing must be refused.
     XfsNoReflink,
+    /// XFS with reflink=1 and 1 KiB blocks (small-file servers).
+    Xfs1k,
+    /// XFS with reflink=1 and 64 KiB blocks (kernel 6.12 and later).
+    Xfs64k,
     /// ext4: not a sharing filesystem.
     Ext4,
 }
@@ -115,7 +119,8 @@ impl Volume {
         }
     }
 
-    fn try_new(fs: Fs, size_mb: u64) -> Result<Volume, String> {
+    /// [`Volume::new`] without the skip: why it could not be made.
+    pub fn try_new(fs: Fs, size_mb: u64) -> Result<Volume, String> {
         if !nix::unistd::geteuid().is_root() {
             return Err("not root".into());
         }
@@ -131,9 +136,14 @@ impl Volume {
                 c.args(["-f", "-q"]);
                 c
             }
-            Fs::Xfs | Fs::XfsNoReflink => {
+            Fs::Xfs | Fs::XfsNoReflink | Fs::Xfs1k | Fs::Xfs64k => {
                 let mut c = Command::new("mkfs.xfs");
-                c.args(["-f", "-q", "-m", if fs == Fs::Xfs { "reflink=1" } else { "reflink=0" }]);
+                c.args(["-f", "-q", "-m", if fs == Fs::XfsNoReflink { "reflink=0" } else { "reflink=1" }]);
+                match fs {
+                    Fs::Xfs1k => c.args(["-b", "size=1024"]),
+                    Fs::Xfs64k => c.args(["-b", "size=65536"]),
+                    _ => &mut c,
+                };
                 c
             }
             Fs::Ext4 => {
