@@ -85,7 +85,7 @@ const STATUSES: [&str; 2] = ["same", "differs"];
 const ERROR_KINDS: [&str; 2] = [ErrorKind::Unreadable.name(), ErrorKind::Vanished.name()];
 const COMMANDS: [&str; 2] = ["run", "scan"];
 /// The names of [`crate::policy::SkipReason`].
-const SKIP_REASONS: [&str; 22] = [
+const SKIP_REASONS: [&str; 23] = [
     "fifo",
     "socket",
     "device",
@@ -108,6 +108,7 @@ const SKIP_REASONS: [&str; 22] = [
     "changed_during_scan",
     "vanished",
     "moved_during_crawl",
+    "too_deep",
 ];
 
 /// Render the exposition (text format 0.0.4) at time `now`.

@@ -80,6 +80,9 @@ pub enum SkipReason {
     /// while the crawl ran, and its files were already found once (see
     /// `walk::listed::Listed`).
     MovedDuringCrawl,
+    /// A directory whose path is longer than `walk::MAX_PATH_BYTES` (64
+    /// KiB): left out with everything below it.
+    TooDeep,
 }
 
 impl SkipReason {
@@ -125,6 +128,7 @@ impl SkipReason {
             SkipReason::ChangedDuringScan => "changed_during_scan",
             SkipReason::Vanished => "vanished",
             SkipReason::MovedDuringCrawl => "moved_during_crawl",
+            SkipReason::TooDeep => "too_deep",
         }
     }
 }

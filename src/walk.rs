@@ -26,7 +26,7 @@
 //! they are entered.
 
 use std::collections::{BTreeMap, HashSet};
-use std::ffi::{CStr, CString, OsStr};
+use std::ffi::{CStr, OsStr};
 use std::io;
 use std::mem::MaybeUninit;
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
@@ -34,7 +34,7 @@ use std::os::unix::ffi::OsStrExt;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc::{sync_channel, TryRecvError};
-use std::sync::{Arc, Condvar, Mutex};
+use std::sync::Arc;
 
 use rustix::fs::{FileType, RawDir, Stat};
 
@@ -51,6 +51,9 @@ use listed::Listed;
 
 mod links;
 mod listed;
+mod queue;
+
+use queue::{Job, Queue};
 
 /// What the crawl counted (the files themselves go to its callback).
 #[derive(Debug, Default)]
@@ -91,69 +94,6 @@ const FOUND_BATCH: usize = 64;
 /// entries (at most [`FOUND_BATCH`]) at a time.
 type Out = Batched<Found>;
 
-/// A directory to read: an entry of an open parent, opened by the thread
-/// that reads it (so only directories being read, and parents with entries
-/// still queued, hold a descriptor: a directory of 100,000 subdirectories
-/// costs one descriptor, not 100,000).
-struct Job {
-    parent: Arc<OwnedFd>,
-    name: CString,
-    path: PathBuf,
-}
-
-/// The crawl's shared queue: directories to read, and how many threads are
-/// reading one (the crawl is over when both are zero).
-struct Queue {
-    state: Mutex<(Vec<Job>, usize)>,
-    wake: Condvar,
-}
-
-impl Queue {
-    /// The next directory, or `None` when the crawl is over.
-    fn take(&self) -> Option<Job> {
-        let mut st = self.state.lock().unwrap_or_else(|e| e.into_inner());
-        loop {
-            if let Some(job) = st.0.pop() {
-                st.1 += 1;
-                return Some(job);
-            }
-            if st.1 == 0 {
-                self.wake.notify_all();
-                return None;
-            }
-            st = self.wake.wait(st).unwrap_or_else(|e| e.into_inner());
-        }
-    }
-
-    /// Subdirectories found by a thread still listing its directory: queued
-    /// at once, so idle threads start on them while the listing goes on
-    /// (cold metadata reads overlap).
-    fn push(&self, jobs: &mut Vec<Job>) {
-        let mut st = self.state.lock().unwrap_or_else(|e| e.into_inner());
-        let n = jobs.len();
-        st.0.append(jobs);
-        drop(st);
-        if n > 1 {
-            self.wake.notify_all();
-        } else if n == 1 {
-            self.wake.notify_one();
-        }
-    }
-
-    /// A thread finished a directory and found `jobs` below it.
-    fn done(&self, jobs: Vec<Job>) {
-        let mut st = self.state.lock().unwrap_or_else(|e| e.into_inner());
-        st.1 -= 1;
-        let (n, idle) = (jobs.len(), st.1 == 0);
-        st.0.extend(jobs);
-        if n > 1 || (idle && st.0.is_empty()) {
-            self.wake.notify_all();
-        } else if n == 1 {
-            self.wake.notify_one();
-        }
-    }
-}
-
 /// What every crawler thread reads.
 struct Ctx<'a> {
     root_dev: u64,
@@ -193,7 +133,7 @@ pub fn walk(
         let Some((start, root_dev)) = start(dir, dir_fd, file, fs, policy, progress, &mut result) else { continue };
         let ctx = Ctx { root_dev, fs, mounts: &mounts, policy, stop, listed: &listed };
         let (tx, rx) = sync_channel::<Vec<Found>>(4096 / FOUND_BATCH);
-        let queue = Queue { state: Mutex::new((Vec::new(), 1)), wake: Condvar::new() };
+        let queue = Queue::starting();
         std::thread::scope(|s| {
             match start {
                 Start::Dir(fd, id) => {
@@ -377,7 +317,9 @@ fn start(
 /// Read the directory entry `job` on a crawler thread: open it relative to
 /// its parent, check it, list it. Returns its subdirectories.
 fn enter(ctx: &Ctx<'_>, queue: &Queue, job: Job, buf: &mut [MaybeUninit<u8>], out: &mut Out) -> Vec<Job> {
-    if ctx.mounts.contains(&job.path) {
+    // Mount points are read from mountinfo, never longer than PATH_MAX:
+    // a deeper path needs no lookup (hashing it would cost its length).
+    if job.path.as_os_str().len() <= libc::PATH_MAX as usize && ctx.mounts.contains(&job.path) {
         out.send(Found::SkipDir(SkipReason::MountPoint));
         return Vec::new();
     }
@@ -415,6 +357,15 @@ fn enter(ctx: &Ctx<'_>, queue: &Queue, job: Job, buf: &mut [MaybeUninit<u8>], ou
     }
     read_dir(ctx, queue, (Arc::new(fd), (st.st_dev, st.st_ino)), &job.path, buf, out)
 }
+
+/// Longest path of a directory the crawl enters (64 KiB, 16 × PATH_MAX).
+/// A user can nest directories without limit; every entry's path is built
+/// from its parent's and stored in the database, so a tree a million levels
+/// deep would cost the crawl time and memory quadratic in its depth. Files
+/// deeper than PATH_MAX up to this are opened in pieces
+/// (`sys::beneath::open_long`); below it a directory is left out, counted
+/// `too_deep` in `skipped_dirs`.
+pub const MAX_PATH_BYTES: usize = 64 << 10;
 
 /// Subdirectories queued at once by a thread listing a directory, so that
 /// idle threads can start on them before the listing ends.
@@ -479,6 +430,7 @@ fn read_dir(
             }
         }
         let found = match ft {
+            FileType::Directory if child.as_os_str().len() > MAX_PATH_BYTES => Found::SkipDir(SkipReason::TooDeep),
             FileType::Directory => {
                 jobs.push(Job { parent: Arc::clone(&fd), name: name.to_owned(), path: child });
                 if jobs.len() >= PUSH_BATCH {

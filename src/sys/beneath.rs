@@ -62,7 +62,7 @@ pub fn open_beneath(dir: BorrowedFd<'_>, rel: &Path, flags: OFlags) -> io::Resul
 
 /// `openat2(dir, rel, flags, how)`, or the component walk (which refuses
 /// every symlink, so is at least as strict as any `how` used here) where the
-/// kernel lacks `openat2`.
+/// kernel lacks `openat2` or the path is too long for it.
 fn open_resolved(dir: BorrowedFd<'_>, rel: &Path, flags: OFlags, how: ResolveFlags) -> io::Result<OwnedFd> {
     if !NO_OPENAT2.load(Ordering::Relaxed) {
         match rustix::fs::openat2(dir, rel, flags | OFlags::CLOEXEC, Mode::empty(), how) {
@@ -71,10 +71,45 @@ fn open_resolved(dir: BorrowedFd<'_>, rel: &Path, flags: OFlags, how: ResolveFla
             // (RESOLVE_BENEATH guards against `..` escapes that way): the
             // name was being changed under us, so it counts as vanished.
             Err(rustix::io::Errno::AGAIN) => return Err(io::Error::from_raw_os_error(libc::ENOENT)),
+            // A path longer than PATH_MAX (4096 bytes: a user can nest
+            // directories that deep) is refused whole: open it in pieces.
+            Err(rustix::io::Errno::NAMETOOLONG) => return open_long(dir, rel, flags, how),
             other => return other.map_err(io::Error::from),
         }
     }
-    open_components(dir, rel, flags)
+    open_components(dir, rel, flags, how.contains(ResolveFlags::NO_XDEV))
+}
+
+/// Most bytes of path handed to one `openat2` by [`open_long`].
+const PIECE: usize = 3072;
+
+/// [`open_resolved`] for a path longer than PATH_MAX: `openat2` on pieces of
+/// at most [`PIECE`] bytes, each from the directory the previous one opened
+/// (`O_PATH`), each with the same `how`, so the kernel still refuses a
+/// symlink, a `..` or a mount anywhere. A few calls where the walk would
+/// make one per name (a user can nest directories by the hundred thousand).
+fn open_long(dir: BorrowedFd<'_>, rel: &Path, flags: OFlags, how: ResolveFlags) -> io::Result<OwnedFd> {
+    let open = |at: BorrowedFd<'_>, piece: &Path, flags: OFlags| match rustix::fs::openat2(
+        at,
+        piece,
+        flags | OFlags::CLOEXEC,
+        Mode::empty(),
+        how,
+    ) {
+        Err(rustix::io::Errno::AGAIN) => Err(io::Error::from_raw_os_error(libc::ENOENT)),
+        other => other.map_err(io::Error::from),
+    };
+    let mut held: Option<OwnedFd> = None;
+    let mut piece = PathBuf::new();
+    for name in rel.components().map(|c| c.as_os_str()) {
+        if !piece.as_os_str().is_empty() && piece.as_os_str().len() + 1 + name.len() > PIECE {
+            let at = held.as_ref().map_or(dir, |f| f.as_fd());
+            held = Some(open(at, &piece, OFlags::PATH | OFlags::DIRECTORY)?);
+            piece.clear();
+        }
+        piece.push(name);
+    }
+    open(held.as_ref().map_or(dir, |f| f.as_fd()), &piece, flags)
 }
 
 /// Open the directory at the absolute `path` without following a symlink
@@ -96,26 +131,45 @@ fn open_canonical(path: &Path) -> io::Result<OwnedFd> {
 /// The fallback of [`open_beneath`]: open each directory of `rel` relative
 /// to the previous one with `O_NOFOLLOW | O_DIRECTORY`, then the last name
 /// with `O_NOFOLLOW`. A symlink anywhere answers `ELOOP` (or `ENOTDIR`).
-/// It does not detect a mount crossed on the way; the caller's identity
-/// check (device and inode against the crawl) refuses what lies there.
-pub(crate) fn open_components(dir: BorrowedFd<'_>, rel: &Path, flags: OFlags) -> io::Result<OwnedFd> {
+/// With `xdev` a component that is the root of a mount answers `EXDEV`, as
+/// `RESOLVE_NO_XDEV` does (`statx`'s `STATX_ATTR_MOUNT_ROOT`, Linux 5.8; on
+/// older kernels the caller's identity check, device and inode against the
+/// crawl, refuses what lies there).
+pub(crate) fn open_components(dir: BorrowedFd<'_>, rel: &Path, flags: OFlags, xdev: bool) -> io::Result<OwnedFd> {
     let mut names = rel.components().map(|c| c.as_os_str()).peekable();
     let mut cur: Option<OwnedFd> = None;
     while let Some(name) = names.next() {
         let at = cur.as_ref().map_or(dir, |f| f.as_fd());
-        if names.peek().is_none() {
-            return Ok(rustix::fs::openat(at, name, flags | OFlags::NOFOLLOW | OFlags::CLOEXEC, Mode::empty())?);
+        let last = names.peek().is_none();
+        let next = if last {
+            rustix::fs::openat(at, name, flags | OFlags::NOFOLLOW | OFlags::CLOEXEC, Mode::empty())?
+        } else {
+            rustix::fs::openat(
+                at,
+                name,
+                OFlags::PATH | OFlags::DIRECTORY | OFlags::NOFOLLOW | OFlags::CLOEXEC,
+                Mode::empty(),
+            )
+            .map_err(|e| if e == rustix::io::Errno::NOTDIR { rustix::io::Errno::LOOP } else { e })?
+        };
+        if xdev && is_mount_root(next.as_fd()) {
+            return Err(io::Error::from_raw_os_error(libc::EXDEV));
         }
-        let next = rustix::fs::openat(
-            at,
-            name,
-            OFlags::PATH | OFlags::DIRECTORY | OFlags::NOFOLLOW | OFlags::CLOEXEC,
-            Mode::empty(),
-        )
-        .map_err(|e| if e == rustix::io::Errno::NOTDIR { rustix::io::Errno::LOOP } else { e })?;
+        if last {
+            return Ok(next);
+        }
         cur = Some(next);
     }
     Err(io::Error::from_raw_os_error(libc::ENOENT))
+}
+
+/// Whether `fd` is the root of a mount (false where `statx` cannot say).
+fn is_mount_root(fd: BorrowedFd<'_>) -> bool {
+    use rustix::fs::{StatxAttributes, StatxFlags};
+    rustix::fs::statx(fd, "", AtFlags::EMPTY_PATH, StatxFlags::empty()).is_ok_and(|s| {
+        s.stx_attributes_mask.contains(StatxAttributes::MOUNT_ROOT)
+            && s.stx_attributes.contains(StatxAttributes::MOUNT_ROOT)
+    })
 }
 
 /// Open a regular file of the volume for reading, relative to `dir`, without
@@ -321,7 +375,7 @@ mod tests {
         let tr = Tree::open(std::slice::from_ref(&t)).unwrap();
         assert!(tr.open_file(&t.join("a/f")).is_ok());
         let (_, root, _) = tr.root(0).unwrap();
-        assert!(open_components(root, Path::new("a/f"), FILE_FLAGS).is_ok());
+        assert!(open_components(root, Path::new("a/f"), FILE_FLAGS, true).is_ok());
     }
 
     #[test]
@@ -333,7 +387,7 @@ mod tests {
         assert_eq!(errno(tr.open_file(&t.join("a/flink"))), libc::ELOOP);
         let (_, root, _) = tr.root(0).unwrap();
         for rel in ["link/secret", "a/abs/secret", "a/flink"] {
-            assert_eq!(errno(open_components(root, Path::new(rel), FILE_FLAGS)), libc::ELOOP, "{rel}");
+            assert_eq!(errno(open_components(root, Path::new(rel), FILE_FLAGS, true)), libc::ELOOP, "{rel}");
         }
     }
 
@@ -381,5 +435,43 @@ mod tests {
         let root = rustix::fs::open("/", DIR_FLAGS, Mode::empty()).unwrap();
         assert_eq!(errno(open_dir_at(root.as_fd(), c"proc")), libc::EXDEV);
         assert_eq!(errno(open_beneath(root.as_fd(), Path::new("proc/self/status"), FILE_FLAGS)), libc::EXDEV);
+        // The component walk refuses it the same way.
+        let walked = open_components(root.as_fd(), Path::new("proc/sys/kernel/osrelease"), FILE_FLAGS, true);
+        assert_eq!(errno(walked), libc::EXDEV);
+        assert!(open_components(root.as_fd(), Path::new("proc/sys/kernel/osrelease"), FILE_FLAGS, false).is_ok());
+    }
+
+    #[test]
+    fn a_path_longer_than_path_max_is_opened_one_name_at_a_time() {
+        // A user may nest directories deeper than PATH_MAX (4096 bytes):
+        // openat2 refuses the whole path (ENAMETOOLONG), the walk opens it.
+        let (_t, dir) = tree();
+        let mut rel = PathBuf::new();
+        let mut at = rustix::fs::open(&dir, DIR_FLAGS, Mode::empty()).unwrap();
+        for _ in 0..300 {
+            rustix::fs::mkdirat(&at, "dddddddddddddddddd", Mode::from_raw_mode(0o755)).unwrap();
+            at = rustix::fs::openat(&at, "dddddddddddddddddd", DIR_FLAGS, Mode::empty()).unwrap();
+            rel.push("dddddddddddddddddd");
+        }
+        let f = rustix::fs::openat(&at, "deep", OFlags::WRONLY | OFlags::CREATE, Mode::from_raw_mode(0o644)).unwrap();
+        rustix::io::write(&f, b"deep").unwrap();
+        rel.push("deep");
+        assert!(rel.as_os_str().len() > 4096);
+        let held = rustix::fs::open(&dir, DIR_FLAGS, Mode::empty()).unwrap();
+        let opened = open_file_beneath(held.as_fd(), &rel).unwrap();
+        assert_eq!(std::io::read_to_string(opened).unwrap(), "deep");
+        // So does the walk of kernels without openat2.
+        assert!(open_components(held.as_fd(), &rel, FILE_FLAGS, true).is_ok());
+        // A symlink on the way is still refused.
+        rustix::fs::symlinkat("/etc", &at, "up").unwrap();
+        let mut bad = rel.clone();
+        bad.set_file_name("up");
+        bad.push("passwd");
+        assert_eq!(errno(open_file_beneath(held.as_fd(), &bad)), libc::ELOOP);
+        // And a `..` that would climb out of the held directory.
+        let mut up = rel.clone();
+        up.set_file_name("..");
+        up.push("..");
+        assert_eq!(errno(open_file_beneath(held.as_fd(), &up)), libc::EXDEV);
     }
 }
