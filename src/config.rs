@@ -32,6 +32,20 @@ pub struct Unsupported {
     pub fs: String,
 }
 
+/// The paths of a run that would share are on a read-only mount: every
+/// request would fail with `EROFS` (one warning a range). Found before any
+/// file is read; `main` maps it to exit code 6, as [`Unsupported`]. A dry
+/// run and `scan` are not refused.
+#[derive(Debug, thiserror::Error)]
+#[error(
+    "{path}: mounted read-only: nothing can be shared there, so nothing was done (no file read, no database \
+     created); remount it read-write, or preview with --dry-run"
+)]
+pub struct ReadOnly {
+    /// The starting path on the read-only mount, escaped.
+    pub path: String,
+}
+
 /// What to do, with what only that action needs.
 #[derive(Debug, Clone)]
 pub enum Action {
@@ -148,6 +162,11 @@ impl Config {
             None => {
                 let r = cli.run;
                 let scan = scan_config(r.scan, true)?;
+                if !r.dry_run {
+                    if let Some(p) = scan.paths.iter().find(|p| sys::fs::mounted_read_only(p)) {
+                        return Err(ReadOnly { path: display_path(p) }.into());
+                    }
+                }
                 let share = ShareConfig {
                     dry_run: r.dry_run,
                     min_range: r.min_range,

@@ -23,8 +23,9 @@ pub enum ExitCode {
     /// script sees that the volume was not fully processed.
     Interrupted = 5,
     /// The paths are on a filesystem dedupscan cannot share on (ext4,
-    /// tmpfs, XFS made with reflink=0, …): refused before anything is
-    /// hashed or a database created.
+    /// tmpfs, XFS made with reflink=0, …), or on a read-only mount (a dry
+    /// run is allowed there): refused before anything is hashed or a
+    /// database created.
     Unsupported = 6,
 }
 
@@ -59,7 +60,7 @@ impl ExitCode {
                 "stopped before finishing (SIGINT, SIGTERM or --max-runtime); work done is kept, the next run carries on"
             }
             ExitCode::Unsupported => {
-                "not btrfs or XFS with reflink: refused before hashing, no database created (`scan` records it anyway)"
+                "not btrfs or XFS with reflink, or mounted read-only (a --dry-run is not refused there): refused before hashing, no database created (`scan` records it anyway)"
             }
         }
     }

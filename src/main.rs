@@ -4,7 +4,7 @@ use std::sync::atomic::AtomicBool;
 use std::sync::Arc;
 
 use dedupscan::cli::Cli;
-use dedupscan::config::{Action, Config, ReportConfig, ScanConfig, Unsupported};
+use dedupscan::config::{Action, Config, ReadOnly, ReportConfig, ScanConfig, Unsupported};
 use dedupscan::db::DbError;
 use dedupscan::exit::ExitCode;
 use dedupscan::progress::{Bars, LogLines, Progress};
@@ -19,7 +19,7 @@ fn main() {
         // any database is opened or any file read.
         Err(e) => {
             dedupscan::progress::print_error(&e);
-            if e.downcast_ref::<Unsupported>().is_some() {
+            if e.downcast_ref::<Unsupported>().is_some() || e.downcast_ref::<ReadOnly>().is_some() {
                 ExitCode::Unsupported
             } else {
                 ExitCode::Usage

@@ -1,6 +1,6 @@
 //! What an operator relies on, on the real binary: exit codes, usage errors
-//! found before the database is touched, unsupported filesystems refused
-//! before anything is read, interrupted runs marked and carried on, quiet
+//! found before the database is touched, unsupported filesystems and
+//! read-only mounts refused before anything is read, interrupted runs marked and carried on, quiet
 //! broken pipes, warnings for excludes that match nothing, and consent
 //! before `scripts/quickstart.sh` shares anything.
 
@@ -108,6 +108,29 @@ fn unsupported_filesystems_are_refused_before_hashing() {
         assert_eq!(num(&r, "files_hashed"), 2, "{r:#}");
     }
     eprintln!("checked: {checked:?}");
+}
+
+/// A volume mounted read-only: a run exits 6 before reading anything (it
+/// used to hash everything, then fail every range with `EROFS`, one warning
+/// each, exit 1); a dry run previews, as anywhere. Both filesystems.
+#[test]
+fn a_read_only_mount_is_refused_before_hashing_but_previewed() {
+    for fs in [Fs::Btrfs, Fs::Xfs] {
+        let Some(vol) = Volume::new(fs, 300) else { return };
+        let d = vol.path("d");
+        two_copies(&d, 4);
+        vol.remount_with("ro");
+        let db = vol.db();
+        let (code, out, err) = run(&[s(&d), "--db", s(&db)]);
+        assert_eq!(code, 6, "{fs:?}: exit {code}\nstdout: {out}\nstderr: {err}");
+        assert!(err.contains("mounted read-only") && err.contains(s(&d)), "{fs:?}: {err}");
+        assert!(!db.exists(), "{fs:?}: a database was created");
+        let dry = dedupscan().arg(&d).arg("--dry-run").json().db(&db).expect(0).run().json;
+        assert_eq!(num(&dry, "duplicate_bytes"), 256 * 1024, "{fs:?}: {dry:#}");
+        vol.remount_with("rw");
+        let real = run_json(&vol, &[s(&d)]);
+        assert_eq!(num(&real, "deduped_bytes"), 256 * 1024, "{fs:?}: {real:#}");
+    }
 }
 
 /// Every usage error exits 2 before the database is opened: its bytes are

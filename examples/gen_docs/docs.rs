@@ -246,8 +246,9 @@ fn hand_written() -> Roff {
         ),
         (
             ExitCode::Unsupported,
-            "The paths are not on btrfs or on XFS made with reflink=1 (e.g. ext4, tmpfs): nothing can be shared there, so the run is refused \
-             before any file is read or a database created. dedupscan scan records such a filesystem anyway.",
+            "The paths are not on btrfs or on XFS made with reflink=1 (e.g. ext4, tmpfs), or are on a read-only mount: nothing can be \
+             shared there, so the run is refused before any file is read or a database created (on a read-only mount a --dry-run is \
+             not refused). dedupscan scan records such a filesystem anyway.",
         ),
     ] {
         tagged(&mut r, code.code().to_string(), [roman(text)]);

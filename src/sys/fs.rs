@@ -322,6 +322,13 @@ pub fn extent_owners(fd: BorrowedFd<'_>, logical: u64) -> Result<ExtentOwners, E
     })
 }
 
+/// Whether `path` lies on a read-only mount (`statvfs`'s `ST_RDONLY`;
+/// false where it cannot be read: the run then finds out request by
+/// request).
+pub fn mounted_read_only(path: &Path) -> bool {
+    rustix::fs::statvfs(path).is_ok_and(|v| v.f_flag.contains(rustix::fs::StatVfsMountFlags::RDONLY))
+}
+
 /// Every mount point on this machine, from `/proc/self/mountinfo`.
 pub fn mount_points() -> HashSet<PathBuf> {
     let text = std::fs::read("/proc/self/mountinfo").unwrap_or_default();
