@@ -141,22 +141,22 @@ pub fn walk(
                     let mut out = Out::new(tx.clone(), FOUND_BATCH);
                     s.spawn(move || {
                         let mut buf = vec![MaybeUninit::uninit(); DIRENT_BUF];
-                        let jobs = read_dir(ctx, queue, (Arc::new(fd), id), dir, &mut buf, &mut out);
+                        let found = read_dir(ctx, queue, (Arc::new(fd), id), dir, None, &mut buf, &mut out);
                         out.flush();
-                        queue.done(jobs);
+                        queue.done(found.jobs, found.rest);
                     });
                     for _ in 0..CRAWL_THREADS {
                         let mut out = Out::new(tx.clone(), FOUND_BATCH);
                         s.spawn(move || {
                             let mut buf = vec![MaybeUninit::uninit(); DIRENT_BUF];
                             while let Some(job) = queue.take() {
-                                let jobs = if ctx.stop.load(Ordering::Relaxed) {
-                                    Vec::new()
+                                let found = if ctx.stop.load(Ordering::Relaxed) {
+                                    Listing::default()
                                 } else {
                                     enter(ctx, queue, job, &mut buf, &mut out)
                                 };
                                 out.flush();
-                                queue.done(jobs);
+                                queue.done(found.jobs, found.rest);
                             }
                         });
                     }
@@ -314,16 +314,21 @@ fn start(
     Some((Start::Dir(fd, (st.st_dev, st.st_ino)), st.st_dev))
 }
 
-/// Read the directory entry `job` on a crawler thread: open it relative to
-/// its parent, check it, list it. Returns its subdirectories.
-fn enter(ctx: &Ctx<'_>, queue: &Queue, job: Job, buf: &mut [MaybeUninit<u8>], out: &mut Out) -> Vec<Job> {
+/// Read the directory `job` on a crawler thread: open it relative to its
+/// parent, check it, list it (or list the rest of one). Returns its
+/// subdirectories.
+fn enter(ctx: &Ctx<'_>, queue: &Queue, job: Job, buf: &mut [MaybeUninit<u8>], out: &mut Out) -> Listing {
+    let (parent, name, path) = match job {
+        Job::Open { parent, name, path } => (parent, name, path),
+        Job::Rest { dir, id, path, cookie } => return read_dir(ctx, queue, (dir, id), &path, Some(cookie), buf, out),
+    };
     // Mount points are read from mountinfo, never longer than PATH_MAX:
     // a deeper path needs no lookup (hashing it would cost its length).
-    if job.path.as_os_str().len() <= libc::PATH_MAX as usize && ctx.mounts.contains(&job.path) {
+    if path.as_os_str().len() <= libc::PATH_MAX as usize && ctx.mounts.contains(&path) {
         out.send(Found::SkipDir(SkipReason::MountPoint));
-        return Vec::new();
+        return Listing::default();
     }
-    let fd = match beneath::open_dir_at(job.parent.as_fd(), &job.name) {
+    let fd = match beneath::open_dir_at(parent.as_fd(), &name) {
         Ok(fd) => fd,
         Err(e) => {
             let found = match e.raw_os_error() {
@@ -332,30 +337,30 @@ fn enter(ctx: &Ctx<'_>, queue: &Queue, job: Job, buf: &mut [MaybeUninit<u8>], ou
                 Some(libc::ELOOP) => Found::Skip(SkipReason::Symlink),
                 Some(libc::EXDEV) => Found::SkipDir(SkipReason::MountPoint),
                 Some(libc::ENOENT) | Some(libc::ENOTDIR) => Found::Skip(SkipReason::Vanished),
-                _ => Found::Error(ErrorKind::Unreadable, job.path, e),
+                _ => Found::Error(ErrorKind::Unreadable, path, e),
             };
             out.send(found);
-            return Vec::new();
+            return Listing::default();
         }
     };
-    drop(job.parent);
+    drop(parent);
     let st = match beneath::stat_fd(fd.as_fd()) {
         Ok(st) => st,
         Err(e) => {
-            out.send(Found::Error(ErrorKind::Unreadable, job.path, e));
-            return Vec::new();
+            out.send(Found::Error(ErrorKind::Unreadable, path, e));
+            return Listing::default();
         }
     };
     // Another st_dev is another filesystem, except for btrfs subvolumes.
     if st.st_dev != ctx.root_dev && ctx.fs != FsKind::Btrfs {
         out.send(Found::SkipDir(SkipReason::MountPoint));
-        return Vec::new();
+        return Listing::default();
     }
-    if let Err(r) = dir_allowed_fd(fd.as_fd(), &job.path, &st, ctx.fs, ctx.policy) {
+    if let Err(r) = dir_allowed_fd(fd.as_fd(), &path, &st, ctx.fs, ctx.policy) {
         out.send(Found::SkipDir(r));
-        return Vec::new();
+        return Listing::default();
     }
-    read_dir(ctx, queue, (Arc::new(fd), (st.st_dev, st.st_ino)), &job.path, buf, out)
+    read_dir(ctx, queue, (Arc::new(fd), (st.st_dev, st.st_ino)), &path, None, buf, out)
 }
 
 /// Longest path of a directory the crawl enters (64 KiB, 16 × PATH_MAX).
@@ -371,23 +376,50 @@ pub const MAX_PATH_BYTES: usize = 64 << 10;
 /// idle threads can start on them before the listing ends.
 const PUSH_BATCH: usize = 4;
 
-/// List the open directory `fd` (at `path`, `(st_dev, st_ino)` `id`):
-/// files and other entries go to `out`, subdirectories become jobs holding
-/// `fd` (queued in batches of [`PUSH_BATCH`] while listing; the last ones
-/// are returned).
+/// Subdirectories one listing queues before it stops and leaves the rest
+/// of its directory for later ([`Job::Rest`]): bounds the queue (a job is
+/// about 130 bytes: 1,000,000 empty subdirectories of one directory held
+/// 129 MB before).
+pub(super) const MAX_SUBDIRS: usize = 4096;
+
+/// What a listing found below it: subdirectories to read, and the rest of
+/// the directory if it stopped early.
+#[derive(Default)]
+struct Listing {
+    jobs: Vec<Job>,
+    rest: Option<Job>,
+}
+
+/// List the open directory `fd` (at `path`, `(st_dev, st_ino)` `id`), from
+/// the start or from the offset `from` (a [`Job::Rest`]): files and other
+/// entries go to `out`, subdirectories become jobs holding `fd` (queued in
+/// batches of [`PUSH_BATCH`] while listing; the last ones are returned).
+/// After [`MAX_SUBDIRS`] subdirectories the listing stops and returns the
+/// rest of the directory as a job.
 fn read_dir(
     ctx: &Ctx<'_>,
     queue: &Queue,
     (fd, id): (Arc<OwnedFd>, (u64, u64)),
     path: &Path,
+    from: Option<u64>,
     buf: &mut [MaybeUninit<u8>],
     out: &mut Out,
-) -> Vec<Job> {
-    let mut jobs = Vec::new();
-    if !ctx.listed.first(id) {
-        out.send(Found::SkipDir(SkipReason::MovedDuringCrawl));
-        return jobs;
+) -> Listing {
+    let mut found = Listing::default();
+    match from {
+        None if !ctx.listed.first(id) => {
+            out.send(Found::SkipDir(SkipReason::MovedDuringCrawl));
+            return found;
+        }
+        None => {}
+        Some(cookie) => {
+            if let Err(e) = rustix::fs::seek(&fd, rustix::fs::SeekFrom::Start(cookie)) {
+                out.send(Found::Error(ErrorKind::Unreadable, path.to_owned(), e.into()));
+                return found;
+            }
+        }
     }
+    let mut subdirs = 0;
     let mut dir = RawDir::new(fd.as_fd(), buf);
     while let Some(entry) = dir.next() {
         if ctx.stop.load(Ordering::Relaxed) {
@@ -405,53 +437,69 @@ fn read_dir(
             continue;
         }
         let child = path.join(OsStr::from_bytes(name.to_bytes()));
-        let mut ft = entry.file_type();
-        let mut st = None;
-        // The database's files by name, before any stat: SQLite creates
-        // and removes some of them while the crawl runs.
-        if matches!(ft, FileType::RegularFile | FileType::Unknown) && ctx.policy.is_own_database(id, name.to_bytes()) {
-            if !out.send(Found::Skip(SkipReason::OwnDatabase)) {
-                break;
-            }
-            continue;
-        }
-        if matches!(ft, FileType::RegularFile | FileType::Unknown) {
-            // d_type said regular (or nothing); fstatat must agree (the name
-            // may have been replaced by a FIFO in between).
-            match beneath::stat_at(fd.as_fd(), name) {
-                Ok(s) => {
-                    ft = FileType::from_raw_mode(s.st_mode);
-                    st = Some(s);
-                }
-                Err(_) => {
-                    out.send(Found::Skip(SkipReason::Vanished));
-                    continue;
-                }
-            }
-        }
-        let found = match ft {
-            FileType::Directory if child.as_os_str().len() > MAX_PATH_BYTES => Found::SkipDir(SkipReason::TooDeep),
-            FileType::Directory => {
-                jobs.push(Job { parent: Arc::clone(&fd), name: name.to_owned(), path: child });
-                if jobs.len() >= PUSH_BATCH {
-                    queue.push(&mut jobs);
+        let child = match classify(ctx, fd.as_fd(), id, name, entry.file_type(), child) {
+            Entry::Dir(child) => child,
+            Entry::Other(f) => {
+                if !out.send(f) {
+                    break;
                 }
                 continue;
             }
-            FileType::RegularFile => match st {
-                Some(s) => Found::File(child, s),
-                None => Found::Skip(SkipReason::Vanished),
-            },
-            FileType::Symlink => Found::Skip(SkipReason::Symlink),
-            FileType::Fifo => Found::Skip(SkipReason::Fifo),
-            FileType::Socket => Found::Skip(SkipReason::Socket),
-            _ => Found::Skip(SkipReason::Device),
         };
-        if !out.send(found) {
+        found.jobs.push(Job::Open { parent: Arc::clone(&fd), name: name.to_owned(), path: child });
+        if found.jobs.len() >= PUSH_BATCH {
+            queue.push(&mut found.jobs);
+        }
+        subdirs += 1;
+        if subdirs >= MAX_SUBDIRS {
+            let cookie = entry.next_entry_cookie();
+            found.rest = Some(Job::Rest { dir: Arc::clone(&fd), id, path: path.to_owned(), cookie });
             break;
         }
     }
-    jobs
+    found
+}
+
+/// A directory entry, as [`classify`] finds it.
+enum Entry {
+    /// A directory to read.
+    Dir(PathBuf),
+    /// Anything else: a file, or a skip to report.
+    Other(Found),
+}
+
+/// What the entry `name` of the directory `fd` (`id`) is, at `child`.
+fn classify(ctx: &Ctx<'_>, fd: BorrowedFd<'_>, id: (u64, u64), name: &CStr, mut ft: FileType, child: PathBuf) -> Entry {
+    let mut st = None;
+    let file_like = matches!(ft, FileType::RegularFile | FileType::Unknown);
+    // The database's files by name, before any stat: SQLite creates and
+    // removes some of them while the crawl runs.
+    if file_like && ctx.policy.is_own_database(id, name.to_bytes()) {
+        return Entry::Other(Found::Skip(SkipReason::OwnDatabase));
+    }
+    if file_like {
+        // d_type said regular (or nothing); fstatat must agree (the name
+        // may have been replaced by a FIFO in between).
+        match beneath::stat_at(fd, name) {
+            Ok(s) => {
+                ft = FileType::from_raw_mode(s.st_mode);
+                st = Some(s);
+            }
+            Err(_) => return Entry::Other(Found::Skip(SkipReason::Vanished)),
+        }
+    }
+    Entry::Other(match ft {
+        FileType::Directory if child.as_os_str().len() > MAX_PATH_BYTES => Found::SkipDir(SkipReason::TooDeep),
+        FileType::Directory => return Entry::Dir(child),
+        FileType::RegularFile => match st {
+            Some(s) => Found::File(child, s),
+            None => Found::Skip(SkipReason::Vanished),
+        },
+        FileType::Symlink => Found::Skip(SkipReason::Symlink),
+        FileType::Fifo => Found::Skip(SkipReason::Fifo),
+        FileType::Socket => Found::Skip(SkipReason::Socket),
+        _ => Found::Skip(SkipReason::Device),
+    })
 }
 
 /// Inode number of every btrfs subvolume's root directory.
