@@ -1,0 +1,94 @@
+#!/usr/bin/env bash
+# Freed space on a corpus laid out unlike FULL's (benches/layouts.py: backup
+# generations, rotated logs, pages repeated inside a database, shifted layers,
+# many copies of one file, scattered single blocks), on setups FULL does not
+# use: different XFS block sizes, btrfs with compress-force.
+#
+#   benches/layouts.sh [--fs btrfs|xfs] [--mkfs-opts "..."] [--mount-opts "..."]
+#                      [--duperemove] [--bin PATH]...
+#       e.g. --fs xfs --mkfs-opts "-b size=65536"   (XFS with 64 KiB blocks)
+#            --fs btrfs --mount-opts compress-force=zstd
+#
+# Builds the corpus once (cached in BENCH_WORK, /var/tmp by default), prints
+# the yardstick per part (ideal-dup.py), then for each binary (and duperemove
+# with --duperemove) on a fresh volume: wall time, peak RSS, freed (statfs)
+# and freed / ideal, and what is left stored twice (remaining-dup.py). Each
+# run's contents are checked against the corpus (SHA-256 of every file).
+# Needs root, python3; ~6 GB of sparse image, ~2 GB written per run.
+set -euo pipefail
+FS=btrfs MKFS_OPTS= MOUNT_OPTS= DUPEREMOVE=0 BINS=()
+while [ $# -gt 0 ]; do
+    case "$1" in
+        --fs) FS=$2; shift 2 ;;
+        --mkfs-opts) MKFS_OPTS=$2; shift 2 ;;
+        --mount-opts) MOUNT_OPTS=$2; shift 2 ;;
+        --duperemove) DUPEREMOVE=1; shift ;;
+        --bin) BINS+=("$(realpath "$2")"); shift 2 ;;
+        -h | --help) sed -n '2,17p' "$0"; exit 0 ;;
+        *) echo "unknown argument: $1" >&2; exit 2 ;;
+    esac
+done
+HERE=$(cd "$(dirname "$0")" && pwd)
+if [ ${#BINS[@]} -eq 0 ]; then
+    (cd "$HERE/.." && cargo build --release --quiet)
+    BINS=("$HERE/../target/release/dedupscan")
+fi
+TOOLS=${DEDUPSCAN_TOOLS:-$HERE/../../shared/tools}
+BASE=${BENCH_WORK:-/var/tmp}
+TREE=$BASE/dedupscan-layouts-corpus
+if [ ! -e "$TREE.complete" ]; then
+    rm -rf "$TREE"
+    python3 "$HERE/layouts.py" "$TREE"
+    touch "$TREE.complete"
+fi
+WORK=$(mktemp -d "$BASE/dedupscan-layouts.XXXXXX")
+MNT=$WORK/mnt
+mkdir "$MNT"
+cleanup() { mountpoint -q "$MNT" && umount "$MNT"; rm -rf "$WORK"; }
+trap cleanup EXIT
+(cd "$TREE" && find . -type f -print0 | sort -z | xargs -0 sha256sum) >"$WORK/manifest"
+echo "yardstick (ideal-dup.py, 4 KiB):"
+for part in "$TREE"/*/; do
+    printf '  %-10s %s\n' "$(basename "$part")" "$(python3 "$TOOLS/ideal-dup.py" "$part")"
+done
+ideal=$(python3 "$TOOLS/ideal-dup.py" "$TREE" | python3 -c 'import json,sys; print(json.load(sys.stdin)["dup_block_bytes_4k"])')
+used() {
+    sync
+    [ "$FS" = btrfs ] && btrfs filesystem sync "$MNT" >/dev/null
+    stat -f -c '%b %f %S' "$MNT" | awk '{printf "%.0f\n", ($1 - $2) * $3}'
+}
+one() { # LABEL CMD...
+    local label=$1; shift
+    mountpoint -q "$MNT" && umount "$MNT"
+    rm -f "$WORK/vol.img"
+    truncate -s 6G "$WORK/vol.img"
+    if [ "$FS" = btrfs ]; then
+        mkfs.btrfs -q -f $MKFS_OPTS "$WORK/vol.img" >/dev/null
+    else
+        mkfs.xfs -q -f -m reflink=1 $MKFS_OPTS "$WORK/vol.img"
+    fi
+    mount -o "loop${MOUNT_OPTS:+,$MOUNT_OPTS}" "$WORK/vol.img" "$MNT"
+    cp -a --reflink=never "$TREE" "$MNT/data"
+    local u0 u1
+    u0=$(used)
+    echo 3 >/proc/sys/vm/drop_caches
+    /usr/bin/time -f '%e %M' -o "$WORK/time" "$@" >"$WORK/out" 2>"$WORK/err" || echo "  ($label: exit status $?)"
+    sleep 2
+    u1=$(used)
+    read -r wall rss <"$WORK/time"
+    (cd "$MNT/data" && sha256sum --quiet -c "$WORK/manifest") || echo "  ($label: CONTENTS CHANGED)"
+    local left
+    left=$(python3 "$TOOLS/remaining-dup.py" "$MNT/data" | python3 -c 'import json,sys; print(json.load(sys.stdin)["remaining_dup_bytes"])')
+    awk -v l="$label" -v w="$wall" -v r="$rss" -v f=$((u0 - u1)) -v i="$ideal" -v left="$left" 'BEGIN {
+        printf "%-28s wall %7.2f s  peak RSS %6.1f MiB  freed %8.1f MiB = %5.1f%% of ideal  still twice %7.1f MiB\n",
+            l, w, r / 1024, f / 1048576, 100 * f / i, left / 1048576 }'
+}
+echo "ideal: $((ideal / 1048576)) MiB; $FS${MKFS_OPTS:+ (mkfs $MKFS_OPTS)}${MOUNT_OPTS:+ (mount $MOUNT_OPTS)}"
+for bin in "${BINS[@]}"; do
+    one "dedupscan $(basename "$bin")" "$bin" "$MNT/data" --db "$WORK/db.sqlite" -q
+    rm -f "$WORK"/db.sqlite*
+done
+if [ "$DUPEREMOVE" = 1 ]; then
+    one "duperemove $(duperemove --version 2>&1 | awk '{print $2; exit}')" \
+        duperemove -dr --hashfile="$WORK/dr.hash" "$MNT/data"
+fi
