@@ -14,15 +14,7 @@ use common::*;
 
 /// Random bytes from a seed (not all alike: the kernel compares them).
 fn bytes(seed: u64, len: usize) -> Vec<u8> {
-    let mut x = seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1;
-    (0..len)
-        .map(|_| {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            x as u8
-        })
-        .collect()
+    dedupscan::corpus::Rng::new(seed).bytes(len)
 }
 
 /// Kernel release as (major, minor).

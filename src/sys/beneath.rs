@@ -62,15 +62,11 @@ pub fn open_beneath(dir: BorrowedFd<'_>, rel: &Path, flags: OFlags) -> io::Resul
 
 /// `openat2(dir, rel, flags, how)`, or the component walk (which refuses
 /// every symlink, so is at least as strict as any `how` used here) where the
-/// kernel lacks `openat2` or the path is too long for it.
+/// kernel lacks `openat2`.
 fn open_resolved(dir: BorrowedFd<'_>, rel: &Path, flags: OFlags, how: ResolveFlags) -> io::Result<OwnedFd> {
     if !NO_OPENAT2.load(Ordering::Relaxed) {
-        match rustix::fs::openat2(dir, rel, flags | OFlags::CLOEXEC, Mode::empty(), how) {
+        match openat2(dir, rel, flags, how) {
             Err(rustix::io::Errno::NOSYS) => NO_OPENAT2.store(true, Ordering::Relaxed),
-            // openat2 may answer EAGAIN when a rename raced the lookup
-            // (RESOLVE_BENEATH guards against `..` escapes that way): the
-            // name was being changed under us, so it counts as vanished.
-            Err(rustix::io::Errno::AGAIN) => return Err(io::Error::from_raw_os_error(libc::ENOENT)),
             // A path longer than PATH_MAX (4096 bytes: a user can nest
             // directories that deep) is refused whole: open it in pieces.
             Err(rustix::io::Errno::NAMETOOLONG) => return open_long(dir, rel, flags, how),
@@ -78,6 +74,21 @@ fn open_resolved(dir: BorrowedFd<'_>, rel: &Path, flags: OFlags, how: ResolveFla
         }
     }
     open_components(dir, rel, flags, how.contains(ResolveFlags::NO_XDEV))
+}
+
+/// One `openat2` call. It may answer `EAGAIN` when a rename raced the
+/// lookup (`RESOLVE_BENEATH` guards against `..` escapes that way): the
+/// name was being changed under us, so that counts as vanished (`ENOENT`).
+fn openat2<P: rustix::path::Arg>(
+    dir: BorrowedFd<'_>,
+    rel: P,
+    flags: OFlags,
+    how: ResolveFlags,
+) -> rustix::io::Result<OwnedFd> {
+    match rustix::fs::openat2(dir, rel, flags | OFlags::CLOEXEC, Mode::empty(), how) {
+        Err(rustix::io::Errno::AGAIN) => Err(rustix::io::Errno::NOENT),
+        other => other,
+    }
 }
 
 /// Most bytes of path handed to one `openat2` by [`open_long`].
@@ -89,27 +100,17 @@ const PIECE: usize = 3072;
 /// symlink, a `..` or a mount anywhere. A few calls where the walk would
 /// make one per name (a user can nest directories by the hundred thousand).
 fn open_long(dir: BorrowedFd<'_>, rel: &Path, flags: OFlags, how: ResolveFlags) -> io::Result<OwnedFd> {
-    let open = |at: BorrowedFd<'_>, piece: &Path, flags: OFlags| match rustix::fs::openat2(
-        at,
-        piece,
-        flags | OFlags::CLOEXEC,
-        Mode::empty(),
-        how,
-    ) {
-        Err(rustix::io::Errno::AGAIN) => Err(io::Error::from_raw_os_error(libc::ENOENT)),
-        other => other.map_err(io::Error::from),
-    };
     let mut held: Option<OwnedFd> = None;
     let mut piece = PathBuf::new();
     for name in rel.components().map(|c| c.as_os_str()) {
         if !piece.as_os_str().is_empty() && piece.as_os_str().len() + 1 + name.len() > PIECE {
             let at = held.as_ref().map_or(dir, |f| f.as_fd());
-            held = Some(open(at, &piece, OFlags::PATH | OFlags::DIRECTORY)?);
+            held = Some(openat2(at, &piece, OFlags::PATH | OFlags::DIRECTORY, how)?);
             piece.clear();
         }
         piece.push(name);
     }
-    open(held.as_ref().map_or(dir, |f| f.as_fd()), &piece, flags)
+    Ok(openat2(held.as_ref().map_or(dir, |f| f.as_fd()), &piece, flags, how)?)
 }
 
 /// Open the directory at the absolute `path` without following a symlink
@@ -191,12 +192,11 @@ pub fn open_dir_at(dir: BorrowedFd<'_>, name: &CStr) -> io::Result<OwnedFd> {
     let opened = if NO_OPENAT2.load(Ordering::Relaxed) {
         rustix::fs::openat(dir, name, DIR_FLAGS, Mode::empty())
     } else {
-        match rustix::fs::openat2(dir, name, DIR_FLAGS, Mode::empty(), RESOLVE) {
+        match openat2(dir, name, DIR_FLAGS, RESOLVE) {
             Err(rustix::io::Errno::NOSYS) => {
                 NO_OPENAT2.store(true, Ordering::Relaxed);
                 rustix::fs::openat(dir, name, DIR_FLAGS, Mode::empty())
             }
-            Err(rustix::io::Errno::AGAIN) => Err(rustix::io::Errno::NOENT),
             other => other,
         }
     };
