@@ -134,10 +134,10 @@ impl Claims {
         self.skip.get(&id).map_or(&[], Vec::as_slice)
     }
 
-    /// The files holding extents for others (see [`held`]): the planner
-    /// prefers them as sources (`PlanFile::held`).
-    pub fn into_held(self) -> FxHashSet<FileId> {
-        self.held
+    /// Whether `id` holds extents for others (see [`held`]): the planner
+    /// prefers such a file as a source (`PlanFile::held`).
+    pub fn is_held(&self, id: FileId) -> bool {
+        self.held.contains(&id)
     }
 
     /// How many blocks are left out in all (an upper bound of the data
@@ -317,11 +317,7 @@ mod tests {
             // b holds 100..104 and 106..110 for a and c, a holds 104..106
             // for c, and d, of another owner, keeps all of them on disk
             // too (as they keep d's); nobody else has c's 500..502.
-            let held: Vec<FileId> = {
-                let mut h: Vec<FileId> = claims.into_held().into_iter().collect();
-                h.sort();
-                h
-            };
+            let held: Vec<FileId> = [a, b, c, d].into_iter().filter(|&id| claims.is_held(id)).collect();
             assert_eq!(held, vec![a, b, d]);
         }
         assert_eq!(Claims::build(Vec::new()).blocks(), 0);

@@ -5,18 +5,23 @@
 //! Memory stays flat in the number of files (issue 14): whole files are
 //! grouped in partitions of bounded size, and the plan is handed out in
 //! batches of whole *components* (files linked by a group), each planned
-//! alone. A component's plan does not depend on what else is planned with
-//! it: every block of its files, every copy a source could be chosen from
-//! and every extent its destinations could pin lie inside it. So a plan in
+//! alone. Nor does it follow the volume's duplicate data: the first
+//! grouping of blocks keeps only which files it links, and each batch
+//! groups its own files' blocks again when it is planned.
+//!
+//! A component's plan does not depend on what else is planned with it:
+//! every block of its files, every copy a source could be chosen from and
+//! every extent its destinations could pin lie inside it. So a plan in
 //! batches is, range for range, the plan in one piece.
 
 use std::collections::HashSet;
 
 use super::claims::{Claims, Region, RunCounts, RUN_BUDGET};
 use super::copies;
-use super::group::{self, BlockGroups, MapPass, SliceGrouper, WholeGroup};
+use super::group::{self, MapPass, Member, SliceGrouper, WholeGroup};
 use super::unionfind::UnionFind;
-use super::{plan_exact, Plan, PlanFile, PlanOptions};
+use super::{plan_exact_with, Plan, PlanFile, PlanOptions};
+use crate::blockmap::Fp;
 use crate::db::Db;
 use crate::file::{FileId, IdSet};
 use crate::hash::SharedRun;
@@ -39,6 +44,22 @@ pub const BATCH_FILES: u64 = 16_000;
 /// files) saved only 10 MB more: the largest component dominates.
 pub const BATCH_BLOCKS: u64 = 256 << 10;
 
+/// Most blocks of a batch grouped at once when it is planned (16 bytes
+/// each while grouped: 4 MiB; [`Limits::regroup_blocks`]), unless that
+/// takes more than [`REGROUP_SLICES`] slices. The batch's maps and the
+/// planner's arrays (about 10 bytes a block) are in memory then, and a
+/// slice costs one pass over those maps, not over the database. Four
+/// near-copies of a 1 GiB image, one component of a million blocks: heap
+/// 43 MB with slices of 1 Mi blocks, run peak RSS 27 MB with these.
+pub const REGROUP_BUDGET: u64 = 1 << 18;
+
+/// Most slices a batch is grouped in when planned: each is a pass over all
+/// of its maps (five near-copies of a 4 GiB image: plan 1.5 s with the
+/// groups kept, 2.1 s in 20 slices). With at most 8, a larger component
+/// groups in slices of an eighth of its blocks, 2 bytes a block beside the
+/// 10 of its maps and the planner's arrays.
+pub const REGROUP_SLICES: u32 = 8;
+
 /// How large the pieces of a plan may grow; see [`from_db_with`].
 #[derive(Debug, Clone, Copy)]
 pub struct Limits {
@@ -51,6 +72,9 @@ pub struct Limits {
     /// Copies of a whole-file group planned together; the others follow
     /// ([`copies::PLANNED`], at least that).
     pub whole_copies: usize,
+    /// Blocks of a batch grouped at once when it is planned
+    /// ([`REGROUP_BUDGET`]).
+    pub regroup_blocks: u64,
 }
 
 impl Default for Limits {
@@ -60,6 +84,7 @@ impl Default for Limits {
             batch_files: BATCH_FILES,
             batch_blocks: BATCH_BLOCKS,
             whole_copies: copies::PLANNED,
+            regroup_blocks: REGROUP_BUDGET,
         }
     }
 }
@@ -67,12 +92,18 @@ impl Default for Limits {
 impl Limits {
     /// Tiny limits, so that a test on a few files goes through every path
     /// of batching: several whole-key partitions, many batches, followers.
-    pub const TINY: Limits = Limits { whole_keys: 3, batch_files: 4, batch_blocks: 64, whole_copies: copies::PLANNED };
+    pub const TINY: Limits =
+        Limits { whole_keys: 3, batch_files: 4, batch_blocks: 64, whole_copies: copies::PLANNED, regroup_blocks: 8 };
 
     /// No limits: the plan in one piece, every copy planned (tests: what
     /// the batched plan must equal range for range).
-    pub const ONE_PIECE: Limits =
-        Limits { whole_keys: u64::MAX, batch_files: u64::MAX, batch_blocks: u64::MAX, whole_copies: usize::MAX };
+    pub const ONE_PIECE: Limits = Limits {
+        whole_keys: u64::MAX,
+        batch_files: u64::MAX,
+        batch_blocks: u64::MAX,
+        whole_copies: usize::MAX,
+        regroup_blocks: u64::MAX,
+    };
 
     /// Smaller than the default: a test's limits, under which whatever can
     /// wait in a temporary file (the plan, a `--list`) goes there early, so
@@ -172,13 +203,14 @@ pub fn from_db_with<E: From<rusqlite::Error>>(
             kept = groups;
         }
     }
-    let (mut blocks, skipped, held) = group_blocks(db, |id| keep(id) && !covered.contains(id), fresh, &pass)?;
+    let in_groups = |id| keep(id) && !covered.contains(id);
+    let claims = shared_claims(db, in_groups, fresh)?;
+    let keys = fresh.map(|_| &pass.fresh_fps);
+    let (links, skipped) = link_blocks(db, in_groups, keys, fresh, &claims, pass.data_blocks)?;
     drop(covered);
-    blocks.retain(|g| group::keeps(fresh, g.iter().map(|o| o.file())));
-    let in_blocks: IdSet = blocks.iter().flatten().map(|o| o.file()).collect();
 
     let stats = PlanStats { already_shared_bytes: skipped * opts.block_size, ..PlanStats::default() };
-    let mut out = Batcher { db, opts, limits, groups: blocks, held, stats };
+    let mut out = Batcher { db, opts, limits, claims, keys, fresh, stats };
     let mut batch = Batch::default();
     let mut joined: Vec<WholeGroup> = Vec::new();
     let mut take = |(size, g): WholeGroup, batch: &mut Batch, joined: &mut Vec<WholeGroup>, out: &mut Batcher| {
@@ -188,7 +220,7 @@ pub fn from_db_with<E: From<rusqlite::Error>>(
         out.stats.whole_groups += 1;
         out.stats.whole_copies += g.len() as u64 - 1;
         out.stats.whole_copy_bytes += (g.len() as u64 - 1) * size;
-        if in_blocks.contains(g[0]) {
+        if links.has(g[0]) {
             joined.push((size, g));
             return Ok(());
         }
@@ -207,7 +239,7 @@ pub fn from_db_with<E: From<rusqlite::Error>>(
         }
     }
     // The components the block groups join, into the same batches.
-    for c in components(joined, &out.groups) {
+    for c in links.components(joined) {
         batch.append(c);
         out.flush_if_full(&mut batch, &mut sink)?;
     }
@@ -215,28 +247,39 @@ pub fn from_db_with<E: From<rusqlite::Error>>(
     Ok(out.stats)
 }
 
-/// Groups of equal blocks among the files `keep` accepts (not a whole
-/// file's second copy), in slices of the fingerprint space (see
-/// [`group`]), with the blocks another of them holds in the same place on
-/// disk left out ([`Claims`]); also how many were, and the files holding
-/// blocks for others.
-fn group_blocks(
+/// Link the files whose blocks are equal to another file's into
+/// components, among the files `keep` accepts (not a whole file's second
+/// copy), with the blocks another of them holds in the same place on disk
+/// left out ([`Claims`]); also how many were. The blocks are grouped in
+/// slices of the fingerprint space (see [`group`]) and each slice's groups
+/// are dropped once their files are linked: every batch groups its own
+/// files' blocks again ([`Batcher::regroup`]). Kept for the whole plan, the
+/// groups cost 12 bytes a duplicate block of the volume (and 8 an index
+/// per group in its batch's list), so the plan's memory followed the
+/// volume's duplicate data, not its largest component: 44 MB for four
+/// near-copies of a 3 GiB image, ~12 GB for a volume holding 1 billion
+/// duplicate blocks.
+fn link_blocks(
     db: &Db,
     keep: impl Fn(FileId) -> bool + Copy,
+    keys: Option<&FxHashSet<Fp>>,
     fresh: Option<&HashSet<FileId>>,
-    pass: &MapPass,
-) -> rusqlite::Result<(BlockGroups, u64, FxHashSet<FileId>)> {
-    let claims = shared_claims(db, keep, fresh)?;
-    let keys = fresh.map(|_| &pass.fresh_fps);
-    let slices = group::slices(pass.data_blocks.saturating_sub(claims.blocks()), keys.is_some());
-    let mut blocks = BlockGroups::default();
+    claims: &Claims,
+    data_blocks: u64,
+) -> rusqlite::Result<(Links, u64)> {
+    let slices = group::slices(data_blocks.saturating_sub(claims.blocks()), keys.is_some());
+    let mut links = Links::default();
     let mut skipped = 0;
     for slice in 0..slices {
         let mut g = SliceGrouper::new(slice, slices, keys);
         db.for_each_map(keep, |id, _, map| g.add(id, map, claims.skips(id)))?;
-        skipped += g.finish(&mut blocks);
+        skipped += g.finish_each(|g| {
+            if group::keeps(fresh, g.iter().map(|o| o.file())) {
+                links.add(g);
+            }
+        });
     }
-    Ok((blocks, skipped, claims.into_held()))
+    Ok((links, skipped))
 }
 
 /// The [`Claims`] of the shared runs of the files `keep` accepts; in an
@@ -271,36 +314,60 @@ fn shared_claims(
     Ok(Claims::build(files))
 }
 
-/// Split the block groups, and the whole-file groups whose first copy is
-/// in one of them, into components: sets of groups no file links to any
-/// other set. Each is planned the same alone or with others.
-fn components(joined: Vec<WholeGroup>, blocks: &BlockGroups) -> Vec<Batch> {
-    // Union-find over the files of the block groups.
-    let mut index: FxHashMap<FileId, u32> = FxHashMap::default();
-    for g in blocks.iter() {
+/// The files of the block groups, linked into components: sets of files
+/// no group links to any other set. Each is planned the same alone or
+/// with others. A few dozen bytes a file in some group, nothing a block.
+#[derive(Default)]
+struct Links {
+    /// Each file in some group, numbered in the order first met.
+    index: FxHashMap<FileId, u32>,
+    /// Per number, its file and its blocks in groups.
+    files: Vec<(FileId, u64)>,
+    /// Over the numbers.
+    uf: UnionFind,
+}
+
+impl Links {
+    /// Link the files of one group.
+    fn add(&mut self, g: &[Member]) {
+        let first = self.number(g[0].file());
         for o in g {
-            let n = index.len() as u32;
-            index.entry(o.file()).or_insert(n);
+            let n = self.number(o.file());
+            self.files[n as usize].1 += 1;
+            self.uf.union(first, n);
         }
     }
-    let mut uf = UnionFind::new(index.len() as u32);
-    for g in blocks.iter() {
-        for o in &g[1..] {
-            uf.union(index[&g[0].file()], index[&o.file()]);
+
+    fn number(&mut self, id: FileId) -> u32 {
+        let next = self.files.len() as u32;
+        let n = *self.index.entry(id).or_insert(next);
+        if n == next {
+            self.files.push((id, 0));
+            self.uf.add();
         }
+        n
     }
-    let mut comps: FxHashMap<u32, Batch> = FxHashMap::default();
-    for (i, g) in blocks.iter().enumerate() {
-        let c = uf.find(index[&g[0].file()]);
-        comps.entry(c).or_default().add_blocks(i, g.len());
+
+    /// Whether `id` is in some group.
+    fn has(&self, id: FileId) -> bool {
+        self.index.contains_key(&id)
     }
-    for (size, g) in joined {
-        let c = uf.find(index[&g[0]]);
-        comps.entry(c).or_default().add_whole(size, g);
+
+    /// The components, each with the whole-file groups whose first copy is
+    /// one of its files (`joined`), in the order of their first file.
+    fn components(mut self, joined: Vec<WholeGroup>) -> Vec<Batch> {
+        let mut comps: FxHashMap<u32, Batch> = FxHashMap::default();
+        for (n, &(id, members)) in self.files.iter().enumerate() {
+            comps.entry(self.uf.find(n as u32)).or_default().add_block_file(id, members);
+        }
+        for (size, g) in joined {
+            let c = self.uf.find(self.index[&g[0]]);
+            comps.entry(c).or_default().add_whole(size, g);
+        }
+        let mut out: Vec<(u32, Batch)> = comps.into_iter().collect();
+        out.sort_unstable_by_key(|c| c.0);
+        out.into_iter().map(|c| c.1).collect()
     }
-    let mut out: Vec<(u32, Batch)> = comps.into_iter().collect();
-    out.sort_unstable_by_key(|c| c.0);
-    out.into_iter().map(|c| c.1).collect()
 }
 
 /// The whole-file groups of partition `part` of `parts` of the map-hash
@@ -327,9 +394,9 @@ fn whole_partition(
 #[derive(Default)]
 struct Batch {
     whole: Vec<Vec<FileId>>,
-    /// Block groups, by their index in the plan's [`BlockGroups`].
-    blocks: Vec<usize>,
-    /// Files, counted once per group they are in (an upper bound).
+    /// The files of its block groups (grouped again when it is planned).
+    block_files: Vec<FileId>,
+    /// Files.
     files: u64,
     /// Data blocks of the planner, estimated: a whole-file copy by its
     /// size (holes cost nothing there), a block group by its members (the
@@ -347,15 +414,15 @@ impl Batch {
         self.whole.push(g);
     }
 
-    fn add_blocks(&mut self, i: usize, members: usize) {
-        self.files += members as u64;
-        self.weight += members as u64;
-        self.blocks.push(i);
+    fn add_block_file(&mut self, id: FileId, members: u64) {
+        self.files += 1;
+        self.weight += members;
+        self.block_files.push(id);
     }
 
     fn append(&mut self, mut other: Batch) {
         self.whole.append(&mut other.whole);
-        self.blocks.append(&mut other.blocks);
+        self.block_files.append(&mut other.block_files);
         self.files += other.files;
         self.weight += other.weight;
     }
@@ -370,13 +437,14 @@ struct Batcher<'d> {
     db: &'d Db,
     opts: PlanOptions,
     limits: Limits,
-    /// Every block group, alive until the last batch is planned: batches
-    /// name theirs by index (a copy per batch, or moving groups between
-    /// batches, needs them in a `Vec` each; see [`BlockGroups`]).
-    groups: BlockGroups,
-    /// Files holding extents another file's run also covers: those stay
-    /// on disk whatever the plan does (see [`super::claims`]).
-    held: FxHashSet<FileId>,
+    /// The blocks left out of grouping, and the files holding extents
+    /// another file's run also covers: those stay on disk whatever the
+    /// plan does (see [`super::claims`]).
+    claims: Claims,
+    /// An incremental plan's fingerprints and fresh files (see
+    /// [`from_db_with`]).
+    keys: Option<&'d FxHashSet<Fp>>,
+    fresh: Option<&'d HashSet<FileId>>,
     stats: PlanStats,
 }
 
@@ -401,18 +469,21 @@ impl Batcher<'_> {
         mut batch: Batch,
         sink: &mut impl FnMut(Plan) -> Result<(), E>,
     ) -> Result<(), E> {
-        if batch.whole.is_empty() && batch.blocks.is_empty() {
+        if batch.whole.is_empty() && batch.block_files.is_empty() {
             return Ok(());
         }
         let mut followers = Vec::new();
         for g in &mut batch.whole {
             followers.extend(copies::reduce(self.db, g, self.limits.whole_copies)?);
         }
-        let groups = || batch.blocks.iter().map(|&i| self.groups.get(i));
-        let files: Vec<PlanFile> = (self.db.map_rows(group::involved(&batch.whole, groups()))?.into_iter())
-            .map(|r| PlanFile { id: r.id, ino: r.ino, size: r.size, blocks: r.map, held: self.held.contains(&r.id) })
+        batch.block_files.sort_unstable();
+        let ids = group::involved(&batch.whole, &batch.block_files);
+        let files: Vec<PlanFile> = (self.db.map_rows(ids)?.into_iter())
+            .map(|r| PlanFile { id: r.id, ino: r.ino, size: r.size, blocks: r.map, held: self.claims.is_held(r.id) })
             .collect();
-        let mut p = plan_exact(&files, &batch.whole, groups(), self.opts);
+        let mut p = plan_exact_with(&files, &batch.whole, self.opts, |join| {
+            self.regroup(&files, &batch.block_files, join);
+        });
         drop(files);
         drop(batch);
         let moved: rustc_hash::FxHashSet<FileId> = followers.iter().flat_map(|f| f.planned()).copied().collect();
@@ -421,6 +492,27 @@ impl Batcher<'_> {
         self.emit(p, sink)?;
         let bounds = (copies::FOLLOW_RANGES.min(self.limits.batch_blocks as usize), self.limits.batch_files as usize);
         copies::follow(&groups, bounds, |p| self.emit(p, sink))
+    }
+
+    /// Hand `join` the block groups among `block_files` (sorted), as
+    /// [`link_blocks`] found them: a component's groups lie among its own
+    /// files, so grouping their blocks alone finds them all, and nothing
+    /// else. Slice by slice of [`REGROUP_BUDGET`] blocks, each slice's
+    /// groups dropped once joined.
+    fn regroup(&self, files: &[PlanFile], block_files: &[FileId], join: &mut dyn FnMut(&[Member])) {
+        let mine = || files.iter().filter(|f| block_files.binary_search(&f.id).is_ok());
+        let data_blocks = mine().map(|f| f.blocks.data_len()).sum();
+        let budget = self.limits.regroup_blocks;
+        let slices = group::slices_within(data_blocks, self.keys.is_some(), budget).min(REGROUP_SLICES);
+        for slice in 0..slices {
+            let mut g = SliceGrouper::new(slice, slices, self.keys);
+            mine().for_each(|f| g.add(f.id, f.blocks.as_bytes(), self.claims.skips(f.id)));
+            g.finish_each(|g| {
+                if group::keeps(self.fresh, g.iter().map(|o| o.file())) {
+                    join(g);
+                }
+            });
+        }
     }
 
     /// Hand one plan on, counted; an empty one is dropped.
@@ -438,6 +530,14 @@ impl Batcher<'_> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::plan::group::BlockGroups;
+
+    /// The components of `blocks`, with the whole-file groups `joined`.
+    fn components(joined: Vec<WholeGroup>, blocks: &BlockGroups) -> Vec<Batch> {
+        let mut links = Links::default();
+        blocks.iter().for_each(|g| links.add(g));
+        links.components(joined)
+    }
 
     #[test]
     fn block_groups_and_their_whole_groups_split_into_components() {
@@ -449,12 +549,12 @@ mod tests {
         let joined = vec![(4096, vec![f(8), f(9)]), (8192, vec![f(3), f(4)])];
         let comps = components(joined, &blocks);
         assert_eq!(comps.len(), 2);
-        let mut got: Vec<(Vec<FileId>, u64, u64)> = comps
-            .iter()
-            .map(|c| (group::involved(&c.whole, c.blocks.iter().map(|&i| blocks.get(i))), c.files, c.weight))
-            .collect();
+        let mut got: Vec<(Vec<FileId>, u64, u64)> =
+            comps.iter().map(|c| (group::involved(&c.whole, &c.block_files), c.files, c.weight)).collect();
         got.sort();
-        assert_eq!(got, vec![(vec![f(1), f(2), f(3), f(4)], 6, 8), (vec![f(7), f(8), f(9)], 4, 4)]);
+        // Files: three in groups and two copies; weight: four blocks in
+        // groups and two copies of two blocks.
+        assert_eq!(got, vec![(vec![f(1), f(2), f(3), f(4)], 5, 8), (vec![f(7), f(8), f(9)], 4, 4)]);
 
         // Three pairs, then one group linking them from its third file:
         // every join must be between roots, or the second pair is lost.

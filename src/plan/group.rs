@@ -29,9 +29,10 @@ use crate::file::FileId;
 pub const GROUP_BUDGET: u64 = 4 << 20;
 
 /// One block of a group: a file's id and the block's index in it, packed
-/// in 12 bytes (48 bits each) where the pair took 16. The groups are alive
-/// through every batch's plan, and were the largest item at the plan's
-/// peak (heaptrack on FULL: 6.3 of 21.8 MB).
+/// in 12 bytes (48 bits each) where the pair took 16. When the volume's
+/// groups were alive through every batch's plan they were the largest item
+/// at the plan's peak (heaptrack on FULL: 6.3 of 21.8 MB); now a batch's
+/// are, one slice at a time.
 #[derive(Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub struct Member([u32; 3]);
 
@@ -74,9 +75,8 @@ impl std::fmt::Debug for Member {
 ///
 /// Stored flat, one array of members and one of where each group ends: 12
 /// bytes a member and 8 a group. A `Vec` per group cost 24 bytes more a
-/// group plus the allocator's own, and the volume's groups are alive for
-/// the whole plan (heaptrack on FULL, mostly pairs: 7.9 MB as `Vec`s, the
-/// largest item at the run's peak once the planner's arrays shrank).
+/// group plus the allocator's own (heaptrack on FULL, mostly pairs, when
+/// the volume's groups were kept for the whole plan: 7.9 MB as `Vec`s).
 #[derive(Debug, Default, Clone, PartialEq, Eq)]
 pub struct BlockGroups {
     members: Vec<Member>,
@@ -203,10 +203,15 @@ pub fn group_whole_files(mut keys: Vec<(u64, u64, FileId)>) -> Vec<WholeGroup> {
 /// takes: one when only some `keys` are grouped (bounded by the fresh data
 /// and its matches), else enough to stay within [`GROUP_BUDGET`].
 pub fn slices(data_blocks: u64, keyed: bool) -> u32 {
+    slices_within(data_blocks, keyed, GROUP_BUDGET)
+}
+
+/// [`slices`] with at most `budget` blocks a slice.
+pub fn slices_within(data_blocks: u64, keyed: bool, budget: u64) -> u32 {
     if keyed {
         1
     } else {
-        data_blocks.div_ceil(GROUP_BUDGET).max(1) as u32
+        data_blocks.div_ceil(budget.max(1)).max(1) as u32
     }
 }
 
@@ -289,7 +294,14 @@ impl<'k> SliceGrouper<'k> {
 
     /// Append the slice's groups of two or more equal blocks to `out`;
     /// returns how many blocks were left out as already shared.
-    pub fn finish(mut self, out: &mut BlockGroups) -> u64 {
+    pub fn finish(self, out: &mut BlockGroups) -> u64 {
+        self.finish_each(|g| out.push(g.iter().map(|m| m.pair())))
+    }
+
+    /// [`SliceGrouper::finish`], each group handed to `each` instead of
+    /// kept: a caller that only links files keeps no group beside the
+    /// slice's blocks.
+    pub fn finish_each(mut self, mut each: impl FnMut(&[Member])) -> u64 {
         self.occ.sort_unstable();
         // Blocks found once go first, in place, and their room is handed
         // back before the groups are built: the slice's blocks and its
@@ -310,8 +322,14 @@ impl<'k> SliceGrouper<'k> {
         self.occ.truncate(kept);
         self.occ.shrink_to_fit();
         let ids = &self.ids;
+        let mut one = BlockGroups::default();
         for g in self.occ.chunk_by(|&a, &b| Occ::fp(a) == Occ::fp(b)) {
-            out.push(g.iter().map(|&o| (ids[Occ::at(o)], Occ::block(o))));
+            one.members.clear();
+            one.ends.clear();
+            one.push(g.iter().map(|&o| (ids[Occ::at(o)], Occ::block(o))));
+            if !one.is_empty() {
+                each(one.get(0));
+            }
         }
         self.skipped
     }
@@ -323,10 +341,9 @@ pub fn keeps(fresh: Option<&HashSet<FileId>>, mut ids: impl Iterator<Item = File
     fresh.is_none_or(|f| ids.any(|id| f.contains(&id)))
 }
 
-/// Every file some group mentions, sorted, once each.
-pub fn involved<'g>(whole: &[Vec<FileId>], blocks: impl IntoIterator<Item = &'g [Member]>) -> Vec<FileId> {
-    let mut ids: Vec<FileId> =
-        whole.iter().flatten().copied().chain(blocks.into_iter().flatten().map(|m| m.file())).collect();
+/// Every file of the whole-file groups and `files`, sorted, once each.
+pub fn involved(whole: &[Vec<FileId>], files: &[FileId]) -> Vec<FileId> {
+    let mut ids: Vec<FileId> = whole.iter().flatten().chain(files).copied().collect();
     ids.sort_unstable();
     ids.dedup();
     ids
@@ -419,7 +436,7 @@ mod tests {
         let ids: Vec<Vec<FileId>> = whole.into_iter().map(|g| g.1).collect();
         let blocks =
             BlockGroups::from(vec![vec![(FileId(1), 0), (FileId(7), 2)], vec![(FileId(8), 0), (FileId(9), 0)]]);
-        assert_eq!(involved(&ids, blocks.iter()), [1, 3, 4, 5, 7, 8, 9].map(FileId).to_vec());
+        assert_eq!(involved(&ids, &[7, 1, 9].map(FileId)), [1, 3, 4, 5, 7, 9].map(FileId).to_vec());
         let fresh: HashSet<FileId> = [FileId(7)].into_iter().collect();
         assert!(keeps(Some(&fresh), blocks.get(0).iter().map(|o| o.file())));
         assert!(!keeps(Some(&fresh), ids[0].iter().copied()));

@@ -166,15 +166,26 @@ pub fn plan(
 
 /// [`plan`] over exact groups (`PlanOptions::exact_groups` implied), given
 /// as slices of the caller's [`group::BlockGroups`], never copied into a
-/// `Vec` each: the volume's groups are alive through every batch's plan
-/// (heaptrack on FULL: as a `Vec` per group they were 7.9 of the 37 MB of
-/// heap at the run's peak; flat, 6.3). The index of files by id is freed
-/// before the sources and ranges are chosen, where a plan peaks.
+/// `Vec` each. The index of files by id is freed before the sources and
+/// ranges are chosen, where a plan peaks.
 pub fn plan_exact<'g>(
     files: &[PlanFile],
     whole_groups: &[Vec<FileId>],
     groups: impl IntoIterator<Item = &'g [group::Member]>,
     opts: PlanOptions,
+) -> Plan {
+    plan_exact_with(files, whole_groups, opts, |join| groups.into_iter().for_each(join))
+}
+
+/// [`plan_exact`] with the groups handed over by `groups`, one call of
+/// `join` each, in any order: they need not all exist at once
+/// (`from_db` groups a batch's blocks slice by slice and drops each
+/// slice's groups once joined).
+pub(crate) fn plan_exact_with(
+    files: &[PlanFile],
+    whole_groups: &[Vec<FileId>],
+    opts: PlanOptions,
+    groups: impl FnOnce(&mut dyn FnMut(&[group::Member])),
 ) -> Plan {
     let (mut p, ord) = with_whole_files(files, whole_groups, PlanOptions { exact_groups: true, ..opts });
     // Joined one at a time, each read in place: the classes a union-find
@@ -183,9 +194,7 @@ pub fn plan_exact<'g>(
     // (heaptrack: 16.8 of 58 MB for sixteen near-copies of a 256 MiB
     // image), a sorted copy of the largest group another 16 MB of 42 for
     // a 4 GiB file of one repeated block.
-    for g in groups {
-        p.exact_group(&ord, g);
-    }
+    groups(&mut |g| p.exact_group(&ord, g));
     drop(ord);
     p.finish()
 }

@@ -4,7 +4,7 @@
 
 /// Disjoint sets of `0..n`, with path halving. The representative of a set
 /// is its smallest number: deterministic, though nothing depends on it.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, Default)]
 pub(super) struct UnionFind {
     /// Each number's parent; a representative is its own. Read directly
     /// once every entry has been pointed at its representative.
@@ -15,6 +15,13 @@ impl UnionFind {
     /// `n` sets of one number each.
     pub(super) fn new(n: u32) -> UnionFind {
         UnionFind { parent: (0..n).collect() }
+    }
+
+    /// One more set, of the next number alone; that number.
+    pub(super) fn add(&mut self) -> u32 {
+        let n = self.parent.len() as u32;
+        self.parent.push(n);
+        n
     }
 
     /// The representative of `x`'s set.
