@@ -116,25 +116,6 @@ impl BlockGroups {
     pub fn iter(&self) -> impl Iterator<Item = &[Member]> + '_ {
         (0..self.len()).map(|i| self.get(i))
     }
-
-    /// Keep the groups `keep` says yes to, in order, in place.
-    pub fn retain(&mut self, mut keep: impl FnMut(&[Member]) -> bool) {
-        let (mut members, mut groups, mut start) = (0, 0, 0);
-        for i in 0..self.ends.len() {
-            let end = self.ends[i];
-            if keep(&self.members[start..end]) {
-                self.members.copy_within(start..end, members);
-                members += end - start;
-                self.ends[groups] = members;
-                groups += 1;
-            }
-            start = end;
-        }
-        self.members.truncate(members);
-        self.ends.truncate(groups);
-        self.members.shrink_to_fit();
-        self.ends.shrink_to_fit();
-    }
 }
 
 impl From<Vec<Vec<(FileId, u64)>>> for BlockGroups {
@@ -445,7 +426,7 @@ mod tests {
     }
 
     #[test]
-    fn flat_groups_keep_their_members_and_order_through_retain() {
+    fn flat_groups_keep_their_members_and_order() {
         let f = FileId;
         let all = vec![
             vec![(f(1), 0), (f(2), 0)],
@@ -453,14 +434,10 @@ mod tests {
             vec![(f(6), 1), (f(7), 1)],
             vec![(f(8), 2), (f(3), 9)],
         ];
-        let mut g = BlockGroups::from(all.clone());
+        let g = BlockGroups::from(all.clone());
         assert_eq!((g.len(), pairs(g.get(1))), (4, all[1].clone()));
         assert_eq!(g.iter().map(pairs).collect::<Vec<_>>(), all);
-        g.retain(|m| m.iter().any(|o| o.file() == f(3)));
-        assert_eq!(g.iter().map(pairs).collect::<Vec<_>>(), vec![all[1].clone(), all[3].clone()]);
-        g.retain(|_| false);
-        assert!(g.is_empty());
-        assert_eq!(g, BlockGroups::default());
+        assert!(!g.is_empty() && BlockGroups::default().is_empty());
         // A member that does not fit is left out, and its group with it
         // when one member is left.
         let mut g = BlockGroups::default();
