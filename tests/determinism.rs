@@ -14,12 +14,14 @@
 
 mod common;
 
+use std::collections::HashSet;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
 use common::*;
 use dedupscan::corpus::Rng;
 use dedupscan::db::Db;
+use dedupscan::file::FileId;
 use dedupscan::plan::{self, Limits, PlanOptions};
 
 const BLK: usize = 4096;
@@ -114,15 +116,25 @@ fn run_on_copy(pristine: &Path, work: &Path, n: usize, threads: &str, rename: bo
     // The plan the run used, rebuilt from its database.
     let db = Db::open_for_report(&db).unwrap();
     let all = db.all_ids().unwrap();
-    let planned = |limits| {
+    let planned_for = |fresh: Option<&HashSet<FileId>>, limits| {
         let mut ranges = Vec::new();
-        let stats = plan::from_db_with(&db, &all, None, PlanOptions::default(), limits, |p: plan::Plan| {
+        let stats = plan::from_db_with(&db, &all, fresh, PlanOptions::default(), limits, |p: plan::Plan| {
             ranges.extend(p.ranges);
             Ok::<(), rusqlite::Error>(())
         })
         .unwrap();
         (ranges, stats.batches)
     };
+    let planned = |limits| planned_for(None, limits);
+    // An incremental plan (every third file fresh) in many batches, each
+    // grouped again in many slices, is the same too.
+    let fresh: HashSet<FileId> = (1..=all.len() as i64).step_by(3).map(FileId).collect();
+    let (mut one, _) = planned_for(Some(&fresh), Limits::ONE_PIECE);
+    let (mut tiny, n) = planned_for(Some(&fresh), Limits::TINY);
+    one.sort_unstable();
+    tiny.sort_unstable();
+    assert!(!one.is_empty() && n >= 2, "{} ranges, {n} batches", one.len());
+    assert_eq!(tiny, one, "incremental plan in tiny batches");
     let (mut ranges, batches) = planned(Limits::ONE_PIECE);
     assert_eq!(batches, 1, "no limits, one batch");
     // With the default limits (copies beyond three follow in plans of

@@ -502,8 +502,11 @@ impl Batcher<'_> {
     fn regroup(&self, files: &[PlanFile], block_files: &[FileId], join: &mut dyn FnMut(&[Member])) {
         let mine = || files.iter().filter(|f| block_files.binary_search(&f.id).is_ok());
         let data_blocks = mine().map(|f| f.blocks.data_len()).sum();
-        let budget = self.limits.regroup_blocks;
-        let slices = group::slices_within(data_blocks, self.keys.is_some(), budget).min(REGROUP_SLICES);
+        // Sliced in an incremental plan too: the fresh files' fingerprints
+        // bound the blocks grouped, but in a component of near-copies every
+        // copy holds them (a database pass a slice is why the first
+        // grouping does not slice then; here a slice is a pass in memory).
+        let slices = group::slices_within(data_blocks, false, self.limits.regroup_blocks).min(REGROUP_SLICES);
         for slice in 0..slices {
             let mut g = SliceGrouper::new(slice, slices, self.keys);
             mine().for_each(|f| g.add(f.id, f.blocks.as_bytes(), self.claims.skips(f.id)));
