@@ -9,7 +9,7 @@
 //! 768 files on their way to the database, whatever their size (192 MB for
 //! those 400). Now the planner sees three copies and the others follow with
 //! the same ranges (`plan::copies`), and the maps in flight are bounded in
-//! bytes (`db::writer::MapBytes`).
+//! bytes (`hash::MapBytes`).
 //!
 //! Each run is the real binary under `prlimit --as`, its peak RSS read from
 //! `wait4` ([`bounded`]). `DEDUPSCAN_TEST_BIN` runs another build (the old

@@ -462,7 +462,7 @@ mod tests {
             tx.send(op).unwrap();
         }
         drop(tx);
-        writer::run(db, run, rx, &writer::MapBytes::default()).unwrap()
+        writer::run(db, run, rx, &crate::hash::MapBytes::default()).unwrap()
     }
 
     fn hashed(id: Option<FileId>, ino: u64, path: &str, blocks: &[u64]) -> WriteOp {

@@ -289,7 +289,7 @@ mod tests {
         let (tx, rx) = std::sync::mpsc::sync_channel(ops.len() + 1);
         ops.into_iter().for_each(|op| tx.send(op).unwrap());
         drop(tx);
-        writer::run(db, run, rx, &writer::MapBytes::default()).unwrap().0
+        writer::run(db, run, rx, &crate::hash::MapBytes::default()).unwrap().0
     }
 
     #[test]

@@ -18,7 +18,7 @@ use super::maps::encode_runs;
 use super::{file_map, path_bytes, Db, TWIN_MIN_MAP};
 
 use crate::file::{FileId, IdSet, TimeTag};
-use crate::hash::FileHash;
+use crate::hash::{FileHash, MapBytes};
 
 /// Files per transaction at most.
 pub const BATCH_FILES: usize = 512;
@@ -26,51 +26,10 @@ pub const BATCH_FILES: usize = 512;
 pub const BATCH_TIME: Duration = Duration::from_millis(1000);
 /// Capacity of the channel from the hashers.
 pub const CHANNEL_CAP: usize = 256;
-/// Block-map bytes on their way to the database at most (in the channel
-/// and in the writer's open transaction), see [`MapBytes`].
-pub const MAP_BYTES_CAP: u64 = 32 << 20;
 /// The writer commits once its transaction holds this many block-map bytes
-/// (well under [`MAP_BYTES_CAP`], so hashers rarely wait on it).
+/// (well under [`crate::hash::budget::MAP_BYTES_CAP`], so hashers rarely
+/// wait on it).
 const COMMIT_BYTES: u64 = 8 << 20;
-
-/// Block-map bytes handed to the writer and not yet committed. The channel
-/// bounds files, not bytes: a map is 6 bytes a block, 1.5 MB for a 1 GiB
-/// file, and files whose extents were hashed before (reflinked clones,
-/// snapshots) come out of the hashers with no read at all, faster than the
-/// writer commits them; 256 queued and 512 in a transaction of 1 GiB
-/// clones held 140 MB for 101 clones, 50 GB for 10,000. Hashers wait in
-/// [`MapBytes::take`] while [`MAP_BYTES_CAP`] bytes are in flight (one map
-/// larger than that goes alone).
-#[derive(Debug, Default)]
-pub struct MapBytes {
-    /// Bytes in flight, and whether the writer is gone (then nobody waits).
-    used: std::sync::Mutex<(u64, bool)>,
-    freed: std::sync::Condvar,
-}
-
-impl MapBytes {
-    /// Wait for room for `n` more bytes, and take it.
-    pub fn take(&self, n: u64) {
-        let mut used = self.used.lock().unwrap_or_else(|e| e.into_inner());
-        while !used.1 && used.0 > 0 && used.0 + n > MAP_BYTES_CAP {
-            used = self.freed.wait(used).unwrap_or_else(|e| e.into_inner());
-        }
-        used.0 += n;
-    }
-
-    /// Give back `n` bytes (committed).
-    fn give(&self, n: u64) {
-        let mut used = self.used.lock().unwrap_or_else(|e| e.into_inner());
-        used.0 = used.0.saturating_sub(n);
-        self.freed.notify_all();
-    }
-
-    /// The writer is gone (done, or failed): nobody waits any more.
-    fn close(&self) {
-        self.used.lock().unwrap_or_else(|e| e.into_inner()).1 = true;
-        self.freed.notify_all();
-    }
-}
 
 impl WriteOp {
     /// Block-map bytes this change carries (see [`MapBytes`]).
@@ -162,8 +121,8 @@ struct Writer {
 
 /// Run the writer loop until the channel closes; rows hashed now are marked
 /// with `run_id`. Returns the database and what was written.
-/// Senders count each op's [`WriteOp::map_bytes`] in `bytes` before they
-/// send it; the writer gives them back as it commits.
+/// The hashers hold each op's [`WriteOp::map_bytes`] in `bytes` before they
+/// send it ([`MapBytes::reserve`]); the writer gives them back as it commits.
 pub fn run(db: Db, run_id: i64, rx: Receiver<WriteOp>, bytes: &MapBytes) -> rusqlite::Result<(Db, Written)> {
     /// Closes `bytes` however the writer ends, a panic included: a hasher
     /// waiting for room would otherwise wait forever.
@@ -362,36 +321,5 @@ impl Writer {
             }
         }
         Ok(())
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use std::sync::atomic::{AtomicBool, Ordering};
-
-    /// A hasher waits while the cap is reached, goes on when the writer
-    /// commits or is gone; one map larger than the cap goes alone.
-    #[test]
-    fn map_bytes_bound_what_is_in_flight() {
-        let bytes = MapBytes::default();
-        bytes.take(MAP_BYTES_CAP + 1); // alone: nothing else in flight
-        bytes.give(MAP_BYTES_CAP + 1);
-        bytes.take(MAP_BYTES_CAP - 10);
-        let went = AtomicBool::new(false);
-        std::thread::scope(|s| {
-            s.spawn(|| {
-                bytes.take(20);
-                went.store(true, Ordering::SeqCst);
-            });
-            std::thread::sleep(Duration::from_millis(50));
-            assert!(!went.load(Ordering::SeqCst), "took room beyond the cap");
-            bytes.give(MAP_BYTES_CAP - 10);
-        });
-        assert!(went.load(Ordering::SeqCst));
-        // The writer gone: nobody waits (20 bytes in flight, a full cap
-        // more would wait otherwise).
-        bytes.close();
-        bytes.take(MAP_BYTES_CAP);
     }
 }

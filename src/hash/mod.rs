@@ -38,9 +38,11 @@ use sha2::{Digest, Sha256};
 pub use crate::blockmap::ZERO_FP;
 use crate::blockmap::{short_fp, BlockMap, Fp, MapError, FP_MAX};
 
+pub mod budget;
 pub mod pool;
 pub mod reuse;
 
+pub use budget::MapBytes;
 use reuse::worth_mapping;
 pub use reuse::{Claim, ClaimGuard, ExtentCache, CACHE_BLOCKS};
 

@@ -22,7 +22,8 @@ use std::sync::Mutex;
 use anyhow::{Context, Result};
 use rayon::prelude::*;
 
-use super::{ExtentCache, FileHash};
+use super::budget::map_estimate;
+use super::{ExtentCache, FileHash, MapBytes};
 use crate::display::display_path;
 use crate::errors::ErrorKind;
 use crate::file::{FileFacts, FileId, FileKey};
@@ -131,7 +132,7 @@ pub fn hash_all(
     policy: &Policy,
     tree: &Tree,
     to_hash: Receiver<Vec<(FileFacts, Option<FileId>)>>,
-    sink: &(dyn Fn(Hashed) + Sync),
+    (sink, maps): (&(dyn Fn(Hashed) + Sync), &MapBytes),
     progress: &dyn Progress,
     stop: &AtomicBool,
 ) -> Result<HashOutcome> {
@@ -155,7 +156,8 @@ pub fn hash_all(
                 t.left_out_bytes += cand.size;
                 return;
             }
-            let hashed = READ_BUF.with_borrow_mut(|buf| hash_one(&cand, tree, policy, opts, cache.as_ref(), buf));
+            let hashed =
+                READ_BUF.with_borrow_mut(|buf| hash_one(&cand, tree, policy, opts, (cache.as_ref(), maps), buf));
             progress.inc(cand.size);
             progress.inc_files(1);
             match hashed {
@@ -222,7 +224,7 @@ fn hash_one(
     tree: &Tree,
     policy: &Policy,
     opts: &PoolOptions,
-    cache: Option<&ExtentCache>,
+    (cache, maps): (Option<&ExtentCache>, &MapBytes),
     buf: &mut Vec<u8>,
 ) -> Result<(FileFacts, FileHash), HashFail> {
     let file = tree.open_file(&c.path).map_err(|e| match e.raw_os_error() {
@@ -246,6 +248,10 @@ fn hash_one(
     }
     // The opened file's owner, from the same fstat as its facts.
     let salt = if opts.by_owner { super::owner_salt(before.uid()) } else { 1 };
+    // Room for its map before it grows (see `MapBytes`): at most a block's
+    // fingerprint for every block allocated (holes cost nothing).
+    let data = now.size.min(before.blocks().saturating_mul(512));
+    let reserved = maps.reserve(map_estimate(data, opts.block_size));
     let h = match super::hash_file_with(&file, now.size, opts.block_size, buf, opts.drop_cache, cache, salt) {
         Ok(h) => h,
         Err(e) if e.kind() == std::io::ErrorKind::UnexpectedEof => {
@@ -267,5 +273,6 @@ fn hash_one(
         }
         return Err(HashFail::Skip(SkipReason::ChangedDuringScan));
     }
+    reserved.keep(h.map.as_bytes().len() as u64);
     Ok((now, h))
 }

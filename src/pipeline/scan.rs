@@ -18,10 +18,11 @@ use super::{ms, Job};
 use crate::batched::Batched;
 use crate::changes::{ChangeCounts, Classifier, Probe, Sorted};
 use crate::db::reader::Reader;
-use crate::db::writer::{self, MapBytes, WriteOp, CHANNEL_CAP};
+use crate::db::writer::{self, WriteOp, CHANNEL_CAP};
 use crate::db::Db;
 use crate::display::{display_path, human};
 use crate::hash::pool::{self, HashOutcome, Hashed, PoolOptions, HASH_BATCH, HASH_QUEUE};
+use crate::hash::MapBytes;
 use crate::policy::SkipReason;
 use crate::progress::Progress;
 
@@ -207,7 +208,8 @@ fn crawl_and_hash(
             },
             Hashed::Protected { id } => WriteOp::Removed { id },
         };
-        map_bytes.take(op.map_bytes());
+        // Its map's bytes were reserved before it was hashed (see
+        // `MapBytes`); the writer gives them back.
         let _ = writes.send(op);
     };
     std::thread::scope(|s| -> Result<_> {
@@ -216,7 +218,7 @@ fn crawl_and_hash(
             .name("crawl".into())
             .spawn_scoped(s, move || crawl(job, index, &writes, hash_tx, progress, stop))
             .context("cannot start the crawler")?;
-        let hashed = pool::hash_all(&opts, &job.policy, &job.tree, hash_rx, &sink, progress, stop);
+        let hashed = pool::hash_all(&opts, &job.policy, &job.tree, hash_rx, (&sink, map_bytes), progress, stop);
         let crawled = crawler.join().map_err(|_| anyhow::anyhow!("crawler panicked"))?;
         Ok((crawled, hashed?))
     })

@@ -75,6 +75,9 @@ pub struct Limits {
     /// Blocks of a batch grouped at once when it is planned
     /// ([`REGROUP_BUDGET`]).
     pub regroup_blocks: u64,
+    /// Fingerprints of fresh files an incremental plan groups by
+    /// ([`group::FRESH_KEYS`]).
+    pub fresh_keys: u64,
 }
 
 impl Default for Limits {
@@ -85,6 +88,7 @@ impl Default for Limits {
             batch_blocks: BATCH_BLOCKS,
             whole_copies: copies::PLANNED,
             regroup_blocks: REGROUP_BUDGET,
+            fresh_keys: group::FRESH_KEYS,
         }
     }
 }
@@ -92,8 +96,14 @@ impl Default for Limits {
 impl Limits {
     /// Tiny limits, so that a test on a few files goes through every path
     /// of batching: several whole-key partitions, many batches, followers.
-    pub const TINY: Limits =
-        Limits { whole_keys: 3, batch_files: 4, batch_blocks: 64, whole_copies: copies::PLANNED, regroup_blocks: 8 };
+    pub const TINY: Limits = Limits {
+        whole_keys: 3,
+        batch_files: 4,
+        batch_blocks: 64,
+        whole_copies: copies::PLANNED,
+        regroup_blocks: 8,
+        fresh_keys: 4,
+    };
 
     /// No limits: the plan in one piece, every copy planned (tests: what
     /// the batched plan must equal range for range).
@@ -103,6 +113,7 @@ impl Limits {
         batch_blocks: u64::MAX,
         whole_copies: usize::MAX,
         regroup_blocks: u64::MAX,
+        fresh_keys: u64::MAX,
     };
 
     /// Smaller than the default: a test's limits, under which whatever can
@@ -185,7 +196,7 @@ pub fn from_db_with<E: From<rusqlite::Error>>(
     let _snapshot = db.snapshot()?;
     let keep = |id: FileId| allowed.contains(id);
     let parts = group::partitions(db.count_maps()?, limits.whole_keys);
-    let mut pass = MapPass::default();
+    let mut pass = MapPass::new(limits.fresh_keys);
     let mut covered = IdSet::new();
     // With one partition, its groups are kept rather than read again.
     let mut kept: Vec<WholeGroup> = Vec::new();
@@ -205,7 +216,7 @@ pub fn from_db_with<E: From<rusqlite::Error>>(
     }
     let in_groups = |id| keep(id) && !covered.contains(id);
     let claims = shared_claims(db, in_groups, fresh)?;
-    let keys = fresh.map(|_| &pass.fresh_fps);
+    let keys = fresh.and_then(|_| pass.keys());
     let (links, skipped) = link_blocks(db, in_groups, keys, fresh, &claims, pass.data_blocks)?;
     drop(covered);
 

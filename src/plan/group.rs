@@ -146,27 +146,54 @@ pub fn whole_key(size: u64, map: &[u8]) -> (u64, u64) {
     (size, hash_encoding(map))
 }
 
+/// Most fingerprints of fresh files an incremental plan groups by (a set
+/// of 8-byte keys: 16–32 MB). A nightly run after every VM image of a store
+/// changed has fresh files the size of the store, and the set took 16–32
+/// bytes a fresh block; past this many, every block is grouped (in slices,
+/// see [`slices`]) and the groups without a fresh file dropped: the same
+/// groups, in bounded memory.
+pub const FRESH_KEYS: u64 = 1 << 20;
+
 /// What one pass over every block map gathers before grouping.
-#[derive(Debug, Default)]
+#[derive(Debug)]
 pub struct MapPass {
     /// Data blocks of the files seen (sets the number of [`slices`]).
     pub data_blocks: u64,
-    /// Fingerprints of the fresh files' blocks (incremental plans).
-    pub fresh_fps: FxHashSet<Fp>,
+    /// Fingerprints of the fresh files' blocks (incremental plans), while
+    /// there are at most `budget`.
+    fresh_fps: FxHashSet<Fp>,
+    budget: u64,
+    /// There were more: `fresh_fps` is given up.
+    too_many: bool,
 }
 
 impl MapPass {
+    /// A pass keeping at most `budget` fresh fingerprints ([`FRESH_KEYS`]).
+    pub fn new(budget: u64) -> MapPass {
+        MapPass { data_blocks: 0, fresh_fps: FxHashSet::default(), budget, too_many: false }
+    }
+
     /// Take in one file's encoded map; `fresh`: the file was hashed by this
     /// run (its fingerprints bound an incremental plan).
     pub fn add(&mut self, map: &[u8], fresh: bool) {
         let mut n = 0u64;
         for (_, fp) in data_blocks_of(map) {
             n += 1;
-            if fresh {
+            if fresh && !self.too_many {
                 self.fresh_fps.insert(fp);
+                if self.fresh_fps.len() as u64 > self.budget {
+                    self.too_many = true;
+                    self.fresh_fps = FxHashSet::default();
+                }
             }
         }
         self.data_blocks += n;
+    }
+
+    /// The fresh files' fingerprints, the only ones an incremental plan
+    /// need group; `None` when there were too many to keep.
+    pub fn keys(&self) -> Option<&FxHashSet<Fp>> {
+        (!self.too_many).then_some(&self.fresh_fps)
     }
 }
 
@@ -381,12 +408,19 @@ mod tests {
         assert_eq!(slices(3 * GROUP_BUDGET, false), 3);
         assert_eq!(slices(3 * GROUP_BUDGET, true), 1);
         // Keyed: only the fresh file's fingerprints.
-        let mut pass = MapPass::default();
+        let mut pass = MapPass::new(u64::MAX);
         pass.add(&files[2].1, true);
         assert_eq!(pass.data_blocks, 28);
-        assert_eq!(group(&files, 1, Some(&pass.fresh_fps)), one);
+        assert_eq!(group(&files, 1, pass.keys()), one);
         let keys: FxHashSet<Fp> = [a3].into_iter().collect();
         assert_eq!(group(&files, 1, Some(&keys)), vec![vec![(FileId(1), 3), (FileId(3), 27)]]);
+        // More fresh fingerprints than the budget: none kept, blocks counted.
+        let mut over = MapPass::new(27);
+        over.add(&files[2].1, true);
+        assert!(over.keys().is_none() && over.data_blocks == 28);
+        let mut stale = MapPass::new(27);
+        stale.add(&files[2].1, false);
+        assert!(stale.keys().is_some_and(|k| k.is_empty()));
     }
 
     #[test]
