@@ -31,10 +31,9 @@ while [ $# -gt 0 ]; do
     esac
 done
 HERE=$(cd "$(dirname "$0")" && pwd)
-if [ ${#BINS[@]} -eq 0 ]; then
-    (cd "$HERE/.." && cargo build --release --quiet)
-    BINS=("$HERE/../target/release/dedupscan")
-fi
+# shellcheck source=benches/lib.sh
+. "$HERE/lib.sh"
+default_bins "$HERE/.."
 TOOLS=${DEDUPSCAN_TOOLS:-$HERE/../../shared/tools}
 BASE=${BENCH_WORK:-/var/tmp}
 GOLDEN=$BASE/dedupscan-images-golden-$SIZE.img
@@ -47,11 +46,6 @@ MNT=$WORK/mnt
 mkdir "$MNT"
 cleanup() { mountpoint -q "$MNT" && umount "$MNT"; rm -rf "$WORK"; }
 trap cleanup EXIT
-used() {
-    sync
-    [ "$FS" = btrfs ] && btrfs filesystem sync "$MNT" >/dev/null
-    stat -f -c '%b %f %S' "$MNT" | awk '{printf "%.0f\n", ($1 - $2) * $3}'
-}
 fresh_volume() {
     mountpoint -q "$MNT" && umount "$MNT"
     rm -f "$WORK/vol.img"
@@ -85,12 +79,12 @@ one() { # LABEL CMD...
     (cd "$MNT/images" && sha256sum ./*) >"$WORK/manifest"
     [ -n "${IDEAL:-}" ] || IDEAL=$(python3 "$TOOLS/ideal-dup.py" "$MNT/images" |
         python3 -c 'import json,sys; print(json.load(sys.stdin)["dup_block_bytes_4k"])')
-    local u0 u1
-    u0=$(used)
+    local f0 f1
+    f0=$(free_bytes "$FS")
     echo 3 >/proc/sys/vm/drop_caches
     /usr/bin/time -f '%e %M' -o "$WORK/time" "$@" >"$WORK/out" 2>"$WORK/err" || echo "  ($label: exit status $?)"
     sleep 2
-    u1=$(used)
+    f1=$(free_bytes "$FS")
     read -r wall rss <"$WORK/time"
     (cd "$MNT/images" && sha256sum --quiet -c "$WORK/manifest") || echo "  ($label: CONTENTS CHANGED)"
     local phases=-
@@ -98,7 +92,7 @@ one() { # LABEL CMD...
         phases=$(python3 -c 'import json,sys; t = json.load(open(sys.argv[1]))["timings"]
 print("%.2f/%.2f/%.2f" % (t["hash_ms"] / 1e3, t["plan_ms"] / 1e3, t["dedupe_ms"] / 1e3))' "$WORK/out")
     fi
-    awk -v l="$label" -v w="$wall" -v r="$rss" -v p="$phases" -v f=$((u0 - u1)) -v i="$IDEAL" 'BEGIN {
+    awk -v l="$label" -v w="$wall" -v r="$rss" -v p="$phases" -v f=$((f1 - f0)) -v i="$IDEAL" 'BEGIN {
         printf "%-24s wall %7.2f s (hash/plan/share %s)  peak RSS %7.1f MiB  freed %8.1f MiB = %5.1f%% of ideal\n",
             l, w, p, r / 1024, f / 1048576, 100 * f / i }'
 }

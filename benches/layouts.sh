@@ -29,10 +29,9 @@ while [ $# -gt 0 ]; do
     esac
 done
 HERE=$(cd "$(dirname "$0")" && pwd)
-if [ ${#BINS[@]} -eq 0 ]; then
-    (cd "$HERE/.." && cargo build --release --quiet)
-    BINS=("$HERE/../target/release/dedupscan")
-fi
+# shellcheck source=benches/lib.sh
+. "$HERE/lib.sh"
+default_bins "$HERE/.."
 TOOLS=${DEDUPSCAN_TOOLS:-$HERE/../../shared/tools}
 BASE=${BENCH_WORK:-/var/tmp}
 TREE=$BASE/dedupscan-layouts-corpus
@@ -52,11 +51,6 @@ for part in "$TREE"/*/; do
     printf '  %-10s %s\n' "$(basename "$part")" "$(python3 "$TOOLS/ideal-dup.py" "$part")"
 done
 ideal=$(python3 "$TOOLS/ideal-dup.py" "$TREE" | python3 -c 'import json,sys; print(json.load(sys.stdin)["dup_block_bytes_4k"])')
-used() {
-    sync
-    [ "$FS" = btrfs ] && btrfs filesystem sync "$MNT" >/dev/null
-    stat -f -c '%b %f %S' "$MNT" | awk '{printf "%.0f\n", ($1 - $2) * $3}'
-}
 one() { # LABEL CMD...
     local label=$1; shift
     mountpoint -q "$MNT" && umount "$MNT"
@@ -69,17 +63,17 @@ one() { # LABEL CMD...
     fi
     mount -o "loop${MOUNT_OPTS:+,$MOUNT_OPTS}" "$WORK/vol.img" "$MNT"
     cp -a --reflink=never "$TREE" "$MNT/data"
-    local u0 u1
-    u0=$(used)
+    local f0 f1
+    f0=$(free_bytes "$FS")
     echo 3 >/proc/sys/vm/drop_caches
     /usr/bin/time -f '%e %M' -o "$WORK/time" "$@" >"$WORK/out" 2>"$WORK/err" || echo "  ($label: exit status $?)"
     sleep 2
-    u1=$(used)
+    f1=$(free_bytes "$FS")
     read -r wall rss <"$WORK/time"
     (cd "$MNT/data" && sha256sum --quiet -c "$WORK/manifest") || echo "  ($label: CONTENTS CHANGED)"
     local left
     left=$(python3 "$TOOLS/remaining-dup.py" "$MNT/data" | python3 -c 'import json,sys; print(json.load(sys.stdin)["remaining_dup_bytes"])')
-    awk -v l="$label" -v w="$wall" -v r="$rss" -v f=$((u0 - u1)) -v i="$ideal" -v left="$left" 'BEGIN {
+    awk -v l="$label" -v w="$wall" -v r="$rss" -v f=$((f1 - f0)) -v i="$ideal" -v left="$left" 'BEGIN {
         printf "%-28s wall %7.2f s  peak RSS %6.1f MiB  freed %8.1f MiB = %5.1f%% of ideal  still twice %7.1f MiB\n",
             l, w, r / 1024, f / 1048576, 100 * f / i, left / 1048576 }'
 }

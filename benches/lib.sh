@@ -1,5 +1,6 @@
 # shellcheck shell=bash disable=SC2154 # the globals are the caller's
-# Shell helpers of the benchmark scripts (compare.sh, rivals.sh, ab.sh),
+# Shell helpers of the benchmark scripts (compare.sh, rivals.sh, ab.sh,
+# layouts.sh, images.sh),
 # sourced. They use the caller's globals: MNT (mount point), LOOP (loop
 # device, empty when none), CGROUP (memory cgroup directory, empty when none),
 # and its log() and die().
@@ -95,6 +96,15 @@ for a in sys.argv[1:]:
     d[k] = v
 print(json.dumps(d))
 EOF
+}
+
+# default_bins ROOT: the binaries to measure are BINS (given with --bin), or
+# else the release build of the tree at ROOT, built now.
+default_bins() {
+    if [[ ${#BINS[@]} -eq 0 ]]; then
+        (cd "$1" && cargo build --release --quiet)
+        BINS=("$1/target/release/dedupscan")
+    fi
 }
 
 # free_bytes FS: statfs free bytes of the mounted volume, after committing
