@@ -224,7 +224,7 @@ pub fn slices_within(data_blocks: u64, keyed: bool, budget: u64) -> u32 {
 }
 
 /// Groups the blocks of one slice of the fingerprint space: feed it every
-/// file's map with [`SliceGrouper::add`], then [`SliceGrouper::finish`].
+/// file's map with [`SliceGrouper::add`], then [`SliceGrouper::finish_each`].
 pub struct SliceGrouper<'k> {
     slice: u32,
     slices: u32,
@@ -300,15 +300,18 @@ impl<'k> SliceGrouper<'k> {
         }
     }
 
-    /// Append the slice's groups of two or more equal blocks to `out`;
-    /// returns how many blocks were left out as already shared.
+    /// The slice's groups of two or more equal blocks appended to `out`
+    /// (tests: the plan takes them one at a time, [`Self::finish_each`]);
+    /// how many blocks were left out as already shared.
+    #[cfg(test)]
     pub fn finish(self, out: &mut BlockGroups) -> u64 {
         self.finish_each(|g| out.push(g.iter().map(|m| m.pair())))
     }
 
-    /// [`SliceGrouper::finish`], each group handed to `each` instead of
-    /// kept: a caller that only links files keeps no group beside the
-    /// slice's blocks.
+    /// Hand each of the slice's groups of two or more equal blocks to
+    /// `each`, keeping none (a caller that only links files holds no group
+    /// beside the slice's blocks); returns how many blocks were left out as
+    /// already shared.
     pub fn finish_each(mut self, mut each: impl FnMut(&[Member])) -> u64 {
         self.occ.sort_unstable();
         // Blocks found once go first, in place, and their room is handed
