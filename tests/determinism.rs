@@ -123,30 +123,44 @@ fn run_on_copy(pristine: &Path, work: &Path, n: usize, threads: &str, rename: bo
             Ok::<(), rusqlite::Error>(())
         })
         .unwrap();
-        (ranges, stats.batches)
+        (ranges, stats.batches, stats.map_passes)
     };
     let planned = |limits| planned_for(None, limits);
     // An incremental plan (every third file fresh) in many batches, each
     // grouped again in many slices, is the same too.
     let fresh: HashSet<FileId> = (1..=all.len() as i64).step_by(3).map(FileId).collect();
-    let (mut one, _) = planned_for(Some(&fresh), Limits::ONE_PIECE);
-    let (mut tiny, n) = planned_for(Some(&fresh), Limits::TINY);
+    let (mut one, ..) = planned_for(Some(&fresh), Limits::ONE_PIECE);
+    let (mut tiny, n, _) = planned_for(Some(&fresh), Limits::TINY);
     one.sort_unstable();
     tiny.sort_unstable();
     assert!(!one.is_empty() && n >= 2, "{} ranges, {n} batches", one.len());
     assert_eq!(tiny, one, "incremental plan in tiny batches");
-    let (mut ranges, batches) = planned(Limits::ONE_PIECE);
-    assert_eq!(batches, 1, "no limits, one batch");
+    let (mut ranges, batches, passes) = planned(Limits::ONE_PIECE);
+    assert_eq!((batches, passes), (1, 1), "no limits, one batch, one grouping pass");
     // With the default limits (copies beyond three follow in plans of
     // their own) and in many batches (tiny limits), the plan is the same,
     // range for range.
     ranges.sort_unstable();
     for (limits, least) in [(Limits::default(), 2), (Limits::TINY, 8)] {
-        let (mut got, n) = planned(limits);
+        let (mut got, n, _) = planned(limits);
         assert!(n >= least, "{n} batches with {limits:?}");
         got.sort_unstable();
         assert_eq!(got, ranges, "{limits:?}");
     }
+    // Tiny limits group blocks in hundreds of slices, written out to
+    // temporary files by a few passes over the maps; where no temporary
+    // file can be made, one pass per slice gives the same plan.
+    let (_, _, written) = planned(Limits::TINY);
+    let tmpdir = std::env::var_os("TMPDIR");
+    std::env::set_var("TMPDIR", work.join("no-such-directory"));
+    let (mut by_passes, _, passes) = planned(Limits::TINY);
+    match tmpdir {
+        Some(d) => std::env::set_var("TMPDIR", d),
+        None => std::env::remove_var("TMPDIR"),
+    }
+    assert!(written < 8 && passes > 100, "{written} passes written out, {passes} without");
+    by_passes.sort_unstable();
+    assert_eq!(by_passes, ranges, "one pass per slice");
     let facts = db.file_facts(ranges.iter().flat_map(|r| [r.src, r.dest])).unwrap();
     let mut plan: Vec<Key> =
         ranges.iter().map(|r| (facts[&r.src].key.ino, r.src_off, r.len, facts[&r.dest].key.ino, r.dest_off)).collect();
@@ -215,5 +229,56 @@ fn five_fresh_copies_and_a_renamed_one_give_the_same_plan() {
             "--threads {threads} rename {rename}: freed {freed} vs {freed0} ({:.2} points of ideal)",
             diff / *ideal as f64 * 100.0
         );
+    }
+}
+
+/// A lone pair of equal blocks between two large files links nothing and
+/// is not planned (a 48-bit fingerprint collision looks like that: see
+/// `plan::links`), in one piece as in batches; two such pairs, or one
+/// with a small file, are planned. Synthetic maps, no volume.
+#[test]
+fn a_lone_pair_of_blocks_between_large_files_is_not_planned_in_any_batching() {
+    use dedupscan::db::writer::{self, WriteOp};
+    use dedupscan::hash::{FileHash, MapBytes};
+    let dir = tempfile::tempdir().unwrap();
+    let db = Db::open(&dir.path().join("db.sqlite"), "lone-pairs").unwrap();
+    let mut rng = Rng::new(11);
+    let mut files: Vec<Vec<u64>> =
+        (0..7).map(|i| (0..[100, 100, 100, 100, 10, 100, 100][i]).map(|_| rng.next_u64() | 1).collect()).collect();
+    files[1][50] = files[0][30]; // A-B: one lone pair
+    let run = files[2][10..20].to_vec();
+    files[3][40..50].copy_from_slice(&run); // C-D: ten blocks
+    files[4][3] = files[0][70]; // E (small) inside A
+    (files[6][80], files[6][7]) = (files[5][5], files[5][60]); // F-G: two lone pairs
+    let (tx, rx) = std::sync::mpsc::sync_channel(files.len());
+    for (i, fps) in files.iter().enumerate() {
+        let map = dedupscan::blockmap::BlockMap::from_fps(fps);
+        let hash = FileHash { map, ..FileHash::empty(fps.len() as u64 * 4096, 1) };
+        let path = format!("/f{i}").into();
+        tx.send(WriteOp::Hashed { id: None, dev: 1, ino: i as u64 + 10, path, mtime: 0, ctime: 0, hash }).unwrap();
+    }
+    drop(tx);
+    let (db, _) = writer::run(db, 1, rx, &MapBytes::default()).unwrap();
+    let all = db.all_ids().unwrap();
+    let ino = |id: FileId| id.0 as u64 + 9; // row ids 1.. in order of writing
+    let planned = |limits| {
+        let mut ranges = Vec::new();
+        plan::from_db_with(&db, &all, None, PlanOptions::default(), limits, |p: plan::Plan| {
+            ranges.extend(
+                p.ranges.iter().map(|r| (ino(r.src), r.src_off / 4096, r.len / 4096, ino(r.dest), r.dest_off / 4096)),
+            );
+            Ok::<(), rusqlite::Error>(())
+        })
+        .unwrap();
+        ranges.sort_unstable();
+        ranges
+    };
+    let one = planned(Limits::ONE_PIECE);
+    assert_eq!(planned(Limits::TINY), one, "in batches");
+    let pairs: Vec<(u64, u64)> = one.iter().map(|r| (r.0.min(r.3), r.0.max(r.3))).collect();
+    assert!(!pairs.contains(&(10, 11)), "lone pair planned: {one:?}");
+    for (pair, blocks) in [((12, 13), 10), ((10, 14), 1), ((15, 16), 2)] {
+        let got: u64 = one.iter().filter(|r| (r.0.min(r.3), r.0.max(r.3)) == pair).map(|r| r.2).sum();
+        assert_eq!(got, blocks, "{pair:?} in {one:?}");
     }
 }

@@ -357,6 +357,16 @@ fn hand_written() -> Roff {
              (<3> error, <4> warning, <6> info), so journalctl -p warning lists the warnings.",
         )],
     );
+    tagged(
+        &mut r,
+        "TMPDIR",
+        [roman(
+            "Where unnamed temporary files go (default /var/tmp; the units give each run a private one): a plan \
+             of more than a million ranges, a long --list, and, on volumes of more than 16 GiB of data, the \
+             plan's first grouping, 13 bytes a 4 KiB block, at most 3.3 GiB at a time. Where none can be made \
+             there, the run goes on, slower or in more memory.",
+        )],
+    );
     tagged(&mut r, "XDG_STATE_HOME, HOME", [roman("Where the database of a user other than root lives by default.")]);
 
     r.control("SH", ["EXAMPLES"]);

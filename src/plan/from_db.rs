@@ -19,13 +19,14 @@ use std::collections::HashSet;
 use super::claims::{Claims, Region, RunCounts, RUN_BUDGET};
 use super::copies;
 use super::group::{self, MapPass, Member, SliceGrouper, WholeGroup};
-use super::unionfind::UnionFind;
+use super::links::{self, Component, Links};
+use super::spill::{self, SliceFiles};
 use super::{plan_exact_with, Plan, PlanFile, PlanOptions};
 use crate::blockmap::Fp;
 use crate::db::Db;
 use crate::file::{FileId, IdSet};
 use crate::hash::SharedRun;
-use rustc_hash::{FxHashMap, FxHashSet};
+use rustc_hash::FxHashSet;
 
 /// Most files planned in one batch (a batch holds the maps of its files,
 /// the union-find of their blocks, their ranges and recorded facts: a few
@@ -78,6 +79,8 @@ pub struct Limits {
     /// Fingerprints of fresh files an incremental plan groups by
     /// ([`group::FRESH_KEYS`]).
     pub fresh_keys: u64,
+    /// Blocks the first grouping takes at once ([`group::GROUP_BUDGET`]).
+    pub group_blocks: u64,
 }
 
 impl Default for Limits {
@@ -89,6 +92,7 @@ impl Default for Limits {
             whole_copies: copies::PLANNED,
             regroup_blocks: REGROUP_BUDGET,
             fresh_keys: group::FRESH_KEYS,
+            group_blocks: group::GROUP_BUDGET,
         }
     }
 }
@@ -103,6 +107,7 @@ impl Limits {
         whole_copies: copies::PLANNED,
         regroup_blocks: 8,
         fresh_keys: 4,
+        group_blocks: 16,
     };
 
     /// No limits: the plan in one piece, every copy planned (tests: what
@@ -114,6 +119,7 @@ impl Limits {
         whole_copies: usize::MAX,
         regroup_blocks: u64::MAX,
         fresh_keys: u64::MAX,
+        group_blocks: u64::MAX,
     };
 
     /// Smaller than the default: a test's limits, under which whatever can
@@ -154,6 +160,10 @@ pub struct PlanStats {
     /// them in the same place on disk already (see [`super::claims`]):
     /// already shared, as the share phase counts what it finds shared.
     pub already_shared_bytes: u64,
+    /// Passes over the block maps the first grouping took (see
+    /// [`super::spill`]): one per [`spill::OPEN_SLICES`] slices, one per
+    /// slice where no temporary file could be written.
+    pub map_passes: u64,
 }
 
 /// [`from_db_with`] with the default [`Limits`].
@@ -217,10 +227,13 @@ pub fn from_db_with<E: From<rusqlite::Error>>(
     let in_groups = |id| keep(id) && !covered.contains(id);
     let claims = shared_claims(db, in_groups, fresh)?;
     let keys = fresh.and_then(|_| pass.keys());
-    let (links, skipped) = link_blocks(db, in_groups, keys, fresh, &claims, pass.data_blocks)?;
+    let blocks = pass.data_blocks.saturating_sub(claims.blocks());
+    let slices = group::slices_within(blocks, keys.is_some(), limits.group_blocks);
+    let (links, skipped, passes) = link_blocks(db, in_groups, keys, fresh, &claims, slices)?;
     drop(covered);
 
-    let stats = PlanStats { already_shared_bytes: skipped * opts.block_size, ..PlanStats::default() };
+    let stats =
+        PlanStats { already_shared_bytes: skipped * opts.block_size, map_passes: passes, ..PlanStats::default() };
     let mut out = Batcher { db, opts, limits, claims, keys, fresh, stats };
     let mut batch = Batch::default();
     let mut joined: Vec<WholeGroup> = Vec::new();
@@ -251,7 +264,7 @@ pub fn from_db_with<E: From<rusqlite::Error>>(
     }
     // The components the block groups join, into the same batches.
     for c in links.components(joined) {
-        batch.append(c);
+        batch.append(Batch::of(c));
         out.flush_if_full(&mut batch, &mut sink)?;
     }
     out.plan(batch, &mut sink)?;
@@ -261,36 +274,89 @@ pub fn from_db_with<E: From<rusqlite::Error>>(
 /// Link the files whose blocks are equal to another file's into
 /// components, among the files `keep` accepts (not a whole file's second
 /// copy), with the blocks another of them holds in the same place on disk
-/// left out ([`Claims`]); also how many were. The blocks are grouped in
-/// slices of the fingerprint space (see [`group`]) and each slice's groups
-/// are dropped once their files are linked: every batch groups its own
-/// files' blocks again ([`Batcher::regroup`]). Kept for the whole plan, the
-/// groups cost 12 bytes a duplicate block of the volume (and 8 an index
-/// per group in its batch's list), so the plan's memory followed the
-/// volume's duplicate data, not its largest component: 44 MB for four
-/// near-copies of a 3 GiB image, ~12 GB for a volume holding 1 billion
-/// duplicate blocks.
+/// left out ([`Claims`]); also how many were, and how many passes over the
+/// maps it took. The blocks are grouped in `slices` slices of the
+/// fingerprint space (see [`group`]), written out by one pass for up to
+/// [`spill::OPEN_SLICES`] of them (see [`spill`]; one pass each where that
+/// fails), and each slice's groups are dropped once their files are
+/// linked: every batch groups its own files' blocks again
+/// ([`Batcher::regroup`]). Kept for the whole plan, the groups cost 12
+/// bytes a duplicate block of the volume (and 8 an index per group in its
+/// batch's list), so the plan's memory followed the volume's duplicate
+/// data, not its largest component: 44 MB for four near-copies of a 3 GiB
+/// image, ~12 GB for a volume holding 1 billion duplicate blocks.
 fn link_blocks(
     db: &Db,
     keep: impl Fn(FileId) -> bool + Copy,
     keys: Option<&FxHashSet<Fp>>,
     fresh: Option<&HashSet<FileId>>,
     claims: &Claims,
-    data_blocks: u64,
-) -> rusqlite::Result<(Links, u64)> {
-    let slices = group::slices(data_blocks.saturating_sub(claims.blocks()), keys.is_some());
+    slices: u32,
+) -> rusqlite::Result<(Links, u64, u64)> {
     let mut links = Links::default();
-    let mut skipped = 0;
-    for slice in 0..slices {
-        let mut g = SliceGrouper::new(slice, slices, keys);
-        db.for_each_map(keep, |id, _, map| g.add(id, map, claims.skips(id)))?;
+    let (mut skipped, mut passes) = (0, 0);
+    let mut link = |g: SliceGrouper| {
         skipped += g.finish_each(|g| {
             if group::keeps(fresh, g.iter().map(|o| o.file())) {
                 links.add(g);
             }
-        });
+        })
+    };
+    let by_pass = |slice| {
+        let mut g = SliceGrouper::new(slice, slices, keys);
+        db.for_each_map(keep, |id, _, map| {
+            let mark = links::mark(map);
+            g.add_as(id, map, claims.skips(id), |_| mark)
+        })
+        .map(|()| g)
+    };
+    let mut next = 0;
+    while next < slices {
+        let range = next..slices.min(next.saturating_add(spill::OPEN_SLICES));
+        next = range.end;
+        // A slice alone is grouped straight from its pass.
+        let written = match range.len() > 1 {
+            true => write_slices(db, keep, keys, claims, range.clone(), slices)?,
+            false => None,
+        };
+        passes += u64::from(written.is_some());
+        let Some(written) = written else {
+            for slice in range {
+                link(by_pass(slice)?);
+                passes += 1;
+            }
+            continue;
+        };
+        for (slice, (file, left_out)) in range.zip(written) {
+            let mut g = SliceGrouper::new(slice, slices, keys);
+            g.add_skipped(left_out);
+            match spill::read_slice(file, &mut g) {
+                Ok(()) => link(g),
+                Err(_) => {
+                    link(by_pass(slice)?);
+                    passes += 1;
+                }
+            }
+        }
     }
-    Ok((links, skipped))
+    Ok((links, skipped, passes))
+}
+
+/// One pass over the maps writing out the blocks of slices `range` (see
+/// [`spill`]); `None` where a temporary file could not be made or written.
+fn write_slices(
+    db: &Db,
+    keep: impl Fn(FileId) -> bool + Copy,
+    keys: Option<&FxHashSet<Fp>>,
+    claims: &Claims,
+    range: std::ops::Range<u32>,
+    slices: u32,
+) -> rusqlite::Result<Option<Vec<(std::fs::File, u64)>>> {
+    let Ok(mut files) = SliceFiles::create(range, slices, keys, crate::sys::spill::spill_file) else {
+        return Ok(None);
+    };
+    db.for_each_map(keep, |id, _, map| files.add(id, map, claims.skips(id)))?;
+    Ok(files.finish().ok())
 }
 
 /// The [`Claims`] of the shared runs of the files `keep` accepts; in an
@@ -325,62 +391,6 @@ fn shared_claims(
     Ok(Claims::build(files))
 }
 
-/// The files of the block groups, linked into components: sets of files
-/// no group links to any other set. Each is planned the same alone or
-/// with others. A few dozen bytes a file in some group, nothing a block.
-#[derive(Default)]
-struct Links {
-    /// Each file in some group, numbered in the order first met.
-    index: FxHashMap<FileId, u32>,
-    /// Per number, its file and its blocks in groups.
-    files: Vec<(FileId, u64)>,
-    /// Over the numbers.
-    uf: UnionFind,
-}
-
-impl Links {
-    /// Link the files of one group.
-    fn add(&mut self, g: &[Member]) {
-        let first = self.number(g[0].file());
-        for o in g {
-            let n = self.number(o.file());
-            self.files[n as usize].1 += 1;
-            self.uf.union(first, n);
-        }
-    }
-
-    fn number(&mut self, id: FileId) -> u32 {
-        let next = self.files.len() as u32;
-        let n = *self.index.entry(id).or_insert(next);
-        if n == next {
-            self.files.push((id, 0));
-            self.uf.add();
-        }
-        n
-    }
-
-    /// Whether `id` is in some group.
-    fn has(&self, id: FileId) -> bool {
-        self.index.contains_key(&id)
-    }
-
-    /// The components, each with the whole-file groups whose first copy is
-    /// one of its files (`joined`), in the order of their first file.
-    fn components(mut self, joined: Vec<WholeGroup>) -> Vec<Batch> {
-        let mut comps: FxHashMap<u32, Batch> = FxHashMap::default();
-        for (n, &(id, members)) in self.files.iter().enumerate() {
-            comps.entry(self.uf.find(n as u32)).or_default().add_block_file(id, members);
-        }
-        for (size, g) in joined {
-            let c = self.uf.find(self.index[&g[0]]);
-            comps.entry(c).or_default().add_whole(size, g);
-        }
-        let mut out: Vec<(u32, Batch)> = comps.into_iter().collect();
-        out.sort_unstable_by_key(|c| c.0);
-        out.into_iter().map(|c| c.1).collect()
-    }
-}
-
 /// The whole-file groups of partition `part` of `parts` of the map-hash
 /// space, with `each` called on every allowed file's map on the way.
 fn whole_partition(
@@ -405,8 +415,11 @@ fn whole_partition(
 #[derive(Default)]
 struct Batch {
     whole: Vec<Vec<FileId>>,
-    /// The files of its block groups (grouped again when it is planned).
-    block_files: Vec<FileId>,
+    /// The files of its block groups (grouped again when it is planned),
+    /// each with the number of its component in the batch.
+    block_files: Vec<(FileId, u32)>,
+    /// Components.
+    components: u32,
     /// Files.
     files: u64,
     /// Data blocks of the planner, estimated: a whole-file copy by its
@@ -416,6 +429,20 @@ struct Batch {
 }
 
 impl Batch {
+    /// A batch of one component.
+    fn of(c: Component) -> Batch {
+        let mut b = Batch { components: 1, ..Batch::default() };
+        for (id, members) in c.files {
+            b.files += 1;
+            b.weight += members;
+            b.block_files.push((id, 0));
+        }
+        for (size, g) in c.whole {
+            b.add_whole(size, g);
+        }
+        b
+    }
+
     fn add_whole(&mut self, size: u64, g: Vec<FileId>) {
         // The planner sees at most `copies::PLANNED` copies of a group
         // (at the default limits).
@@ -425,15 +452,11 @@ impl Batch {
         self.whole.push(g);
     }
 
-    fn add_block_file(&mut self, id: FileId, members: u64) {
-        self.files += 1;
-        self.weight += members;
-        self.block_files.push(id);
-    }
-
     fn append(&mut self, mut other: Batch) {
         self.whole.append(&mut other.whole);
-        self.block_files.append(&mut other.block_files);
+        let first = self.components;
+        self.block_files.extend(other.block_files.iter().map(|&(id, c)| (id, first + c)));
+        self.components += other.components;
         self.files += other.files;
         self.weight += other.weight;
     }
@@ -488,7 +511,9 @@ impl Batcher<'_> {
             followers.extend(copies::reduce(self.db, g, self.limits.whole_copies)?);
         }
         batch.block_files.sort_unstable();
-        let ids = group::involved(&batch.whole, &batch.block_files);
+        let block_ids: Vec<FileId> = batch.block_files.iter().map(|f| f.0).collect();
+        let ids = group::involved(&batch.whole, &block_ids);
+        drop(block_ids);
         let files: Vec<PlanFile> = (self.db.map_rows(ids)?.into_iter())
             .map(|r| PlanFile { id: r.id, ino: r.ino, size: r.size, blocks: r.map, held: self.claims.is_held(r.id) })
             .collect();
@@ -505,13 +530,15 @@ impl Batcher<'_> {
         copies::follow(&groups, bounds, |p| self.emit(p, sink))
     }
 
-    /// Hand `join` the block groups among `block_files` (sorted), as
-    /// [`link_blocks`] found them: a component's groups lie among its own
-    /// files, so grouping their blocks alone finds them all, and nothing
-    /// else. Slice by slice of [`REGROUP_BUDGET`] blocks, each slice's
-    /// groups dropped once joined.
-    fn regroup(&self, files: &[PlanFile], block_files: &[FileId], join: &mut dyn FnMut(&[Member])) {
-        let mine = || files.iter().filter(|f| block_files.binary_search(&f.id).is_ok());
+    /// Hand `join` the block groups among `block_files` (sorted, each with
+    /// its component), as [`link_blocks`] found them: a component's groups
+    /// lie among its own files, so grouping their blocks alone finds them
+    /// all, and nothing else but the lone pairs of blocks that did not link
+    /// two components ([`super::links`]), dropped here. Slice by slice of
+    /// [`REGROUP_BUDGET`] blocks, each slice's groups dropped once joined.
+    fn regroup(&self, files: &[PlanFile], block_files: &[(FileId, u32)], join: &mut dyn FnMut(&[Member])) {
+        let component = |id: FileId| block_files.binary_search_by_key(&id, |f| f.0).ok().map(|i| block_files[i].1);
+        let mine = || files.iter().filter(|f| component(f.id).is_some());
         let data_blocks = mine().map(|f| f.blocks.data_len()).sum();
         // Sliced in an incremental plan too: the fresh files' fingerprints
         // bound the blocks grouped, but in a component of near-copies every
@@ -522,7 +549,8 @@ impl Batcher<'_> {
             let mut g = SliceGrouper::new(slice, slices, self.keys);
             mine().for_each(|f| g.add(f.id, f.blocks.as_bytes(), self.claims.skips(f.id)));
             g.finish_each(|g| {
-                if group::keeps(self.fresh, g.iter().map(|o| o.file())) {
+                let apart = matches!(g, [a, b] if component(a.file()) != component(b.file()));
+                if !apart && group::keeps(self.fresh, g.iter().map(|o| o.file())) {
                     join(g);
                 }
             });
@@ -538,46 +566,5 @@ impl Batcher<'_> {
         self.stats.bytes += p.bytes();
         self.stats.batches += 1;
         sink(p)
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use crate::plan::group::BlockGroups;
-
-    /// The components of `blocks`, with the whole-file groups `joined`.
-    fn components(joined: Vec<WholeGroup>, blocks: &BlockGroups) -> Vec<Batch> {
-        let mut links = Links::default();
-        blocks.iter().for_each(|g| links.add(g));
-        links.components(joined)
-    }
-
-    #[test]
-    fn block_groups_and_their_whole_groups_split_into_components() {
-        let f = FileId;
-        // 1-2 and 2-3 linked through file 2; 7-8 apart; the whole group of
-        // 3 (with its copy 4) joins the first, that of 8 (with 9) the second.
-        let blocks =
-            BlockGroups::from(vec![vec![(f(1), 0), (f(2), 5)], vec![(f(7), 1), (f(8), 1)], vec![(f(3), 2), (f(2), 0)]]);
-        let joined = vec![(4096, vec![f(8), f(9)]), (8192, vec![f(3), f(4)])];
-        let comps = components(joined, &blocks);
-        assert_eq!(comps.len(), 2);
-        let mut got: Vec<(Vec<FileId>, u64, u64)> =
-            comps.iter().map(|c| (group::involved(&c.whole, &c.block_files), c.files, c.weight)).collect();
-        got.sort();
-        // Files: three in groups and two copies; weight: four blocks in
-        // groups and two copies of two blocks.
-        assert_eq!(got, vec![(vec![f(1), f(2), f(3), f(4)], 5, 8), (vec![f(7), f(8), f(9)], 4, 4)]);
-
-        // Three pairs, then one group linking them from its third file:
-        // every join must be between roots, or the second pair is lost.
-        let blocks = BlockGroups::from(vec![
-            vec![(f(1), 0), (f(2), 0)],
-            vec![(f(3), 0), (f(4), 0)],
-            vec![(f(5), 0), (f(6), 0)],
-            vec![(f(5), 1), (f(3), 1), (f(1), 1)],
-        ]);
-        assert_eq!(components(Vec::new(), &blocks).len(), 1);
     }
 }

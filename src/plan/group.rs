@@ -11,7 +11,8 @@
 //! an image's allocator, has no anchor to be found from, and these were
 //! most of what sampling missed. Grouping takes 16 bytes per block, so it
 //! runs in slices of the fingerprint space of at most [`GROUP_BUDGET`]
-//! blocks each ([`slices`]; one more pass over the maps per slice). An
+//! blocks each ([`slices`]; written out by one pass over the maps for many
+//! slices, [`super::spill`]). An
 //! incremental plan groups only the fingerprints of the fresh files' blocks.
 
 use std::collections::HashSet;
@@ -279,25 +280,46 @@ impl<'k> SliceGrouper<'k> {
     /// but those in `skip` (sorted `[start, end)` block ranges another file
     /// holds the same physical blocks of: [`super::claims::Claims::skips`]).
     pub fn add(&mut self, id: FileId, map: &[u8], skip: &[(u64, u64)]) {
+        self.add_as(id, map, skip, |b| b);
+    }
+
+    /// [`Self::add`], with each block taken as `block(its index)` (linking
+    /// needs only a mark: [`super::links`]).
+    pub fn add_as(&mut self, id: FileId, map: &[u8], skip: &[(u64, u64)], block: impl Fn(u64) -> u64) {
         let (n, at) = (self.occ.len(), self.ids.len() as u32);
-        let (slice, slices, keys) = (self.slice, self.slices, self.keys);
-        let mut skipper = Skipper::new(skip);
-        let skipped = &mut self.skipped;
-        self.occ.extend(
-            data_blocks_of(map)
-                .filter(|&(b, fp)| {
-                    fp % slices as Fp == slice as Fp && b < Occ::BLOCK_LIMIT && keys.is_none_or(|k| k.contains(&fp))
-                })
-                .filter(|&(b, _)| {
-                    let left_out = skipper.skips(b);
-                    *skipped += u64::from(left_out);
-                    !left_out
-                })
-                .map(|(b, fp)| Occ::pack(fp, at, b)),
-        );
+        let (slice, slices) = (self.slice as Fp, self.slices as Fp);
+        for (b, fp, left_out) in blocks_to_group(map, skip, self.keys, |fp| fp % slices == slice) {
+            if left_out {
+                self.skipped += 1;
+            } else {
+                self.occ.push(Occ::pack(fp, at, block(b)));
+            }
+        }
         if self.occ.len() > n {
             self.ids.push(id);
         }
+    }
+
+    /// Room for `n` more blocks, exactly (a slice read back knows its
+    /// size; grown by doubling, its 64 MiB took up to 128).
+    pub fn reserve(&mut self, n: usize) {
+        self.occ.reserve_exact(n);
+    }
+
+    /// Take in one block of file `id` read back from where the slice was
+    /// written out ([`super::spill`]): the blocks of one file come
+    /// together, in the order [`Self::add`] would have taken them.
+    pub fn add_one(&mut self, id: FileId, fp: Fp, block: u64) {
+        if self.ids.last() != Some(&id) {
+            self.ids.push(id);
+        }
+        self.occ.push(Occ::pack(fp, self.ids.len() as u32 - 1, block));
+    }
+
+    /// Count `n` blocks left out as already shared by whoever took in the
+    /// slice's blocks for it ([`super::spill`]).
+    pub fn add_skipped(&mut self, n: u64) {
+        self.skipped += n;
     }
 
     /// The slice's groups of two or more equal blocks appended to `out`
@@ -344,6 +366,22 @@ impl<'k> SliceGrouper<'k> {
         }
         self.skipped
     }
+}
+
+/// The blocks of one file's map that a grouping takes, as `(block,
+/// fingerprint, left out)`: those whose fingerprint `wanted` accepts (its
+/// slices), below the packed block limit, and one of `keys` when given;
+/// left out if in `skip` (see [`SliceGrouper::add`]): not grouped, counted.
+pub fn blocks_to_group<'a>(
+    map: &'a [u8],
+    skip: &'a [(u64, u64)],
+    keys: Option<&'a FxHashSet<Fp>>,
+    wanted: impl Fn(Fp) -> bool + 'a,
+) -> impl Iterator<Item = (u64, Fp, bool)> + 'a {
+    let mut skipper = Skipper::new(skip);
+    data_blocks_of(map)
+        .filter(move |&(b, fp)| wanted(fp) && b < Occ::BLOCK_LIMIT && keys.is_none_or(|k| k.contains(&fp)))
+        .map(move |(b, fp)| (b, fp, skipper.skips(b)))
 }
 
 /// Whether an incremental plan keeps a group: it holds a fresh file (or

@@ -25,10 +25,12 @@ mod claims;
 mod copies;
 mod from_db;
 pub mod group;
+mod links;
 pub mod map;
 mod planner;
 mod repeats;
 mod sampling;
+mod spill;
 #[cfg(test)]
 mod tests;
 mod unionfind;

@@ -1,0 +1,219 @@
+//! Which files the first grouping links into components: sets of files no
+//! group links to any other set, each planned the same alone or with
+//! others ([`super::from_db`]). A few dozen bytes a file in some group,
+//! nothing a block.
+//!
+//! A block map keeps 48 bits of each block's fingerprint, so N distinct
+//! blocks give about N² / 2⁴⁹ false pairs: two blocks of two files that
+//! only look equal. The kernel's compare refuses them, but each one linked
+//! two unrelated files, and a component is planned whole, its files' maps
+//! in memory. At 1 TiB of distinct data (268 M blocks, ~128 false pairs)
+//! that joined most large files of a volume into one component: 256
+//! files of 4 GiB in pairs sharing an eighth each planned in 2.9 GB
+//! instead of one pair at a time (`examples/plan_scale.rs`). So a group
+//! of exactly two blocks of two files not linked yet, neither file small
+//! ([`SMALL_FILE`]), links them only when a second such pair of the same
+//! two files comes: a false pair is alone, two large files that share data
+//! share more than one block, and a block held three times is no accident.
+//! Small files link on one pair, as before: their lone shared blocks are
+//! real and common (the identical last block of two HTML pages, a one-block
+//! file inside an image: 366 such pairs on FULL), and one costs its
+//! component next to nothing. The pair groups left unlinked are not
+//! planned (see [`Links::unproven`]): a lone 4 KiB between two large files.
+//!
+//! Linking does not need where a block is, so its groupers take each block
+//! of a small file as block 0 and any other as block 1 ([`mark`]).
+
+use rustc_hash::{FxHashMap, FxHashSet};
+
+use crate::blockmap::runs_of;
+
+use super::group::{Member, WholeGroup};
+use super::unionfind::UnionFind;
+use crate::file::FileId;
+
+/// Files of at most this many data blocks (256 KiB) link on one lone pair
+/// of blocks.
+pub(super) const SMALL_FILE: u64 = 64;
+
+/// How linking takes every block of a file (encoded map): 0 for a small
+/// file, 1 for any other.
+pub(super) fn mark(map: &[u8]) -> u64 {
+    let mut blocks = 0;
+    u64::from(runs_of(map).any(|r| {
+        blocks += r.len();
+        blocks > SMALL_FILE
+    }))
+}
+
+/// The block groups' files, linked.
+#[derive(Default)]
+pub(super) struct Links {
+    /// Each file in some group, numbered in the order first met.
+    index: FxHashMap<FileId, u32>,
+    /// Per number, its file and its blocks in groups.
+    files: Vec<(FileId, u64)>,
+    /// Over the numbers.
+    uf: UnionFind,
+    /// Pairs of numbers seen in one lone pair of blocks, not linked yet.
+    pending: FxHashSet<(u32, u32)>,
+}
+
+/// One component: its files in block groups, each with its blocks in
+/// groups, and the whole-file groups whose first copy is one of them.
+#[derive(Debug, Default)]
+pub(super) struct Component {
+    pub files: Vec<(FileId, u64)>,
+    pub whole: Vec<WholeGroup>,
+}
+
+impl Links {
+    /// Link the files of one group (see the module's comment).
+    pub fn add(&mut self, g: &[Member]) {
+        let first = self.number(g[0].file());
+        for o in g {
+            let n = self.number(o.file());
+            self.files[n as usize].1 += 1;
+        }
+        if let [a, b] = g {
+            if self.unproven(*a, *b) {
+                return;
+            }
+        }
+        for o in g {
+            let n = self.index[&o.file()];
+            self.uf.union(first, n);
+        }
+    }
+
+    /// Whether the group of `a` and `b` alone is one lone pair of blocks
+    /// that does not link their files (yet): two files not linked, neither
+    /// small ([`mark`]), and no such pair of the two seen before.
+    /// The plan drops such a group where it joins two components
+    /// ([`super::from_db`]), so that a plan in batches is the plan in one
+    /// piece.
+    fn unproven(&mut self, a: Member, b: Member) -> bool {
+        let (x, y) = (self.index[&a.file()], self.index[&b.file()]);
+        if x == y || a.block() == 0 || b.block() == 0 || self.uf.find(x) == self.uf.find(y) {
+            return false;
+        }
+        let pair = (x.min(y), x.max(y));
+        !self.pending.remove(&pair) && self.pending.insert(pair)
+    }
+
+    fn number(&mut self, id: FileId) -> u32 {
+        let next = self.files.len() as u32;
+        let n = *self.index.entry(id).or_insert(next);
+        if n == next {
+            self.files.push((id, 0));
+            self.uf.add();
+        }
+        n
+    }
+
+    /// Whether `id` is in some group.
+    pub fn has(&self, id: FileId) -> bool {
+        self.index.contains_key(&id)
+    }
+
+    /// The components, each with the whole-file groups whose first copy is
+    /// one of its files (`joined`), in the order of their first file.
+    pub fn components(mut self, joined: Vec<WholeGroup>) -> Vec<Component> {
+        let mut comps: FxHashMap<u32, Component> = FxHashMap::default();
+        for (n, &file) in self.files.iter().enumerate() {
+            comps.entry(self.uf.find(n as u32)).or_default().files.push(file);
+        }
+        for (size, g) in joined {
+            let c = self.uf.find(self.index[&g[0]]);
+            comps.entry(c).or_default().whole.push((size, g));
+        }
+        let mut out: Vec<(u32, Component)> = comps.into_iter().collect();
+        out.sort_unstable_by_key(|c| c.0);
+        out.into_iter().map(|c| c.1).collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::plan::group::BlockGroups;
+
+    /// The components of `blocks`, with the whole-file groups `joined`, as
+    /// sorted lists of files (whole copies included).
+    fn components(joined: Vec<WholeGroup>, blocks: &[Vec<(i64, u64)>]) -> Vec<Vec<i64>> {
+        let mut links = Links::default();
+        let blocks = BlockGroups::from(
+            blocks.iter().map(|g| g.iter().map(|&(f, b)| (FileId(f), b)).collect()).collect::<Vec<Vec<_>>>(),
+        );
+        blocks.iter().for_each(|g| links.add(g));
+        let mut out: Vec<Vec<i64>> = (links.components(joined).into_iter())
+            .map(|c| {
+                let mut ids: Vec<i64> = c.files.iter().map(|f| f.0 .0).collect();
+                ids.extend(c.whole.iter().flat_map(|(_, g)| g.iter().map(|f| f.0)));
+                ids.sort_unstable();
+                ids.dedup();
+                ids
+            })
+            .collect();
+        out.sort();
+        out
+    }
+
+    #[test]
+    fn block_groups_and_their_whole_groups_split_into_components() {
+        let f = FileId;
+        // 1-2 and 2-3 linked through file 2 (small: block 0); 7-8 apart,
+        // twice; the whole group of 3 (with its copy 4) joins the first,
+        // that of 8 (with 9) the second.
+        let blocks = [vec![(1, 0), (2, 5)], vec![(7, 1), (8, 1)], vec![(3, 2), (2, 0)], vec![(7, 2), (8, 2)]];
+        let joined = vec![(4096, vec![f(8), f(9)]), (8192, vec![f(3), f(4)])];
+        assert_eq!(components(joined, &blocks), vec![vec![1, 2, 3, 4], vec![7, 8, 9]]);
+        // Members are counted per file, linked or not.
+        let mut links = Links::default();
+        BlockGroups::from(vec![vec![(f(1), 3), (f(2), 3)], vec![(f(1), 4), (f(1), 9)]])
+            .iter()
+            .for_each(|g| links.add(g));
+        assert_eq!(links.files, vec![(f(1), 3), (f(2), 1)]);
+
+        // Three pairs, then one group linking them from its third file:
+        // every join must be between roots, or the second pair is lost.
+        let blocks = [vec![(1, 0), (2, 0)], vec![(3, 0), (4, 0)], vec![(5, 0), (6, 0)], vec![(5, 1), (3, 1), (1, 1)]];
+        assert_eq!(components(Vec::new(), &blocks).len(), 1);
+    }
+
+    #[test]
+    fn small_files_are_marked() {
+        let map = |n: usize| crate::blockmap::BlockMap::from_fps(&vec![1 << 20; n]).into_bytes();
+        assert_eq!(mark(&map(64)), 0);
+        assert_eq!(mark(&map(65)), 1);
+        // Holes do not count.
+        let mut holes = vec![0u64; 1000];
+        holes[500..520].fill(7 << 20);
+        assert_eq!(mark(&crate::blockmap::BlockMap::from_fps(&holes).into_bytes()), 0);
+    }
+
+    #[test]
+    fn a_lone_pair_of_blocks_does_not_link_two_files() {
+        // 1-2: one pair of large files (a fingerprint collision looks like
+        // this); 3-4: two pairs; 5-6: one pair, 5 small (block 0); 7-8:
+        // one pair, but small 9 links them; 10-11: one block of three
+        // files; 12: a pair inside one file.
+        let blocks = [
+            vec![(1, 7), (2, 9)],
+            vec![(3, 7), (4, 9)],
+            vec![(3, 8), (4, 10)],
+            vec![(5, 0), (6, 4)],
+            vec![(7, 3), (8, 3)],
+            vec![(9, 0), (7, 1)],
+            vec![(9, 0), (8, 1)],
+            vec![(10, 5), (11, 5), (2, 5)],
+            vec![(12, 5), (12, 6)],
+        ];
+        let want = vec![vec![1], vec![2, 10, 11], vec![3, 4], vec![5, 6], vec![7, 8, 9], vec![12]];
+        assert_eq!(components(Vec::new(), &blocks), want);
+        // In any order of the groups.
+        let mut reversed = blocks.to_vec();
+        reversed.reverse();
+        assert_eq!(components(Vec::new(), &reversed), want);
+    }
+}
