@@ -135,6 +135,12 @@ fn run_on_copy(pristine: &Path, work: &Path, n: usize, threads: &str, rename: bo
     tiny.sort_unstable();
     assert!(!one.is_empty() && n >= 2, "{} ranges, {n} batches", one.len());
     assert_eq!(tiny, one, "incremental plan in tiny batches");
+    // The same with the fresh fingerprints kept as keys, grouped in many
+    // slices.
+    let (mut keyed, _, passes) = planned_for(Some(&fresh), Limits { fresh_keys: u64::MAX, ..Limits::TINY });
+    keyed.sort_unstable();
+    assert!(passes >= 2, "{passes} passes");
+    assert_eq!(keyed, one, "incremental plan, keyed, in tiny batches and slices");
     let (mut ranges, batches, passes) = planned(Limits::ONE_PIECE);
     assert_eq!((batches, passes), (1, 1), "no limits, one batch, one grouping pass");
     // With the default limits (copies beyond three follow in plans of

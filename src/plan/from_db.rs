@@ -228,7 +228,7 @@ pub fn from_db_with<E: From<rusqlite::Error>>(
     let claims = shared_claims(db, in_groups, fresh)?;
     let keys = fresh.and_then(|_| pass.keys());
     let blocks = pass.data_blocks.saturating_sub(claims.blocks());
-    let slices = group::slices_within(blocks, keys.is_some(), limits.group_blocks);
+    let slices = group::slices_within(blocks, limits.group_blocks);
     let (links, skipped, passes) = link_blocks(db, in_groups, keys, fresh, &claims, slices)?;
     drop(covered);
 
@@ -542,9 +542,8 @@ impl Batcher<'_> {
         let data_blocks = mine().map(|f| f.blocks.data_len()).sum();
         // Sliced in an incremental plan too: the fresh files' fingerprints
         // bound the blocks grouped, but in a component of near-copies every
-        // copy holds them (a database pass a slice is why the first
-        // grouping does not slice then; here a slice is a pass in memory).
-        let slices = group::slices_within(data_blocks, false, self.limits.regroup_blocks).min(REGROUP_SLICES);
+        // copy holds them (see `group::slices_within`).
+        let slices = group::slices_within(data_blocks, self.limits.regroup_blocks).min(REGROUP_SLICES);
         for slice in 0..slices {
             let mut g = SliceGrouper::new(slice, slices, self.keys);
             mine().for_each(|f| g.add(f.id, f.blocks.as_bytes(), self.claims.skips(f.id)));

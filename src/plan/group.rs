@@ -11,7 +11,7 @@
 //! an image's allocator, has no anchor to be found from, and these were
 //! most of what sampling missed. Grouping takes 16 bytes per block, so it
 //! runs in slices of the fingerprint space of at most [`GROUP_BUDGET`]
-//! blocks each ([`slices`]; written out by one pass over the maps for many
+//! blocks each ([`slices_within`]; written out by one pass over the maps for many
 //! slices, [`super::spill`]). An
 //! incremental plan groups only the fingerprints of the fresh files' blocks.
 
@@ -151,14 +151,14 @@ pub fn whole_key(size: u64, map: &[u8]) -> (u64, u64) {
 /// of 8-byte keys: 16–32 MB). A nightly run after every VM image of a store
 /// changed has fresh files the size of the store, and the set took 16–32
 /// bytes a fresh block; past this many, every block is grouped (in slices,
-/// see [`slices`]) and the groups without a fresh file dropped: the same
+/// see [`slices_within`]) and the groups without a fresh file dropped: the same
 /// groups, in bounded memory.
 pub const FRESH_KEYS: u64 = 1 << 20;
 
 /// What one pass over every block map gathers before grouping.
 #[derive(Debug)]
 pub struct MapPass {
-    /// Data blocks of the files seen (sets the number of [`slices`]).
+    /// Data blocks of the files seen (sets the number of [`slices_within`]).
     pub data_blocks: u64,
     /// Fingerprints of the fresh files' blocks (incremental plans), while
     /// there are at most `budget`.
@@ -209,19 +209,17 @@ pub fn group_whole_files(mut keys: Vec<(u64, u64, FileId)>) -> Vec<WholeGroup> {
 }
 
 /// How many slices of the fingerprint space grouping `data_blocks` blocks
-/// takes: one when only some `keys` are grouped (bounded by the fresh data
-/// and its matches), else enough to stay within [`GROUP_BUDGET`].
-pub fn slices(data_blocks: u64, keyed: bool) -> u32 {
-    slices_within(data_blocks, keyed, GROUP_BUDGET)
-}
-
-/// [`slices`] with at most `budget` blocks a slice.
-pub fn slices_within(data_blocks: u64, keyed: bool, budget: u64) -> u32 {
-    if keyed {
-        1
-    } else {
-        data_blocks.div_ceil(budget.max(1)).max(1) as u32
-    }
+/// takes to stay within `budget` blocks a slice ([`GROUP_BUDGET`] for the
+/// first grouping). An incremental plan, which groups only the fresh
+/// files' fingerprints, is sliced the same way: those fingerprints bound
+/// the blocks grouped only with their copies, which can be many, in many
+/// small components (a build machine's new tree among a hundred older
+/// versions: 160 Ki fresh blocks gathered 16 Mi copies in one slice, 266
+/// MB; 84 MB in four: `examples/plan_scale.rs versions`); slices of only
+/// the fresh fingerprints' copies cost a few bytes on disk
+/// ([`super::spill`]).
+pub fn slices_within(data_blocks: u64, budget: u64) -> u32 {
+    data_blocks.div_ceil(budget.max(1)).max(1) as u32
 }
 
 /// Groups the blocks of one slice of the fingerprint space: feed it every
@@ -288,13 +286,11 @@ impl<'k> SliceGrouper<'k> {
     pub fn add_as(&mut self, id: FileId, map: &[u8], skip: &[(u64, u64)], block: impl Fn(u64) -> u64) {
         let (n, at) = (self.occ.len(), self.ids.len() as u32);
         let (slice, slices) = (self.slice as Fp, self.slices as Fp);
-        for (b, fp, left_out) in blocks_to_group(map, skip, self.keys, |fp| fp % slices == slice) {
-            if left_out {
-                self.skipped += 1;
-            } else {
-                self.occ.push(Occ::pack(fp, at, block(b)));
-            }
-        }
+        let skipped = &mut self.skipped;
+        self.occ.extend(blocks_to_group(map, skip, self.keys, |fp| fp % slices == slice).filter_map(|(b, fp, out)| {
+            *skipped += u64::from(out);
+            (!out).then(|| Occ::pack(fp, at, block(b)))
+        }));
         if self.occ.len() > n {
             self.ids.push(id);
         }
@@ -446,8 +442,9 @@ mod tests {
         // a[3] twice, a[10..30] and b[..7]: every block of c is in a group.
         assert_eq!(one.len(), 20 + 7 + 1);
         assert_eq!(one, group(&files, 3, None));
-        assert_eq!(slices(3 * GROUP_BUDGET, false), 3);
-        assert_eq!(slices(3 * GROUP_BUDGET, true), 1);
+        assert_eq!(slices_within(3 * GROUP_BUDGET, GROUP_BUDGET), 3);
+        assert_eq!(slices_within(3 * GROUP_BUDGET + 1, GROUP_BUDGET), 4);
+        assert_eq!(slices_within(0, GROUP_BUDGET), 1);
         // Keyed: only the fresh file's fingerprints.
         let mut pass = MapPass::new(u64::MAX);
         pass.add(&files[2].1, true);

@@ -70,31 +70,31 @@ pub(super) struct Component {
 impl Links {
     /// Link the files of one group (see the module's comment).
     pub fn add(&mut self, g: &[Member]) {
+        if let [a, b] = g {
+            let (x, y) = (self.number(a.file()), self.number(b.file()));
+            self.files[x as usize].1 += 1;
+            self.files[y as usize].1 += 1;
+            if !self.unproven((x, a.block()), (y, b.block())) {
+                self.uf.union(x, y);
+            }
+            return;
+        }
         let first = self.number(g[0].file());
         for o in g {
             let n = self.number(o.file());
             self.files[n as usize].1 += 1;
-        }
-        if let [a, b] = g {
-            if self.unproven(*a, *b) {
-                return;
-            }
-        }
-        for o in g {
-            let n = self.index[&o.file()];
             self.uf.union(first, n);
         }
     }
 
-    /// Whether the group of `a` and `b` alone is one lone pair of blocks
-    /// that does not link their files (yet): two files not linked, neither
-    /// small ([`mark`]), and no such pair of the two seen before.
-    /// The plan drops such a group where it joins two components
-    /// ([`super::from_db`]), so that a plan in batches is the plan in one
-    /// piece.
-    fn unproven(&mut self, a: Member, b: Member) -> bool {
-        let (x, y) = (self.index[&a.file()], self.index[&b.file()]);
-        if x == y || a.block() == 0 || b.block() == 0 || self.uf.find(x) == self.uf.find(y) {
+    /// Whether a group of two blocks alone, each given as its file's number
+    /// and its mark, is one lone pair that does not link their files
+    /// (yet): two files not linked, neither small ([`mark`]), and no such
+    /// pair of the two seen before. The plan drops such a group where it
+    /// joins two components ([`super::from_db`]), so that a plan in batches
+    /// is the plan in one piece.
+    fn unproven(&mut self, (x, a): (u32, u64), (y, b): (u32, u64)) -> bool {
+        if x == y || a == 0 || b == 0 || self.uf.find(x) == self.uf.find(y) {
             return false;
         }
         let pair = (x.min(y), x.max(y));
