@@ -65,3 +65,55 @@ fn bookends_stuck_on_a_full_disk_are_freed_by_the_next_incremental_run() {
     assert!(same_physical(&d.join("a"), 4 * 4096, &d.join("b"), 4 * 4096, 1996 * 4096));
     assert_eq!(num(&db_report(&vol), "pending_bytes"), 0);
 }
+
+/// A full temporary directory (`/var/tmp` is often the root filesystem,
+/// not the volume being shared) does not stop the run: the plan's first
+/// grouping then reads the database once per slice, and the plan's batches
+/// and the `--list` stay in memory. Tiny limits
+/// (`DEDUPSCAN_TEST_SMALL_BATCHES`) send all three to temporary files from
+/// the first few blocks and ranges.
+#[test]
+fn a_full_temporary_directory_does_not_stop_the_run() {
+    let Some(vol) = Volume::new(Fs::Btrfs, 256) else { return };
+    let d = vol.path("d");
+    std::fs::create_dir(&d).unwrap();
+    let mut rng = Rng::new(5);
+    for i in 0..12 {
+        let a = rng.bytes(64 << 10);
+        let mut b = a.clone();
+        b[i * 4096..i * 4096 + 8].copy_from_slice(b"changed!");
+        std::fs::write(d.join(format!("a{i}")), &a).unwrap();
+        std::fs::write(d.join(format!("b{i}")), &b).unwrap();
+    }
+    let tmp = tempfile::tempdir_in("/var/tmp").unwrap();
+    let mut mount = std::process::Command::new("mount");
+    assert!(mount.args(["-t", "tmpfs", "-o", "size=64k", "tmpfs"]).arg(tmp.path()).status().unwrap().success());
+    let _unmount = Unmount(tmp.path().to_owned());
+    fill(&tmp.path().join("filler"));
+    let before = Snapshot::take(&d);
+    let path = d.to_str().unwrap();
+    let run = |tmpdir: &std::path::Path, args: &[&str]| {
+        let out = dedupscan().arg(path).args(args).json().db(vol.db()).env("DEDUPSCAN_TEST_SMALL_BATCHES", "1");
+        out.env("TMPDIR", tmpdir).expect(0).run().json
+    };
+    let room = tempfile::tempdir_in("/var/tmp").unwrap();
+    let planned = num(&run(room.path(), &["--dry-run"]), "duplicate_bytes");
+    assert!(planned >= 12 * (60 << 10), "planned {planned}");
+    assert_eq!(num(&run(tmp.path(), &["--dry-run"]), "duplicate_bytes"), planned);
+    let listed = |r: &serde_json::Value| r["ranges"].as_array().map(|l| l.len()).unwrap_or(0);
+    let dry = run(room.path(), &["--dry-run", "--list"]);
+    assert!(listed(&dry) >= 12, "{dry:#}");
+    let r = run(tmp.path(), &["--list"]);
+    before.assert_same(&Snapshot::take(&d));
+    assert_eq!((num(&r, "duplicate_bytes"), num(&r, "deduped_bytes")), (planned, planned), "{r:#}");
+    assert_eq!(r["ranges"], dry["ranges"], "the list, kept in memory");
+}
+
+/// Unmounts its path when dropped.
+struct Unmount(std::path::PathBuf);
+
+impl Drop for Unmount {
+    fn drop(&mut self) {
+        let _ = std::process::Command::new("umount").arg(&self.0).status();
+    }
+}

@@ -9,7 +9,9 @@
 //! never visible, gone when the process ends however it ends), and the
 //! report streams them out: JSON through serde, text row by row with the
 //! column widths measured on the way in. Where no temporary file can be
-//! made, the list stays in memory.
+//! made, the list stays in memory; where the file stops taking entries (its
+//! filesystem full), the entries from the last whole flush on stay in
+//! memory after it, in order.
 
 use std::fs::File;
 use std::io::{self, BufRead, BufReader, BufWriter, Seek, Write};
@@ -25,6 +27,10 @@ use crate::display::human;
 /// temporary file.
 pub const MEM_ENTRIES: usize = 4096;
 
+/// Entries written to the temporary file between two flushes, and kept in
+/// memory until flushed (a full filesystem loses the buffered ones).
+const FLUSH_EVERY: usize = 256;
+
 /// Column headers of the text list; the last only when states are known.
 const HEAD: [&str; 6] = ["bytes", "source", "offset", "destination", "offset", "state"];
 
@@ -33,14 +39,37 @@ const LEFT: [usize; 2] = [1, 3];
 
 /// A list being built: [`List::push`] every range in order, then
 /// [`List::finish`].
-#[derive(Debug, Default)]
+#[derive(Debug)]
 pub struct List {
     mem: Vec<ListedRange>,
     spill: Option<BufWriter<File>>,
+    /// Entries flushed to the file.
     spilled: u64,
+    /// Entries written to the file since its last flush.
+    unflushed: Vec<ListedRange>,
+    /// Entries after the file stopped taking them.
+    tail: Vec<ListedRange>,
     widths: [usize; 6],
     with_state: bool,
     limit: Option<usize>,
+    /// Makes the temporary file ([`crate::sys::spill::spill_file`]).
+    make: fn() -> io::Result<File>,
+}
+
+impl Default for List {
+    fn default() -> List {
+        List {
+            mem: Vec::new(),
+            spill: None,
+            spilled: 0,
+            unflushed: Vec::new(),
+            tail: Vec::new(),
+            widths: [0; 6],
+            with_state: false,
+            limit: None,
+            make: crate::sys::spill::spill_file,
+        }
+    }
 }
 
 impl List {
@@ -71,8 +100,12 @@ impl List {
             self.mem.push(r);
             return Ok(());
         }
+        if !self.tail.is_empty() {
+            self.tail.push(r);
+            return Ok(());
+        }
         if self.spill.is_none() {
-            match crate::sys::spill::spill_file() {
+            match (self.make)() {
                 Ok(f) => self.spill = Some(BufWriter::new(f)),
                 Err(_) => {
                     // No room for a temporary file: memory it is.
@@ -83,14 +116,33 @@ impl List {
             }
         }
         let w = self.spill.as_mut().expect("just made");
-        serde_json::to_writer(&mut *w, &r)?;
-        w.write_all(b"\n")?;
-        self.spilled += 1;
+        let written = serde_json::to_writer(&mut *w, &r).map_err(io::Error::from).and_then(|()| w.write_all(b"\n"));
+        self.unflushed.push(r);
+        if written.is_err() || self.unflushed.len() >= FLUSH_EVERY {
+            self.flush();
+        }
         Ok(())
     }
 
+    /// Flush the file; where it cannot take what was written since its
+    /// last flush, those entries and all later ones stay in memory (`tail`),
+    /// and what the buffer held is dropped (never read: [`Listed`] reads
+    /// `spilled` lines).
+    fn flush(&mut self) {
+        let Some(w) = self.spill.as_mut() else { return };
+        if self.tail.is_empty() && w.flush().is_ok() {
+            self.spilled += self.unflushed.len() as u64;
+            self.unflushed.clear();
+            return;
+        }
+        let w = self.spill.take().expect("checked");
+        self.spill = Some(BufWriter::new(w.into_parts().0));
+        self.tail.append(&mut self.unflushed);
+    }
+
     /// The list, ready to be read (as often as wanted).
-    pub fn finish(self) -> io::Result<Listed> {
+    pub fn finish(mut self) -> io::Result<Listed> {
+        self.flush();
         let file = match self.spill {
             Some(w) => Some(Arc::new(w.into_inner().map_err(|e| e.into_error())?)),
             None => None,
@@ -99,6 +151,7 @@ impl List {
             mem: Arc::new(self.mem),
             file,
             spilled: self.spilled,
+            tail: Arc::new(self.tail),
             widths: self.widths,
             with_state: self.with_state,
         })
@@ -111,6 +164,7 @@ pub struct Listed {
     mem: Arc<Vec<ListedRange>>,
     file: Option<Arc<File>>,
     spilled: u64,
+    tail: Arc<Vec<ListedRange>>,
     widths: [usize; 6],
     with_state: bool,
 }
@@ -118,7 +172,7 @@ pub struct Listed {
 impl Listed {
     /// Number of ranges.
     pub fn len(&self) -> u64 {
-        self.mem.len() as u64 + self.spilled
+        (self.mem.len() + self.tail.len()) as u64 + self.spilled
     }
 
     /// True for a list of no range.
@@ -129,13 +183,14 @@ impl Listed {
     /// Call `f` on every range, in order.
     pub fn for_each(&self, mut f: impl FnMut(&ListedRange) -> io::Result<()>) -> io::Result<()> {
         self.mem.iter().try_for_each(&mut f)?;
-        let Some(file) = &self.file else { return Ok(()) };
-        let mut file: &File = file;
-        file.rewind()?;
-        for line in BufReader::new(file).lines() {
-            f(&serde_json::from_str(&line?)?)?;
+        if let Some(file) = &self.file {
+            let mut file: &File = file;
+            file.rewind()?;
+            for line in BufReader::new(file).lines().take(self.spilled as usize) {
+                f(&serde_json::from_str(&line?)?)?;
+            }
         }
-        Ok(())
+        self.tail.iter().try_for_each(&mut f)
     }
 
     /// Every range, read back into memory (tests).
@@ -230,6 +285,20 @@ mod tests {
         };
         assert_eq!(text(&mem), text(&spilled));
         assert_eq!(serde_json::to_value(list(0, 3, None)).unwrap(), serde_json::json!([]));
+    }
+
+    #[test]
+    fn a_full_temporary_file_keeps_the_rest_of_the_list_in_memory_in_order() {
+        let want: Vec<ListedRange> = (0..1000).map(|i| range(i, None)).collect();
+        let full = || File::options().write(true).read(true).open("/dev/full");
+        let none = || Err(io::Error::other("no room"));
+        for make in [full as fn() -> io::Result<File>, none] {
+            let mut l = List { make, ..List::with_limit(3) };
+            want.iter().for_each(|r| l.push(r.clone()).unwrap());
+            let listed = l.finish().unwrap();
+            assert_eq!(listed.len(), 1000);
+            assert_eq!(listed.to_vec().unwrap(), want);
+        }
     }
 
     #[test]
