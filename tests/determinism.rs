@@ -15,7 +15,7 @@
 mod common;
 
 use std::collections::HashSet;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::Command;
 
 use common::*;
@@ -172,17 +172,6 @@ fn run_on_copy(pristine: &Path, work: &Path, n: usize, threads: &str, rename: bo
         ranges.iter().map(|r| (facts[&r.src].key.ino, r.src_off, r.len, facts[&r.dest].key.ino, r.dest_off)).collect();
     plan.sort_unstable();
     (plan, freed, ideal, on_disk)
-}
-
-struct Unmount(PathBuf);
-
-impl Drop for Unmount {
-    fn drop(&mut self) {
-        let ok = Command::new("umount").arg(&self.0).status().is_ok_and(|s| s.success());
-        if !ok {
-            let _ = Command::new("umount").arg("-l").arg(&self.0).status();
-        }
-    }
 }
 
 #[test]

@@ -108,12 +108,3 @@ fn a_full_temporary_directory_does_not_stop_the_run() {
     assert_eq!((num(&r, "duplicate_bytes"), num(&r, "deduped_bytes")), (planned, planned), "{r:#}");
     assert_eq!(r["ranges"], dry["ranges"], "the list, kept in memory");
 }
-
-/// Unmounts its path when dropped.
-struct Unmount(std::path::PathBuf);
-
-impl Drop for Unmount {
-    fn drop(&mut self) {
-        let _ = std::process::Command::new("umount").arg(&self.0).status();
-    }
-}

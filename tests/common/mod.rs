@@ -189,6 +189,19 @@ impl Volume {
     }
 }
 
+/// Unmounts its path when dropped (lazily if busy: a panicking test may
+/// still hold a file).
+pub struct Unmount(pub PathBuf);
+
+impl Drop for Unmount {
+    fn drop(&mut self) {
+        let ok = Command::new("umount").arg(&self.0).status().is_ok_and(|s| s.success());
+        if !ok {
+            let _ = Command::new("umount").arg("-l").arg(&self.0).status();
+        }
+    }
+}
+
 impl Drop for Volume {
     fn drop(&mut self) {
         if self.mounted {
