@@ -5,12 +5,18 @@
 # file plus the block data).
 #
 #   benches/million.sh [FILES] [--fs xfs|btrfs] [--bin PATH]... [--keep | --reuse DIR]
-#                      [--max-file BYTES] [--xfs-block BYTES]
+#                      [--max-file BYTES] [--xfs-block BYTES] [--hardlinks K]
 #                       FILES default 1000000; 10M / 10000000 for the big run.
 #                       --max-file: files of 100 B up to about BYTES (4K);
 #                       --xfs-block: the XFS block size (4K). 10M files with
 #                       `--max-file 1K --xfs-block 1K` need ~16 GB of disk
 #                       instead of ~45 GB.
+#                       --hardlinks K: a backup target made by rsnapshot:
+#                       K hard-linked copies of the tree (cp -al, made once,
+#                       kept with the volume), every file K+1 names; then
+#                       measures instead a scan of every name, a scan of
+#                       one copy (each file kept out of the plan: one name
+#                       seen) and `report` of that.
 #                       --bin (repeatable): measure these binaries instead of
 #                       this tree's release build, one after the other on
 #                       the same files, each with a database of its own (A/B;
@@ -33,7 +39,7 @@
 # sparse image is written); btrfs keeps files under 2 KiB inline in its
 # metadata (10M files: ~15 GB). Creating 10M files takes 10-20 minutes.
 set -euo pipefail
-n=1000000 fs=xfs bins=() keep=0 reuse= max_file=4096 xfs_block=4096
+n=1000000 fs=xfs bins=() keep=0 reuse= max_file=4096 xfs_block=4096 hardlinks=0
 while [ $# -gt 0 ]; do
   case $1 in
     --fs) fs=${2:?}; shift ;;
@@ -42,7 +48,8 @@ while [ $# -gt 0 ]; do
     --max-file) max_file=$(numfmt --from=iec "${2:?}"); shift ;;
     --xfs-block) xfs_block=$(numfmt --from=iec "${2:?}"); shift ;;
     --reuse) reuse=$(realpath "${2:?}"); shift ;;
-    -h | --help) sed -n '2,34p' "$0"; exit 0 ;;
+    --hardlinks) hardlinks=${2:?}; shift ;;
+    -h | --help) sed -n '2,40p' "$0"; exit 0 ;;
     *) n=$(numfmt --from=si "$1") ;;
   esac
   shift
@@ -99,6 +106,9 @@ PY
   echo "$n" > "$work/files.count"
   echo "$fs" > "$work/fs"
 fi
+for k in $(seq 1 "$hardlinks"); do
+  [ -d "$work/mnt/snap.$k" ] || { echo "cp -al files snap.$k"; cp -al "$work/mnt/files" "$work/mnt/snap.$k"; }
+done
 sync
 secs() { awk -F': ' '/Elapsed \(wall/ {n = split($2, t, ":"); s = 0; for (i = 1; i <= n; i++) s = s * 60 + t[i]; print s}' "$1"; }
 measure() {
@@ -112,6 +122,18 @@ measure() {
 }
 measure "cold find ($n files)" sh -c 'find "$1" -type f -printf "%s %T@ %C@ %i\n" > /dev/null' sh "$work/mnt/files"
 find_s=$last
+if [ "$hardlinks" -gt 0 ]; then
+  for bin in "${bins[@]}"; do
+    echo "== $bin ($n files, $((hardlinks + 1)) names each)"
+    db=$work/db-$RANDOM.sqlite
+    measure "scan, every name" "$bin" scan "$work/mnt" --db "$db" --progress never -q
+    rm -f "$db"*
+    measure "scan, one copy" "$bin" scan "$work/mnt/files" --db "$db" --progress never -q
+    measure "report" "$bin" report --db "$db"
+    rm -f "$db"*
+  done
+  exit 0
+fi
 for bin in "${bins[@]}"; do
   echo "== $bin"
   db=$work/db-$RANDOM.sqlite

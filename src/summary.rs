@@ -273,10 +273,7 @@ fn live_status(db: &Db, block_size: u64, progress: &dyn Progress, list: bool) ->
     // facts of one batch's files at a time, and the space on disk measured
     // from rows streamed from the database.
     let mut allowed = db.all_ids()?;
-    let kept_out = db.kept_out()?;
-    for id in &kept_out {
-        allowed.remove(*id);
-    }
+    let kept_out = db.for_each_kept_out(|id| allowed.remove(id))?;
     // The deepest directory holding every known file (dirs hold files).
     let dirs = db.dir_paths()?;
     let root = common_dir(dirs.iter().map(|d| d.as_path()));
@@ -290,7 +287,7 @@ fn live_status(db: &Db, block_size: u64, progress: &dyn Progress, list: bool) ->
         unknown: 0,
         whole_dup_files: 0,
         whole_dup_bytes: 0,
-        kept_out: kept_out.len() as u64,
+        kept_out,
         groups: vec![],
         dirs: vec![],
         ranges: None,

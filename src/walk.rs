@@ -47,6 +47,7 @@ use crate::progress::Progress;
 use crate::sys::beneath::{self, Tree};
 use crate::sys::FsKind;
 use links::HardLinks;
+pub use links::Outside;
 use listed::Listed;
 
 mod links;
@@ -68,7 +69,7 @@ pub struct WalkResult {
     /// `(st_dev, ino)` of the multiply-linked files handed to the callback
     /// that must stay out of this run's plan: the crawl did not see every
     /// one of their names, or left one out (the rule: `walk/links.rs`).
-    pub links_outside: Vec<(u64, u64)>,
+    pub links_outside: Outside,
 }
 
 /// Directories are read and their entries `fstatat`ed by this many threads

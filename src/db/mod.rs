@@ -10,6 +10,7 @@
 //! thread.
 
 pub mod explain;
+pub mod kept_out;
 pub mod maps;
 pub mod migrate;
 pub mod place;
@@ -233,38 +234,6 @@ impl Db {
             )?;
         }
         tx.commit()
-    }
-
-    /// Record which files run `run` kept out of its plan for their hard
-    /// links (see `schema/0009_kept_out.sql`): `kept`; the rows of other
-    /// files it saw (`seen`) are dropped, those of files it did not see
-    /// stay, those of forgotten files go.
-    pub fn save_kept_out(&self, run: i64, kept: &[FileId], seen: impl Fn(FileId) -> bool) -> rusqlite::Result<()> {
-        let tx = self.conn.unchecked_transaction()?;
-        {
-            let old: Vec<FileId> =
-                tx.prepare("SELECT file_id FROM kept_out")?.query_map([], |r| r.get(0))?.collect::<Result<_, _>>()?;
-            let mut del = tx.prepare("DELETE FROM kept_out WHERE file_id = ?1")?;
-            for id in old.into_iter().filter(|&id| seen(id)) {
-                del.execute([id])?;
-            }
-            let mut ins = tx.prepare("INSERT OR REPLACE INTO kept_out (file_id, run) VALUES (?1, ?2)")?;
-            for id in kept {
-                ins.execute(params![id, run])?;
-            }
-            tx.execute("DELETE FROM kept_out WHERE file_id NOT IN (SELECT id FROM files)", [])?;
-        }
-        tx.commit()
-    }
-
-    /// The files the last run that saw them kept out of its plan for their
-    /// hard links (none in a database from before schema v9).
-    pub fn kept_out(&self) -> rusqlite::Result<Vec<FileId>> {
-        let Ok(mut st) = self.conn.prepare("SELECT file_id FROM kept_out ORDER BY file_id") else {
-            return Ok(Vec::new());
-        };
-        let rows = st.query_map([], |r| r.get(0))?;
-        rows.collect()
     }
 
     /// Drop every block fingerprint (after the block size changed, all

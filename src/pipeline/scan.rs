@@ -19,7 +19,7 @@ use crate::batched::Batched;
 use crate::changes::{ChangeCounts, Classifier, Probe, Sorted};
 use crate::db::reader::Reader;
 use crate::db::writer::{self, WriteOp, CHANNEL_CAP};
-use crate::db::Db;
+use crate::db::{kept_out, Db};
 use crate::display::{display_path, human};
 use crate::hash::pool::{self, HashOutcome, Hashed, PoolOptions, HASH_BATCH, HASH_QUEUE};
 use crate::hash::MapBytes;
@@ -134,7 +134,7 @@ struct Crawled {
     classifier: Classifier<Reader>,
     pub(super) walk_ms: u64,
     /// [`WalkResult::links_outside`], known by volume key.
-    links_outside: Vec<FileKey>,
+    links_outside: walk::Outside,
 }
 
 /// Keep the multiply-linked files the crawl could not vouch for
@@ -147,26 +147,31 @@ struct Crawled {
 fn keep_links_outside(
     db: &Db,
     run_id: i64,
-    keys: &[FileKey],
+    keys: &walk::Outside,
     (seen, walked): (&mut IdSet, &mut WalkResult),
     progress: &dyn Progress,
 ) -> Result<()> {
-    let mut ids = Vec::new();
-    for key in keys {
-        // Not recorded (failed, or found protected when opened): nothing
-        // to keep out.
-        match db.id_of(*key)? {
-            Some(id) if seen.contains(id) => ids.push(id),
-            _ => {}
+    let mut kept = db.kept_out_writer(run_id, |id| seen.contains(id))?;
+    let mut keys = keys.iter().map(|(volume, ino)| FileKey { volume, ino }).peekable();
+    let mut count = 0;
+    // A chunk at a time: where the crawl met one name of each file (one
+    // snapshot of an rsnapshot tree), every file is kept out.
+    while keys.peek().is_some() {
+        let mut ids = Vec::new();
+        for key in keys.by_ref().take(kept_out::CHUNK) {
+            // Not recorded (failed, or found protected when opened):
+            // nothing to keep out.
+            match db.id_of(key)? {
+                Some(id) if seen.contains(id) => ids.push(id),
+                _ => {}
+            }
         }
-    }
-    db.save_kept_out(run_id, &ids, |id| seen.contains(id))?;
-    for id in &ids {
-        seen.remove(*id);
-    }
-    if !ids.is_empty() {
-        *walked.skipped.entry(SkipReason::HardlinkOutside).or_default() += ids.len() as u64;
-        let mut names: Vec<_> = db.file_facts(ids.iter().copied())?.into_values().map(|f| f.path).collect();
+        kept.add(&ids)?;
+        for id in &ids {
+            seen.remove(*id);
+        }
+        count += ids.len() as u64;
+        let mut names: Vec<_> = db.file_facts(ids)?.into_values().map(|f| f.path).collect();
         names.sort();
         for path in names {
             progress.info(&format!(
@@ -174,6 +179,10 @@ fn keep_links_outside(
                 display_path(&path)
             ));
         }
+    }
+    kept.finish()?;
+    if count > 0 {
+        *walked.skipped.entry(SkipReason::HardlinkOutside).or_default() += count;
     }
     Ok(())
 }
@@ -263,14 +272,13 @@ fn crawl(
             Sorted::Unchanged | Sorted::Left(_) => {}
         }
     };
-    let walked = walk::walk(&job.tree, job.scan.fs.kind, &job.policy, progress, stop, each, hand_over);
+    let mut walked = walk::walk(&job.tree, job.scan.fs.kind, &job.policy, progress, stop, each, hand_over);
     drop(queued); // hands over the last batch
                   // The crawl is over: from here the scan has a total and an ETA.
     let n = classifier.counts();
     progress.set_total(n.queued_bytes, Some(n.queued_files));
     // Each of these files was handed on, so its st_dev was asked for a key.
-    let links_outside =
-        walked.links_outside.iter().map(|&(dev, ino)| FileKey { volume: keys.given(dev), ino }).collect();
+    let links_outside = std::mem::take(&mut walked.links_outside).map_devices(|dev| keys.given(dev));
     Crawled { walked, classifier, walk_ms: ms(t), links_outside }
 }
 
