@@ -179,6 +179,12 @@ impl IdSet {
     pub fn is_empty(&self) -> bool {
         self.words.iter().all(|&w| w == 0)
     }
+
+    /// The ids, in order.
+    pub fn iter(&self) -> impl Iterator<Item = FileId> + '_ {
+        let ones = |(w, &bits): (usize, &u64)| (0..64).filter(move |b| bits >> b & 1 == 1).map(move |b| w * 64 + b);
+        self.words.iter().enumerate().flat_map(ones).map(|i| FileId(i as i64))
+    }
 }
 
 impl FromIterator<FileId> for IdSet {

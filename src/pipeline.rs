@@ -11,6 +11,7 @@
 //! reports through [`Progress`] how much work remains.
 
 mod batches;
+mod complete;
 mod fingerprints;
 mod freespace;
 mod scan;
@@ -37,6 +38,7 @@ use crate::report::{List, Listed, ListedRange, Report, RewriteWhatIf};
 use crate::sys::beneath::Tree;
 use crate::sys::{self, FsKind};
 use batches::Batches;
+use complete::Complete;
 use fingerprints::check_fingerprints;
 use freespace::{free_bytes, FreeSpace};
 use scan::{scan_phase, ScanOutcome};
@@ -161,7 +163,9 @@ fn run_inner(
             (None, None) => false,
         };
     if complete {
-        db.set_meta(LAST_SHARE_RUN, &run_id.to_string())?;
+        if let Some(cfg) = share {
+            complete::record(&db, Complete::new(run_id, &job.scan.paths, plan_settings(cfg)))?;
+        }
     }
     let report = report(&job, &scanned, planned.as_ref(), sharing.as_ref(), ms(t0));
     // Stored without its `--list`: the history keeps numbers, and a list
@@ -170,9 +174,16 @@ fn run_inner(
     Ok(report)
 }
 
-/// Meta key: id of the last real run that went through all of its plan.
-/// Files hashed before it were matched and shared then.
-const LAST_SHARE_RUN: &str = "last_complete_share_run";
+/// The settings a plan depends on beyond the files, as one string: a run
+/// with other ones (a lower `--min-range` after a cautious first run) plans
+/// every file, not only those new since the last complete run, which was
+/// matched under the old settings (see [`complete`]).
+fn plan_settings(cfg: &ShareConfig) -> String {
+    format!(
+        "min_range={} rewrite_ratio={} share_snapshotted={} keep_zeros={}",
+        cfg.min_range, cfg.rewrite_ratio, cfg.share_snapshotted, cfg.keep_zeros
+    )
+}
 
 /// A row of the `pending` table: destination, why, planned bytes.
 type PendingRow = (FileId, String, u64);
@@ -213,8 +224,12 @@ fn plan_phase(
     // Files of this run, as recorded (the facts they were hashed under).
     let allowed = &scanned.seen;
     // Incremental: everything hashed before the last complete sharing run
-    // was matched then; plan only the groups that hold a newer file.
-    let last_share: Option<i64> = db.meta(LAST_SHARE_RUN)?.and_then(|v| v.parse().ok());
+    // that saw all this run sees, with its settings, was matched then; plan
+    // only the groups that hold a newer file.
+    let last_share = complete::last_complete(db, &job.scan.paths, &plan_settings(cfg))?;
+    if job.scan.incremental && last_share.is_none() {
+        progress.info("planning every file: no complete run over these paths with these settings yet");
+    }
     // Destinations an earlier run left pending are planned again, even when
     // nothing changed: those that ran out of space every time (the space may
     // be back), those whose extents a file outside the plan kept only once

@@ -140,3 +140,51 @@ fn xfs_a_hard_link_outside_the_starting_path_is_left_alone() {
 fn btrfs_a_hard_link_outside_the_starting_path_is_left_alone() {
     name_outside(Fs::Btrfs);
 }
+
+/// One copy of an rsnapshot-like backup (every file with a second name in
+/// the next copy), more files than the run handles at a time (65,536):
+/// scanned alone, every one is kept out, named with `-v`, counted by the
+/// run and by `report`, and nothing is shared; scanned with the other
+/// copy, all are let in again, unchanged, and the copies among them are
+/// planned (by a preview, then by a real run) and shared.
+#[test]
+fn xfs_one_copy_of_a_hard_linked_backup_is_kept_out_whole() {
+    const FILES: usize = 70_000;
+    let Some(vol) = Volume::new(Fs::Xfs, 700) else { return };
+    let (daily0, daily1) = (vol.path("daily.0"), vol.path("daily.1"));
+    // Files of two blocks; the first 1,000 are 500 pairs of copies.
+    let content = |i: usize| {
+        let key = if i < 1000 { i % 500 } else { i } as u64;
+        let mut b = vec![0xa5u8; 8192];
+        b[..8].copy_from_slice(&key.to_le_bytes());
+        b[4096..4104].copy_from_slice(&(!key).to_le_bytes());
+        b
+    };
+    let path = |root: &Path, i: usize| root.join(format!("d{:03}/f{i:05}", i / 1000));
+    for i in 0..FILES {
+        put(&path(&daily0, i), &content(i));
+        std::fs::create_dir_all(path(&daily1, i).parent().unwrap()).unwrap();
+        std::fs::hard_link(path(&daily0, i), path(&daily1, i)).unwrap();
+    }
+    let (a, b) = (path(&daily0, 7), path(&daily0, 507));
+    let before = Snapshot::take(&vol.mnt);
+
+    let out = dedupscan().arg(&daily0).arg("-v").json().db(vol.db()).expect(0).run();
+    before.assert_same(&Snapshot::take(&vol.mnt));
+    assert_eq!(kept_out(&out.json), FILES as u64, "{:#}", out.json);
+    let named = out.stderr.lines().filter(|l| l.contains("another of its hard links is outside")).count();
+    assert_eq!(named, FILES, "-v names each file kept out once");
+    assert_eq!(shared_bytes(&a) + shared_bytes(&b), 0, "a file kept out was shared");
+    assert_eq!(num(&db_report(&vol), "kept_out_files"), FILES as u64);
+
+    // Let in again, though none of them changed: planned by a preview,
+    // which shares nothing, and then by the run that shares (each an
+    // incremental run after the complete first one).
+    let r = run_json(&vol, &[s(&vol.mnt), "--dry-run"]);
+    assert_eq!((kept_out(&r), num(&r, "ranges_planned")), (0, 500), "{r:#}");
+    assert_eq!(shared_bytes(&a) + shared_bytes(&b), 0, "the preview shared");
+    let r = run_json(&vol, &[s(&vol.mnt)]);
+    assert_eq!((kept_out(&r), num(&r, "ranges_planned")), (0, 500), "{r:#}");
+    assert!(same_physical(&a, 0, &b, 0, 8192), "the copies were not shared once both names were seen: {r:#}");
+    assert_eq!(num(&db_report(&vol), "kept_out_files"), 0);
+}

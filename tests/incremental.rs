@@ -241,3 +241,66 @@ fn a_file_marked_nodedup_after_it_was_hashed_is_left_alone_and_forgotten() {
     let sum = db_report(&vol);
     assert_eq!(sum["files"].as_u64(), Some(1), "protected files are forgotten: {sum:#}");
 }
+
+/// A cautious first run with a high `--min-range`, then the default: the
+/// files did not change, but the ranges the first run found too short are
+/// planned and shared now (an incremental plan used to take the files as
+/// matched already). A third run with the same settings plans nothing.
+#[test]
+fn a_lower_min_range_plans_the_unchanged_files_again() {
+    let Some(vol) = Volume::new(Fs::Xfs, 320) else { return };
+    let d = vol.path("d");
+    std::fs::create_dir(&d).unwrap();
+    let mut rng = Rng::new(37);
+    let (mut a, mut b) = (rng.bytes(1 << 20), rng.bytes(1 << 20));
+    // 32 KiB in common, at 256 KiB in a and 512 KiB in b.
+    let common = rng.bytes(32 << 10);
+    a[256 << 10..288 << 10].copy_from_slice(&common);
+    b[512 << 10..544 << 10].copy_from_slice(&common);
+    let (pa, pb) = (d.join("a"), d.join("b"));
+    std::fs::write(&pa, &a).unwrap();
+    std::fs::write(&pb, &b).unwrap();
+    let before = Snapshot::take(&d);
+
+    let r = run_json(&vol, &[s(&d), "--min-range", "64K"]);
+    assert_eq!((num(&r, "ranges_planned"), num(&r, "deduped_bytes")), (0, 0), "{r:#}");
+    let r = run_json(&vol, &[s(&d), "--incremental"]);
+    assert_eq!((num(&r, "files_unchanged"), num(&r, "ranges_planned")), (2, 1), "{r:#}");
+    assert!(same_physical(&pa, 256 << 10, &pb, 512 << 10, 32 << 10), "not shared: {r:#}");
+    before.assert_same(&Snapshot::take(&d));
+    let r = run_json(&vol, &[s(&d), "--incremental"]);
+    assert_eq!(num(&r, "ranges_planned"), 0, "planned again with the same settings: {r:#}");
+}
+
+/// A run over part of the tree matches its new files against that part
+/// only. Nightly runs over the whole tree, a run by hand over `a` in
+/// between that finds a new file there: the copy of it in `b` is shared by
+/// the next nightly run (it was taken as matched by the run over `a`, and
+/// never shared). And the run over `a` builds on the nightly one: an
+/// unchanged tree plans nothing.
+#[test]
+fn a_run_over_part_of_the_tree_does_not_hide_copies_elsewhere() {
+    let Some(vol) = Volume::new(Fs::Xfs, 320) else { return };
+    let (top, a, b) = (vol.path("srv"), vol.path("srv/a"), vol.path("srv/b"));
+    std::fs::create_dir_all(&a).unwrap();
+    std::fs::create_dir_all(&b).unwrap();
+    let mut rng = Rng::new(41);
+    std::fs::write(a.join("old"), rng.bytes(200_000)).unwrap();
+    let data = rng.bytes(300_000);
+    std::fs::write(b.join("copy"), &data).unwrap();
+    let r = run_json(&vol, &[s(&top)]);
+    assert_eq!(num(&r, "ranges_planned"), 0, "{r:#}");
+    let r = run_json(&vol, &[s(&a), "--incremental"]);
+    assert_eq!((num(&r, "files_hashed"), num(&r, "ranges_planned")), (0, 0), "nothing new under a: {r:#}");
+
+    std::fs::write(a.join("new"), &data).unwrap();
+    let r = run_json(&vol, &[s(&a), "--incremental"]);
+    assert_eq!((num(&r, "files_hashed"), num(&r, "ranges_planned")), (1, 0), "its copy is not under a: {r:#}");
+    let before = Snapshot::take(&top);
+    let r = run_json(&vol, &[s(&top), "--incremental"]);
+    assert_eq!((num(&r, "files_hashed"), num(&r, "ranges_planned")), (0, 1), "{r:#}");
+    assert!(same_physical(&a.join("new"), 0, &b.join("copy"), 0, 300_000), "not shared: {r:#}");
+    before.assert_same(&Snapshot::take(&top));
+    let r = run_json(&vol, &[s(&top), "--incremental"]);
+    assert_eq!(num(&r, "ranges_planned"), 0, "{r:#}");
+}

@@ -266,8 +266,23 @@ fn outside_files(outside: &Path) -> Vec<PathBuf> {
     (0..FILES).flat_map(|i| [outside.join(format!("f{i:03}")), outside.join(format!("d/g{i:03}"))]).collect()
 }
 
+/// The race, tried again when the attacker came too late to run it: in
+/// the share race on a loaded machine, it may swap `sub` only after the
+/// share phase reached all of its files (exit 0, no error). Every promise
+/// is checked on every try.
 fn race(fs: Fs, target: Target, moment: Moment) {
-    let Some(s) = scene(fs, target) else { return };
+    for attempt in 1..=3 {
+        if race_once(fs, target, moment) {
+            return;
+        }
+        eprintln!("try {attempt}: the attacker swapped after the share phase was through sub; again");
+    }
+    panic!("{fs:?}, {target:?}, {moment:?}: the attacker came too late three times, the race never ran");
+}
+
+/// One try of [`race`]: whether the race ran (the swap came in time).
+fn race_once(fs: Fs, target: Target, moment: Moment) -> bool {
+    let Some(s) = scene(fs, target) else { return true };
     let outside_before = Snapshot::take(&s.outside);
     let legit_before = Snapshot::take(&s.tree.join("a"));
     let outside_inos: HashSet<u64> =
@@ -331,7 +346,8 @@ fn race(fs: Fs, target: Target, moment: Moment) {
         Moment::Share => code == 1,
         Moment::Move | Moment::Link => unreachable!("tested by moved_directory() and linked_during_share()"),
     };
-    check(ok, format!("exit code {code} (errors {})", r["error_kinds"]));
+    let late = moment == Moment::Share && code == 0 && kinds.is_empty();
+    check(ok || late, format!("exit code {code} (errors {})", r["error_kinds"]));
 
     if moment == Moment::Share {
         // `report` opens every recorded file again, through the swapped path.
@@ -342,6 +358,7 @@ fn race(fs: Fs, target: Target, moment: Moment) {
         check(opened.is_empty(), format!("report opened files outside the tree, e.g.:\n  {}", opened.join("\n  ")));
     }
     assert!(broken.is_empty(), "{fs:?}, {target:?}, {moment:?}:\n- {}\n{stderr}", broken.join("\n- "));
+    !late
 }
 
 #[test]

@@ -6,7 +6,7 @@
 use rusqlite::{params, Transaction};
 
 use super::Db;
-use crate::file::FileId;
+use crate::file::{FileId, IdSet};
 
 /// Rows read, or files looked up, at a time.
 pub const CHUNK: usize = 1 << 16;
@@ -15,9 +15,18 @@ pub const CHUNK: usize = 1 << 16;
 /// files it saw were dropped when this was made; [`KeptOut::add`] adds
 /// those it keeps out, [`KeptOut::finish`] drops the rows of forgotten
 /// files and commits. Rows of files it did not see stay.
+///
+/// A file an earlier run kept out and this one lets in (the crawl saw
+/// every name this time: `dedupscan /backup/daily.0`, then `dedupscan
+/// /backup`) is new to the plan though it did not change: its
+/// `hashed_run` becomes `run`, so that an incremental plan, this run's or
+/// a later one's if this one only previews, takes it up. It used to stay
+/// unshared until it changed ("nothing new since the last complete run").
 pub struct KeptOut<'a> {
     tx: Transaction<'a>,
     run: i64,
+    /// Files whose rows were dropped and not added again: let in.
+    let_in: IdSet,
 }
 
 impl Db {
@@ -25,6 +34,7 @@ impl Db {
     /// rows of the files it saw (`seen`) are dropped first.
     pub fn kept_out_writer(&self, run: i64, seen: impl Fn(FileId) -> bool) -> rusqlite::Result<KeptOut<'_>> {
         let tx = self.conn.unchecked_transaction()?;
+        let mut let_in = IdSet::new();
         {
             let mut old = tx.prepare("SELECT file_id FROM kept_out WHERE file_id > ?1 ORDER BY file_id LIMIT ?2")?;
             let mut del = tx.prepare("DELETE FROM kept_out WHERE file_id = ?1")?;
@@ -35,11 +45,12 @@ impl Db {
                 let Some(&last) = ids.last() else { break };
                 for id in ids.into_iter().filter(|&id| seen(id)) {
                     del.execute([id])?;
+                    let_in.insert(id);
                 }
                 after = last;
             }
         }
-        Ok(KeptOut { tx, run })
+        Ok(KeptOut { tx, run, let_in })
     }
 
     /// Each file the last run that saw it kept out of its plan for its
@@ -63,14 +74,22 @@ impl KeptOut<'_> {
     /// These files are kept out by this run.
     pub fn add(&mut self, kept: &[FileId]) -> rusqlite::Result<()> {
         let mut ins = self.tx.prepare_cached("INSERT OR REPLACE INTO kept_out (file_id, run) VALUES (?1, ?2)")?;
-        for id in kept {
+        for &id in kept {
             ins.execute(params![id, self.run])?;
+            self.let_in.remove(id);
         }
         Ok(())
     }
 
-    /// Drop the rows of forgotten files; commit.
+    /// Mark the files let in new to the plan; drop the rows of forgotten
+    /// files; commit.
     pub fn finish(self) -> rusqlite::Result<()> {
+        {
+            let mut new = self.tx.prepare("UPDATE files SET hashed_run = ?1 WHERE id = ?2")?;
+            for id in self.let_in.iter() {
+                new.execute(params![self.run, id])?;
+            }
+        }
         self.tx.execute("DELETE FROM kept_out WHERE file_id NOT IN (SELECT id FROM files)", [])?;
         self.tx.commit()
     }
@@ -122,7 +141,12 @@ mod tests {
         kept.add(&third).unwrap();
         kept.finish().unwrap();
         let rest = all.into_iter().filter(|&id| !saw(id) && id.0 != 100_001);
-        assert_eq!(kept_out(&db), third.into_iter().chain(rest).collect::<Vec<_>>());
+        assert_eq!(kept_out(&db), third.iter().copied().chain(rest).collect::<Vec<_>>());
+        // The files run 2 let in are new to the plan since run 2; those it
+        // kept out, or did not see, are not.
+        let new = db.hashed_after(1).unwrap();
+        assert_eq!(new.len(), 100_000 - third.len(), "let in: seen and not kept out");
+        assert!(new.iter().all(|id| saw(*id) && id.0 % 3 != 0), "{:?}", &new[..10]);
         let runs: i64 = db.conn.query_row("SELECT count(DISTINCT run) FROM kept_out", [], |r| r.get(0)).unwrap();
         assert_eq!(runs, 2);
     }
