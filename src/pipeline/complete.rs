@@ -19,10 +19,9 @@ use crate::db::Db;
 
 /// Meta key: the last complete runs, newest first, as JSON.
 const COMPLETE_RUNS: &str = "complete_share_runs";
-/// Meta keys of builds that kept one complete run, whatever its paths
-/// (read when [`COMPLETE_RUNS`] is not there yet).
+/// Meta key of builds that kept one complete run, whatever its paths and
+/// settings (read when [`COMPLETE_RUNS`] is not there yet).
 const LAST_SHARE_RUN: &str = "last_complete_share_run";
-const LAST_SHARE_SETTINGS: &str = "last_complete_share_settings";
 /// Runs kept: a few sets of starting paths in turn (nightly `/srv`, now
 /// and then `/srv/a` by hand) never reach it.
 const KEPT: usize = 16;
@@ -55,10 +54,7 @@ pub(super) fn last_complete(db: &Db, roots: &[PathBuf], settings: &str) -> rusql
     Ok(match db.meta(COMPLETE_RUNS)? {
         Some(json) => choose(&parse(&json), &this),
         // Recorded by a build that kept one run: as that build did.
-        None => match db.meta(LAST_SHARE_RUN)?.and_then(|v| v.parse().ok()) {
-            Some(run) => db.meta(LAST_SHARE_SETTINGS)?.is_none_or(|s| s == settings).then_some(run),
-            None => None,
-        },
+        None => db.meta(LAST_SHARE_RUN)?.and_then(|v| v.parse().ok()),
     })
 }
 
