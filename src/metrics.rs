@@ -206,6 +206,11 @@ fn last_run(m: &mut Metrics, last: &Value, this: Option<&Value>, history: &[Past
         ("unchanged_files", "files_unchanged", "Known files the last run did not reopen (size and times unchanged)."),
         ("renamed_files", "files_renamed", "Known files the last run found under a new path."),
         ("removed_files", "files_removed", "Files gone since the run before the last."),
+        (
+            "stale_files",
+            "files_stale",
+            "Files the last run found changed without a change of size or times (read again next run).",
+        ),
         ("logical_bytes", "logical_bytes", "Sum of the sizes of the files the last run considered."),
         ("hashed_bytes", "bytes_hashed", "Bytes the last run read and hashed."),
         ("planned_ranges", "ranges_planned", "Duplicate ranges the last run's plan found."),

@@ -365,9 +365,7 @@ fn share_phase(
         let files = db.file_facts(plan.files())?;
         let mut o =
             dedupe::execute(plan, &files, unshared, &job.tree, block_size, mode, bookends, progress, stop, sharing);
-        if mode == Mode::Share {
-            save_batch(db, run_id, plan, &o, stop.load(Ordering::Relaxed))?;
-        }
+        save_batch(db, run_id, plan, &o, mode, stop.load(Ordering::Relaxed))?;
         // What is per file is in the database now; the report needs totals.
         for (why, n) in o.pinned_by_reason() {
             *pinned_by_reason.entry(why).or_default() += n;
@@ -428,9 +426,14 @@ fn sharing(job: &Job, stats: &PlanStats, progress: &dyn Progress) -> dedupe::Sha
 }
 
 /// Record what sharing one batch left pending and pinned, per file, in the
-/// database. A stopped run may not have reached every destination of the
-/// batch: then it only adds to what is pending.
-fn save_batch(db: &Db, run_id: i64, plan: &Plan, o: &dedupe::Outcome, stopped: bool) -> Result<()> {
+/// database, and (a dry run too) the files found stale. A stopped run may
+/// not have reached every destination of the batch: then it only adds to
+/// what is pending.
+fn save_batch(db: &Db, run_id: i64, plan: &Plan, o: &dedupe::Outcome, mode: Mode, stopped: bool) -> Result<()> {
+    db.distrust(&o.stale)?;
+    if mode != Mode::Share {
+        return Ok(());
+    }
     let handled: HashSet<FileId> = if stopped { HashSet::new() } else { plan.ranges.iter().map(|r| r.dest).collect() };
     let now: Vec<(FileId, &str, u64)> = o.pending.iter().map(|(id, (why, b))| (*id, why.name(), *b)).collect();
     db.save_pending(&handled, &now, run_id)?;
@@ -521,6 +524,7 @@ fn add_sharing(r: &mut Report, e: &Executed) {
     r.pinned_bytes = e.pinned_by_reason.values().sum();
     r.pinned_by_reason = e.pinned_by_reason.iter().map(|(k, n)| (k.name().to_owned(), *n)).collect();
     r.sources_swapped = out.swapped_sources;
+    r.files_stale = out.stale.len() as u64;
     let what_if = dedupe::bookend::WHAT_IF_RATIOS.iter().zip(out.rewrite_what_if);
     r.rewrite_what_if = what_if
         .filter(|(_, (free, _))| *free > 0)

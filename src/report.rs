@@ -102,6 +102,11 @@ pub struct Report {
     pub files_renamed: u64,
     /// Files that could not be read (each counted in `error_kinds` too).
     pub files_failed: u64,
+    /// Files whose contents the share phase found changed since they were
+    /// hashed although their size and times were not (a write through a
+    /// shared memory mapping changes no time): a range planned from their
+    /// fingerprints differed. The next run reads them again.
+    pub files_stale: u64,
     /// Known files under the starting paths the crawl no longer found
     /// (forgotten by the database).
     pub files_removed: u64,
@@ -371,6 +376,10 @@ impl Report {
         t.row(["  moved".to_owned(), self.files_renamed.to_string(), String::new()]);
         if self.files_failed > 0 {
             t.row(["  unreadable".to_owned(), self.files_failed.to_string(), String::new()]);
+        }
+        if self.files_stale > 0 {
+            let why = "changed without a change of times; read again next run";
+            t.row(["  stale".to_owned(), self.files_stale.to_string(), why.to_owned()]);
         }
         t.row(["removed since last run".to_owned(), self.files_removed.to_string(), String::new()]);
         t

@@ -5,6 +5,8 @@
 mod common;
 
 use std::io::{BufRead, BufReader, Write};
+use std::os::fd::AsRawFd;
+use std::os::unix::fs::MetadataExt;
 
 use common::*;
 use dedupscan::corpus::Rng;
@@ -303,4 +305,70 @@ fn a_run_over_part_of_the_tree_does_not_hide_copies_elsewhere() {
     before.assert_same(&Snapshot::take(&top));
     let r = run_json(&vol, &[s(&top), "--incremental"]);
     assert_eq!(num(&r, "ranges_planned"), 0, "{r:#}");
+}
+
+/// A file written through a shared memory mapping to a page already dirty
+/// changes no time: its size, mtime and ctime say "unchanged", its
+/// recorded fingerprints say "the old contents". Here `f` is hashed as X,
+/// then becomes Y that way; `h` holds X, `g` holds Y. The run that plans
+/// `f` with `h` finds them different (the kernel's compare, or a dry run's
+/// own) and has the next run read both again, which then shares `f` with
+/// `g`. Before, `f` kept its stale fingerprints until it changed again:
+/// `g` was never shared with it. One-block files, which the scan reads
+/// without mapping them (a FIEMAP with its sync flag would have written the
+/// page back, and the next write through the mapping would then have moved
+/// the times).
+fn stale_fingerprints_are_read_again(fs: Fs, dry_run: bool) {
+    let Some(vol) = Volume::new(fs, 320) else { return };
+    let d = vol.path("d");
+    std::fs::create_dir(&d).unwrap();
+    let mut rng = Rng::new(43);
+    let (x, y) = (rng.bytes(4096), rng.bytes(4096));
+    std::fs::write(d.join("h"), &x).unwrap();
+    std::fs::write(d.join("g"), &y).unwrap();
+    let f = std::fs::OpenOptions::new().read(true).write(true).create(true).truncate(true).open(d.join("f")).unwrap();
+    f.set_len(4096).unwrap();
+    // SAFETY: a fresh shared mapping of the 4096 bytes `f` now has, unmapped below.
+    let map = unsafe {
+        libc::mmap(std::ptr::null_mut(), 4096, libc::PROT_READ | libc::PROT_WRITE, libc::MAP_SHARED, f.as_raw_fd(), 0)
+    };
+    assert_ne!(map, libc::MAP_FAILED);
+    // SAFETY: `map` is 4096 writable bytes.
+    let page = unsafe { std::slice::from_raw_parts_mut(map as *mut u8, 4096) };
+    page.copy_from_slice(&x);
+    let r = run_json(&vol, &["scan", s(&d)]);
+    assert_eq!(num(&r, "files_hashed"), 3, "{r:#}");
+    let times = |m: std::fs::Metadata| (m.mtime(), m.mtime_nsec(), m.ctime(), m.ctime_nsec());
+    let was = times(f.metadata().unwrap());
+    page.copy_from_slice(&y);
+    // SAFETY: unmapping the mapping made above; `page` is not used again.
+    assert_eq!(unsafe { libc::munmap(map, 4096) }, 0);
+    assert_eq!(times(f.metadata().unwrap()), was, "the kernel moved the times: this test no longer sets up its case");
+    drop(f);
+    let before = Snapshot::take(&d);
+
+    let mut args = vec![s(&d), "--incremental"];
+    if dry_run {
+        args.push("--dry-run");
+    }
+    let r = run_json(&vol, &args);
+    assert_eq!((num(&r, "files_unchanged"), num(&r, "ranges_planned")), (3, 1), "{r:#}");
+    assert_eq!((r["dedupe_status"]["differs"].as_u64(), num(&r, "files_stale")), (Some(1), 2), "{r:#}");
+    let r = run_json(&vol, &[s(&d), "--incremental"]);
+    assert_eq!((num(&r, "files_hashed"), num(&r, "ranges_planned")), (2, 1), "f and h not read again: {r:#}");
+    assert_eq!((num(&r, "files_stale"), num(&r, "deduped_bytes")), (0, 4096), "{r:#}");
+    assert!(same_physical(&d.join("f"), 0, &d.join("g"), 0, 4096), "f not shared with g: {r:#}");
+    before.assert_same(&Snapshot::take(&d));
+    let r = run_json(&vol, &[s(&d), "--incremental"]);
+    assert_eq!((num(&r, "files_hashed"), num(&r, "ranges_planned")), (0, 0), "{r:#}");
+}
+
+#[test]
+fn xfs_a_file_changed_through_a_mapping_is_read_again_after_its_share_failed() {
+    stale_fingerprints_are_read_again(Fs::Xfs, false);
+}
+
+#[test]
+fn btrfs_a_file_changed_through_a_mapping_is_read_again_after_a_dry_run() {
+    stale_fingerprints_are_read_again(Fs::Btrfs, true);
 }

@@ -21,7 +21,7 @@ pub mod writer;
 pub use maps::{MapRow, Snapshot};
 
 use std::borrow::Cow;
-use std::collections::{HashMap, HashSet};
+use std::collections::{BTreeSet, HashMap, HashSet};
 use std::fs::File;
 use std::os::unix::ffi::OsStrExt;
 use std::path::{Path, PathBuf};
@@ -205,6 +205,22 @@ impl Db {
                 ins.execute(params![id, why, *bytes as i64, run])?;
             }
             tx.execute("DELETE FROM pending WHERE file_id NOT IN (SELECT id FROM files)", [])?;
+        }
+        tx.commit()
+    }
+
+    /// Have the next run read files `ids` again whatever their size and
+    /// times say: their recorded fingerprints were found stale (see
+    /// `dedupe::verify`). Their mtime tag is inverted, which no stat of
+    /// the file gives (the tag of another time), so change detection finds
+    /// them changed at their path and under any other.
+    pub fn distrust(&self, ids: &BTreeSet<FileId>) -> rusqlite::Result<()> {
+        let tx = self.conn.unchecked_transaction()?;
+        {
+            let mut st = tx.prepare("UPDATE files SET mtime = ~mtime WHERE id = ?1")?;
+            for id in ids {
+                st.execute([id])?;
+            }
         }
         tx.commit()
     }

@@ -401,13 +401,14 @@ impl<'a> Executor<'a> {
 
     /// Share (or verify) `src[off..off+len]` into every destination, in
     /// requests of at most 16 MiB.
-    pub(super) fn submit(&mut self, src: &File, off: u64, len: u64, dests: &[Target<'_>]) {
+    pub(super) fn submit(&mut self, source: &Target<'_>, len: u64, dests: &[Target<'_>]) {
+        let (src, off) = (source.file, source.off);
         let mut alive: Vec<bool> = vec![true; dests.len()];
         let mut done = 0;
         while done < len && alive.iter().any(|&a| a) && !self.refused() {
             let chunk = (len - done).min(MAX_REQUEST_LEN);
             match self.mode {
-                Mode::DryRun => self.verify(src, off, done, chunk, dests, &mut alive),
+                Mode::DryRun => self.verify(source, done, chunk, dests, &mut alive),
                 Mode::Share => {
                     for (k, d) in dests.iter().enumerate() {
                         alive[k] = alive[k] && self.unchanged(d.id, d.file);
@@ -434,6 +435,7 @@ impl<'a> Executor<'a> {
                                 if res.status == DedupeStatus::Differs {
                                     // The rest of the range is given up.
                                     self.out.differs.push((dests[k].id, dests[k].off + done, len - done));
+                                    self.explain_differs(source, &dests[k], done, chunk);
                                 }
                                 if !self.record(dests[k].id, res.status, res.bytes_deduped) {
                                     alive[k] = false;

@@ -33,7 +33,7 @@
 //!   the source's extents), also used by the `report` command;
 //! - [`bookend`]: rewriting partly covered extents (btrfs).
 
-use std::collections::{BTreeMap, HashMap, HashSet};
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use std::sync::atomic::AtomicBool;
 use std::sync::{Mutex, OnceLock};
 
@@ -107,6 +107,10 @@ pub struct Outcome {
     /// keeps its whole old extent on disk once the rest of the file left
     /// it ([`bookend`] then rewrites it).
     pub differs: Vec<(FileId, u64, u64)>,
+    /// Files whose recorded fingerprints were found stale: a range planned
+    /// from them differed, and not by a fingerprint collision (see
+    /// [`verify`]). The next run must read them again.
+    pub stale: BTreeSet<FileId>,
     /// Destinations whose partly covered extents the bookend pass judged
     /// (rewritten or pinned): the database's account of what they pin is
     /// replaced by this run's.
@@ -292,6 +296,7 @@ impl Outcome {
         add_what_if(&mut self.rewrite_what_if, &o.rewrite_what_if);
         self.pin_checked.extend(o.pin_checked);
         self.differs.extend(o.differs);
+        self.stale.extend(o.stale);
         for (k, n) in o.errors {
             *self.errors.entry(k).or_default() += n;
         }

@@ -45,14 +45,14 @@ impl Executor<'_> {
             let mut targets = vec![Target { id: r.src, file: src, off: r.src_off }];
             targets.extend(whole.iter().filter(|d| d.id != copy.id).map(|d| d.target(0)));
             self.out.swapped_sources += 1;
-            self.submit(&copy.file, copy.off, r.len, &targets);
+            self.submit(&copy.target(0), r.len, &targets);
         } else if !whole.is_empty() {
             let targets: Vec<Target<'_>> = whole.iter().map(|d| d.target(0)).collect();
-            self.submit(src, r.src_off, r.len, &targets);
+            self.submit(&Target { id: r.src, file: src, off: r.src_off }, r.len, &targets);
         }
         for d in partial {
             for &(o, l) in &d.parts {
-                self.submit(src, r.src_off + o, l, &[d.target(o)]);
+                self.submit(&Target { id: r.src, file: src, off: r.src_off + o }, l, &[d.target(o)]);
             }
         }
     }

@@ -41,6 +41,7 @@ use crate::blockmap::{short_fp, BlockMap, Fp, MapError, FP_MAX};
 pub mod budget;
 pub mod pool;
 pub mod reuse;
+pub mod settle;
 
 pub use budget::MapBytes;
 use reuse::worth_mapping;
@@ -134,7 +135,7 @@ fn is_zero(b: &[u8]) -> bool {
 }
 
 /// The block-map fingerprint of one block's bytes.
-fn block_fp(blk: &[u8]) -> Fp {
+pub fn block_fp(blk: &[u8]) -> Fp {
     if is_zero(blk) {
         0
     } else {

@@ -234,7 +234,9 @@ fn hash_one(
         Some(libc::EACCES) | Some(libc::EPERM) => HashFail::Error(ErrorKind::Unreadable, e),
         _ => HashFail::Error(ErrorKind::Open, e),
     })?;
-    let before = file.metadata().map_err(|e| HashFail::Error(ErrorKind::Stat, e))?;
+    // The facts recorded are taken in a clock tick past the file's last
+    // change (see `settle`): a write after them moves its times.
+    let before = super::settle::settled_metadata(&file).map_err(|e| HashFail::Error(ErrorKind::Stat, e))?;
     let key = VOL_KEYS.with_borrow_mut(|k| k.id_for(before.dev(), &file));
     if !before.is_file() || before.ino() != c.key.ino || key != c.key.volume {
         return Err(HashFail::Skip(SkipReason::Vanished));

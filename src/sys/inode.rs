@@ -193,6 +193,19 @@ pub fn has_xattr(path: &Path, name: &str) -> bool {
     r >= 0
 }
 
+/// The kernel's coarse wall clock (`CLOCK_REALTIME_COARSE`), in nanoseconds
+/// since the epoch: the clock that stamps inode times, advanced once per
+/// tick (1–10 ms).
+pub fn coarse_clock_ns() -> i128 {
+    let mut t = libc::timespec { tv_sec: 0, tv_nsec: 0 };
+    // SAFETY: `t` is a valid, writable `timespec`; the clock id is constant.
+    let rc = unsafe { libc::clock_gettime(libc::CLOCK_REALTIME_COARSE, &mut t) };
+    if rc != 0 {
+        return 0;
+    }
+    i128::from(t.tv_sec) * 1_000_000_000 + i128::from(t.tv_nsec)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
