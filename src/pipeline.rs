@@ -155,22 +155,22 @@ fn run_inner(
     }
     // A real run that went through all of its plan, or found nothing new
     // to plan: what it hashed need not be planned again.
-    let complete = !job.dry_run()
-        && !scanned.interrupted
-        && match (&planned, &sharing) {
+    if let Some(cfg) = share.filter(|_| !job.dry_run() && !scanned.interrupted) {
+        let went_through = match (&planned, &sharing) {
             (_, Some(s)) => s.went_through(),
             (Some(p), None) => p.planned.is_none(),
             (None, None) => false,
         };
-    if complete {
-        if let Some(cfg) = share {
+        if went_through {
             complete::record(&db, Complete::new(run_id, &job.scan.paths, plan_settings(cfg)))?;
         }
     }
     let report = report(&job, &scanned, planned.as_ref(), sharing.as_ref(), ms(t0));
-    // Stored without its `--list`: the history keeps numbers, and a list
-    // is as long as the plan (FULL's made the row 27 MB).
+    // Without its `--list`: a list is as long as the plan (FULL's: 27 MB).
     db.finish_run(run_id, &serde_json::to_string(&report.without_list())?)?;
+    if !report.interrupted {
+        db.compact(progress);
+    }
     Ok(report)
 }
 

@@ -9,6 +9,7 @@
 //! thread during the scan; reads happen before and after it on the main
 //! thread.
 
+pub mod compact;
 pub mod explain;
 pub mod kept_out;
 pub mod maps;
