@@ -242,6 +242,16 @@ pub struct RunArgs {
     /// with --dry-run, what would be shared.
     #[arg(long)]
     pub list: bool,
+
+    /// Plan every file again, not only what changed, when the last run that
+    /// did is more than DAYS days old. Sharing that something undid without
+    /// changing the files (`btrfs filesystem defragment` rewrites extents
+    /// unshared and leaves the files' times) is then found again, and
+    /// destinations the kernel refused are retried. Reads no file data: the
+    /// files planned are mapped, and only what is no longer shared is
+    /// submitted. 0: never.
+    #[arg(long, value_name = "DAYS", default_value_t = 7)]
+    pub full_plan_days: u64,
 }
 
 /// The commands other than the default one.

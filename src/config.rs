@@ -108,6 +108,9 @@ pub struct ShareConfig {
     pub keep_zeros: bool,
     /// `--list`: include every planned range in the report.
     pub list: bool,
+    /// Plan every file again when the last run that did is older than this
+    /// many days (`--full-plan-days`; 0: never).
+    pub full_plan_days: u64,
 }
 
 /// What `report` reads and writes.
@@ -174,6 +177,7 @@ impl Config {
                     share_snapshotted: r.share_snapshotted,
                     keep_zeros: r.keep_zeros,
                     list: r.list,
+                    full_plan_days: r.full_plan_days,
                 };
                 let db_path = db_path(g.db, &scan.fs)?;
                 (Action::Run { scan, share }, db_path)

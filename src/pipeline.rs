@@ -161,8 +161,8 @@ fn run_inner(
             (Some(p), None) => p.planned.is_none(),
             (None, None) => false,
         };
-        if went_through {
-            complete::record(&db, Complete::new(run_id, &job.scan.paths, plan_settings(cfg)))?;
+        if let (true, Some(p)) = (went_through, &planned) {
+            complete::record(&db, Complete::new(run_id, &job.scan.paths, plan_settings(cfg), p.base))?;
         }
     }
     let report = report(&job, &scanned, planned.as_ref(), sharing.as_ref(), ms(t0));
@@ -194,6 +194,8 @@ struct PlanOutcome {
     pending: Vec<PendingRow>,
     /// `None` when nothing is new since the last complete run.
     planned: Option<Planned>,
+    /// What it built on.
+    base: complete::Base,
     plan_ms: u64,
 }
 
@@ -225,11 +227,9 @@ fn plan_phase(
     let allowed = &scanned.seen;
     // Incremental: everything hashed before the last complete sharing run
     // that saw all this run sees, with its settings, was matched then; plan
-    // only the groups that hold a newer file.
-    let last_share = complete::last_complete(db, &job.scan.paths, &plan_settings(cfg))?;
-    if job.scan.incremental && last_share.is_none() {
-        progress.info("planning every file: no complete run over these paths with these settings yet");
-    }
+    // only the groups that hold a newer file (unless that is old: see there).
+    let paths = (&job.scan.paths[..], &plan_settings(cfg)[..]);
+    let base = complete::base(db, paths, (job.scan.incremental, cfg.full_plan_days), progress)?;
     // Destinations an earlier run left pending are planned again, even when
     // nothing changed: those that ran out of space every time (the space may
     // be back), those whose extents a file outside the plan kept only once
@@ -240,19 +240,19 @@ fn plan_phase(
     let pinned = dedupe::Pending::Pinned.name();
     let pinned_facts = db.file_facts(pending.iter().filter(|p| p.1 == pinned).map(|p| p.0))?;
     let retry = |p: &&PendingRow| p.1 != pinned || !still_shared(&job.tree, pinned_facts.get(&p.0));
-    let fresh = match (job.scan.incremental, last_share) {
-        (true, Some(last)) => Some(
+    let fresh = match base.run() {
+        Some(last) => Some(
             // Hashed since (this run's files included), by the database.
             (db.hashed_after(last)?.into_iter())
                 .chain(pending.iter().filter(retry).map(|p| p.0))
                 .filter(|&id| allowed.contains(id))
                 .collect::<HashSet<_>>(),
         ),
-        _ => None,
+        None => None,
     };
     if fresh.as_ref().is_some_and(|f| f.is_empty()) {
         progress.finish_phase("2/3 plan: nothing new since the last complete run");
-        return Ok((PlanOutcome { pending, planned: None, plan_ms: ms(t) }, None));
+        return Ok((PlanOutcome { pending, planned: None, base, plan_ms: ms(t) }, None));
     }
     let opts = PlanOptions {
         block_size: job.scan.block_size,
@@ -282,7 +282,7 @@ fn plan_phase(
         stats.whole_groups
     ));
     let planned = Some(Planned { batches, stats, listed, fresh });
-    Ok((PlanOutcome { pending, planned, plan_ms: ms(t) }, free_before))
+    Ok((PlanOutcome { pending, planned, base, plan_ms: ms(t) }, free_before))
 }
 
 /// What the share phase did.

@@ -1,6 +1,6 @@
 # Print an optspec for argparse to handle cmd's options that are independent of any subcommand.
 function __fish_dedupscan_global_optspecs
-    string join \n incremental rehash block-size= threads= exclude= exclude-from= include-readonly-snapshots share-across-owners drop-cache max-runtime= metrics-file= n/dry-run min-range= rewrite-ratio= share-snapshotted keep-zeros list db= json v/verbose q/quiet log-level= progress= h/help V/version
+    string join \n incremental rehash block-size= threads= exclude= exclude-from= include-readonly-snapshots share-across-owners drop-cache max-runtime= metrics-file= n/dry-run min-range= rewrite-ratio= share-snapshotted keep-zeros list full-plan-days= db= json v/verbose q/quiet log-level= progress= h/help V/version
 end
 
 function __fish_dedupscan_needs_command
@@ -32,6 +32,7 @@ complete -c dedupscan -n "__fish_dedupscan_needs_command" -l max-runtime -d 'Sto
 complete -c dedupscan -n "__fish_dedupscan_needs_command" -l metrics-file -d 'After the run, write its figures in the Prometheus text format to this file (replaced atomically), e.g. for node_exporter\'s textfile collector: /var/lib/prometheus/node-exporter/dedupscan-srv.prom' -r -F
 complete -c dedupscan -n "__fish_dedupscan_needs_command" -l min-range -d 'Shortest range worth sharing, in bytes (rounded down to blocks; whole small files are always shared)' -r -f
 complete -c dedupscan -n "__fish_dedupscan_needs_command" -l rewrite-ratio -d 'btrfs: where a destination extent is only partly shared, copy its remainder into a fresh extent so the old one is freed — when the remainder is at most RATIO times the shared part. 0 turns it off. Where bytes stay pinned below RATIO, the run\'s report says what 2, 4, 8 and 16 would free and copy' -r -f
+complete -c dedupscan -n "__fish_dedupscan_needs_command" -l full-plan-days -d 'Plan every file again, not only what changed, when the last run that did is more than DAYS days old. Sharing that something undid without changing the files (`btrfs filesystem defragment` rewrites extents unshared and leaves the files\' times) is then found again, and destinations the kernel refused are retried. Reads no file data: the files planned are mapped, and only what is no longer shared is submitted. 0: never' -r -f
 complete -c dedupscan -n "__fish_dedupscan_needs_command" -l db -d 'Database file [default: /var/lib/dedupscan/<filesystem-uuid>.sqlite as root, $XDG_STATE_HOME/dedupscan/<filesystem-uuid>.sqlite otherwise]' -r -F
 complete -c dedupscan -n "__fish_dedupscan_needs_command" -l log-level -d 'How chatty stderr is when neither -v nor -q is given' -r -f -a "quiet\t'The final report and fatal errors only'
 normal\t'Also a warning per problem path and a line per phase (default)'
