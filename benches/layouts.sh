@@ -64,6 +64,8 @@ one() { # LABEL CMD...
     mount -o "loop${MOUNT_OPTS:+,$MOUNT_OPTS}" "$WORK/vol.img" "$MNT"
     cp -a --reflink=never "$TREE" "$MNT/data"
     local f0 f1
+    # Settle the fresh copy first: its writeback must not land in the run.
+    sync
     f0=$(free_bytes "$FS")
     echo 3 >/proc/sys/vm/drop_caches
     /usr/bin/time -f '%e %M' -o "$WORK/time" "$@" >"$WORK/out" 2>"$WORK/err" || echo "  ($label: exit status $?)"
