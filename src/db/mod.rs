@@ -216,6 +216,9 @@ impl Db {
     /// the file gives (the tag of another time), so change detection finds
     /// them changed at their path and under any other.
     pub fn distrust(&self, ids: &BTreeSet<FileId>) -> rusqlite::Result<()> {
+        if ids.is_empty() {
+            return Ok(());
+        }
         let tx = self.conn.unchecked_transaction()?;
         {
             let mut st = tx.prepare("UPDATE files SET mtime = ~mtime WHERE id = ?1")?;

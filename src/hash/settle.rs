@@ -18,12 +18,17 @@ use std::time::Duration;
 /// How long to wait before taking the facts of a file with inode change
 /// time `ctime` (nanoseconds since the epoch) when the coarse clock read
 /// just before its `fstat` said `now`: `None` when the clock is past it.
-/// A ctime more than a second ahead is not waited for: the clock was set
-/// back, and a write now is stamped with a time before it, so changes.
+/// A ctime more than [`MAX_AHEAD`] ahead is not waited for: the clock was
+/// set back, and a write now is stamped with a time before it, so changes.
 pub fn wait_for(ctime: i128, now: i128) -> Option<Duration> {
     let ahead = ctime - now;
-    (0..=1_000_000_000).contains(&ahead).then(|| Duration::from_nanos(ahead as u64 + 1_000_000))
+    (0..=MAX_AHEAD).contains(&ahead).then(|| Duration::from_nanos(ahead as u64 + 1_000_000))
 }
+
+/// How far ahead of the coarse clock a ctime can be when the clock was not
+/// set back, in nanoseconds: a tick is at most 10 ms, and a multigrain
+/// kernel stamps at most a tick ahead of it. Bounds any one wait.
+const MAX_AHEAD: i128 = 100_000_000;
 
 /// `fstat` of `file` taken in a tick past its ctime (see the module
 /// documentation); after 50 waits (a clock that does not move), the last
@@ -57,8 +62,9 @@ mod tests {
         assert_eq!(wait_for(now, now), Some(Duration::from_millis(1)), "the current tick");
         // A multigrain kernel stamps finer than its coarse clock.
         assert_eq!(wait_for(now + 300_000, now), Some(Duration::from_nanos(1_300_000)));
-        assert_eq!(wait_for(now + S, now), Some(Duration::from_nanos(1_001_000_000)));
-        assert_eq!(wait_for(now + S + 1, now), None, "a clock set back is not waited out");
+        assert_eq!(wait_for(now + MAX_AHEAD, now), Some(Duration::from_millis(101)));
+        assert_eq!(wait_for(now + MAX_AHEAD + 1, now), None, "a clock set back is not waited out");
+        assert_eq!(wait_for(now + S, now), None);
     }
 
     #[test]
