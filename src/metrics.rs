@@ -195,6 +195,12 @@ fn last_run(m: &mut Metrics, last: &Value, this: Option<&Value>, history: &[Past
         flag(last["interrupted"] == true),
     );
     m.single(
+        "last_run_planned_every_file",
+        "gauge",
+        "1 if the last run planned every file, not only what changed (first run, --rehash, --full-plan-days), else 0.",
+        flag(last["planned_every_file"] == true),
+    );
+    m.single(
         "last_run_sharing_refused",
         "gauge",
         "1 if the last run did not attempt sharing (e.g. unsupported filesystem), else 0.",

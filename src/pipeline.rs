@@ -486,11 +486,9 @@ fn report(
     {
         r.error(kind, n);
     }
-    r.timings.walk_ms = scan.walk_ms;
-    r.timings.hash_ms = scan.scan_ms;
-    r.timings.total_ms = total_ms;
+    (r.timings.walk_ms, r.timings.hash_ms, r.timings.total_ms) = (scan.walk_ms, scan.scan_ms, total_ms);
     if let Some(plan) = plan {
-        r.timings.plan_ms = plan.plan_ms;
+        (r.timings.plan_ms, r.planned_every_file) = (plan.plan_ms, plan.base == complete::Base::All);
         set_pending(&mut r, &plan.pending);
         if let Some(p) = &plan.planned {
             r.ranges_planned = p.stats.ranges;

@@ -114,6 +114,10 @@ pub struct Report {
     pub logical_bytes: u64,
     /// Duplicate ranges the plan found.
     pub ranges_planned: u64,
+    /// The plan took every file, not only those new since the last complete
+    /// run: a first run, `--rehash`, other paths or settings, or the weekly
+    /// full plan (`--full-plan-days`).
+    pub planned_every_file: bool,
     /// Bytes found duplicate and verified: byte for byte by our own compare
     /// in a dry run, submitted to the kernel in a real run.
     pub duplicate_bytes: u64,
@@ -347,6 +351,9 @@ impl Report {
         let _ = writeln!(s, "dedupscan {}{mode} on {} [{}]", self.command, self.paths.join(", "), self.filesystem);
         if self.interrupted {
             let _ = writeln!(s, "  INTERRUPTED before the end: work done is kept, the next run carries on");
+        }
+        if self.planned_every_file && self.incremental {
+            let _ = writeln!(s, "  planned every file, not only what changed since the last complete run");
         }
         if let Some(why) = &self.sharing_refused {
             let _ = writeln!(s, "  sharing refused: {why}");

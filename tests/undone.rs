@@ -64,10 +64,11 @@ fn btrfs_sharing_a_defragment_undid_is_found_again_within_a_week() {
     let free = free_bytes(&d);
     let r = run_json(&vol, &[s(&d), "--incremental", "-v"]);
     assert_eq!((num(&r, "files_hashed"), num(&r, "ranges_planned")), (0, 1), "{r:#}");
+    assert_eq!(r["planned_every_file"], true, "{r:#}");
     assert!(same_physical(&a, 0, &b, 0, 3 << 20), "not shared again: {r:#}");
     before.assert_same(&Snapshot::take(&d));
     assert!(free_bytes(&d) > free + (1 << 20), "nothing freed: {r:#}");
     // That run planned every file: the next week starts from it.
     let r = run_json(&vol, &[s(&d), "--incremental"]);
-    assert_eq!(num(&r, "ranges_planned"), 0, "{r:#}");
+    assert_eq!((num(&r, "ranges_planned"), &r["planned_every_file"]), (0, &false.into()), "{r:#}");
 }
