@@ -395,7 +395,8 @@ fn take_lock(place: &Place) -> Result<Flock<File>, DbError> {
     }
 }
 
-fn unix_now() -> i64 {
+/// Seconds since the epoch (0 if the clock is before it).
+pub fn unix_now() -> i64 {
     std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_secs() as i64).unwrap_or(0)
 }
 

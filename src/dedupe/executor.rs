@@ -263,11 +263,10 @@ impl<'a> Executor<'a> {
     /// that it holds the other's content.
     fn other_owner(&mut self, dest: FileId, src: FileId) {
         if locked(&self.ctx.bad).insert(dest) {
-            let name = |id| self.files.get(&id).map(|c| display_path(&c.path)).unwrap_or_default();
             self.progress.warn(&format!(
                 "{}: owned by another user than its source {}; left alone, it is rehashed next run",
-                name(dest),
-                name(src)
+                self.path_of(dest),
+                self.path_of(src)
             ));
             self.out.changed_files += 1;
         }
@@ -387,7 +386,7 @@ impl<'a> Executor<'a> {
             }
             Err(e) => {
                 if e != Errno::EOPNOTSUPP {
-                    let path = self.files.get(&id).map(|c| display_path(&c.path)).unwrap_or_default();
+                    let path = self.path_of(id);
                     self.progress.info(&format!("{path}: fiemap: {e}"));
                 }
                 Mapped {
@@ -520,24 +519,29 @@ impl<'a> Executor<'a> {
             }
             DedupeStatus::Differs => {
                 self.out.status.differs += 1;
-                let path = self.files.get(&id).map(|c| display_path(&c.path)).unwrap_or_default();
+                let path = self.path_of(id);
                 self.progress.info(&format!("{path}: contents differ from the source; not shared"));
                 false
             }
             DedupeStatus::Error(e) => {
                 let name = format!("{e:?}");
                 *self.out.status.errors.entry(name).or_default() += 1;
-                let path = self.files.get(&id).map(|c| display_path(&c.path)).unwrap_or_default();
+                let path = self.path_of(id);
                 self.progress.warn(&format!("{path}: kernel refused to share: {}", e.desc()));
                 false
             }
         }
     }
 
+    /// The path of file `id` as recorded, escaped for messages.
+    pub(super) fn path_of(&self, id: FileId) -> String {
+        self.files.get(&id).map(|c| display_path(&c.path)).unwrap_or_default()
+    }
+
     /// Count an error of kind `kind` against a destination and warn with
     /// `msg`; the caller stops using it.
     pub(super) fn dest_error(&mut self, id: FileId, msg: &str, kind: &str) {
-        let path = self.files.get(&id).map(|c| display_path(&c.path)).unwrap_or_default();
+        let path = self.path_of(id);
         self.progress.warn(&format!("{path}: {msg}"));
         *self.out.status.errors.entry(kind.to_owned()).or_default() += 1;
     }

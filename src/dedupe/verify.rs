@@ -18,7 +18,6 @@ use std::fs::File;
 use std::os::unix::fs::FileExt;
 
 use super::executor::{Executor, Target};
-use crate::display::display_path;
 
 impl Executor<'_> {
     /// Compare `src[off+done..][..chunk]` with the same part of every
@@ -67,7 +66,7 @@ impl Executor<'_> {
         }
         for id in [src.id, d.id] {
             if self.out.stale.insert(id) {
-                let path = self.files.get(&id).map(|c| display_path(&c.path)).unwrap_or_default();
+                let path = self.path_of(id);
                 self.progress.info(&format!(
                     "{path}: contents changed since it was hashed, though its size and times did not; \
                      read again next run"

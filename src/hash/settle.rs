@@ -34,18 +34,22 @@ const MAX_AHEAD: i128 = 100_000_000;
 /// documentation); after 50 waits (a clock that does not move), the last
 /// one as it is.
 pub fn settled_metadata(file: &std::fs::File) -> std::io::Result<std::fs::Metadata> {
-    use std::os::unix::fs::MetadataExt;
     let mut tries = 0;
     loop {
         let now = crate::sys::inode::coarse_clock_ns();
         let m = file.metadata()?;
-        let ctime = i128::from(m.ctime()) * 1_000_000_000 + i128::from(m.ctime_nsec());
-        match wait_for(ctime, now) {
+        match wait_for(ctime_ns(&m), now) {
             Some(d) if tries < 50 => std::thread::sleep(d),
             _ => return Ok(m),
         }
         tries += 1;
     }
+}
+
+/// The inode change time of `m`, in nanoseconds since the epoch.
+fn ctime_ns(m: &std::fs::Metadata) -> i128 {
+    use std::os::unix::fs::MetadataExt;
+    i128::from(m.ctime()) * 1_000_000_000 + i128::from(m.ctime_nsec())
 }
 
 #[cfg(test)]
@@ -73,9 +77,7 @@ mod tests {
         let p = dir.path().join("f");
         std::fs::write(&p, b"x").unwrap();
         let f = std::fs::File::open(&p).unwrap();
-        use std::os::unix::fs::MetadataExt;
         let m = settled_metadata(&f).unwrap();
-        let ctime = i128::from(m.ctime()) * S + i128::from(m.ctime_nsec());
-        assert!(crate::sys::inode::coarse_clock_ns() > ctime, "read in the tick of its change");
+        assert!(crate::sys::inode::coarse_clock_ns() > ctime_ns(&m), "read in the tick of its change");
     }
 }

@@ -142,7 +142,7 @@ fn too_old(base: Option<Base>, now: u64, full_plan_days: u64) -> Result<Base, St
 const DAY: u64 = 86_400;
 
 fn unix_now() -> u64 {
-    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_secs())
+    crate::db::unix_now().max(0) as u64
 }
 
 /// Record `done` as the newest complete run.
