@@ -5,7 +5,8 @@ rewritten in place or deleted a day, new files), rotated logs (each .1 a prefix
 of the live log, .2 of .1, lengths not block-aligned), a database whose pages
 repeat inside itself plus a backup of it with scattered single-block changes,
 layers (the same data behind a 12 KiB header, and with a block inserted every
-16 MiB), one file in 41 copies, and two files sharing every other block.
+16 MiB), one file in 41 copies, two files sharing every other block, and
+small files sharing one template block, larger ones a resource inside.
 SRC: the tree the backups copy (half its files, by a seeded pick); default the
 bench cache's Debian tree, else /usr/share."""
 import os, random, sys
@@ -62,3 +63,16 @@ for i in range(41): w(f'{out}/many/c{i % 7}/copy{i}.bin', e)
 a = bytearray(rnd(64 << 20)); b = bytearray(a)
 for i in range(0, len(a) // B, 2): b[i*B:(i+1)*B] = rnd(B)
 w(f'{out}/scatter/a.bin', bytes(a)); w(f'{out}/scatter/b.bin', bytes(b))
+# G. shared parts smaller than the rest of their file: small documents made
+# from 4 templates (a common first block) or ending in one of 4 footers, and
+# 1-4 MiB files sharing a resource (a quarter of them) somewhere inside
+hdr = [rnd(B) for _ in range(4)]; ftr = [rnd(B) for _ in range(4)]
+for i in range(2000):
+    w(f'{out}/templates/doc/{i % 40}/d{i}.odt', hdr[i % 4] + rnd(R.choice((2, 3, 5)) * B))
+    w(f'{out}/templates/mail/{i % 40}/m{i}.eml', rnd(R.choice((2, 3, 5)) * B) + ftr[i % 4])
+for i in range(48):
+    res = rnd(R.choice((256, 512, 1024)) << 10)
+    for side in range(2):
+        n = len(res) * 3; o = R.randrange(0, n // B) * B
+        body = rnd(n)
+        w(f'{out}/templates/res/{side}/r{i}.bin', body[:o] + res + body[o:])

@@ -35,7 +35,8 @@ default_bins "$HERE/.."
 TOOLS=${DEDUPSCAN_TOOLS:-$HERE/../../shared/tools}
 BASE=${BENCH_WORK:-/var/tmp}
 TREE=$BASE/dedupscan-layouts-corpus
-if [ ! -e "$TREE.complete" ]; then
+# (a corpus cached before part G was added is built again)
+if [ ! -e "$TREE.complete" ] || [ ! -d "$TREE/templates" ]; then
     rm -rf "$TREE"
     python3 "$HERE/layouts.py" "$TREE"
     touch "$TREE.complete"

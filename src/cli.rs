@@ -213,13 +213,12 @@ pub struct RunArgs {
 
     /// btrfs: where a destination extent is only partly shared, copy its
     /// remainder into a fresh extent so the old one is freed — when the
-    /// remainder is at most RATIO times the shared part. 0 turns it off.
-    /// Where bytes stay pinned below RATIO, the run's report says what
-    /// 2, 4, 8 and 16 would free and copy.
-    // 1, not 3: on SMALL/btrfs 3 freed 100.8 % of the ideal instead of
-    // 95.9 %, but on FULL (copied with cp -a: 128 MiB extents) 60.9 %
-    // instead of 88.3 % (docs/BENCHMARKS.md, 2026-11-23, issue 13).
-    #[arg(long, value_name = "RATIO", default_value_t = 1.0, value_parser = parse_ratio)]
+    /// remainder is at most RATIO times the shared part (so at most RATIO
+    /// bytes are copied for each byte freed). 0 turns it off. Where bytes
+    /// stay pinned below RATIO, the run's report says what the larger of 2,
+    /// 4, 8 and 16 would free and copy.
+    // Why 4: see `plan::DEFAULT_REWRITE_RATIO`.
+    #[arg(long, value_name = "RATIO", default_value_t = crate::plan::DEFAULT_REWRITE_RATIO, value_parser = parse_ratio)]
     pub rewrite_ratio: f64,
 
     /// btrfs: also share into files whose extents a read-only snapshot (or

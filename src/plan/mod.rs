@@ -93,9 +93,24 @@ pub struct PlanOptions {
     pub rewrite_ratio: f64,
 }
 
+/// The default `--rewrite-ratio`: at most 4 bytes copied for each byte a
+/// rewrite frees. At 1 (the default until session 29) btrfs freed nothing
+/// where a shared range was less than half of its extent: small files with
+/// a common first or last block, a resource shared in the middle of larger
+/// files (0–33% of the ideal there, against 100% at 4); on the benchmark
+/// corpora 4 frees 2.5 points more of the ideal for about 3.5 times the
+/// copying (docs/BENCHMARKS.md, session 29).
+pub const DEFAULT_REWRITE_RATIO: f64 = 4.0;
+
 impl Default for PlanOptions {
     fn default() -> Self {
-        PlanOptions { block_size: 4096, gap_blocks: 32, min_blocks: 1, exact_groups: false, rewrite_ratio: 1.0 }
+        PlanOptions {
+            block_size: 4096,
+            gap_blocks: 32,
+            min_blocks: 1,
+            exact_groups: false,
+            rewrite_ratio: DEFAULT_REWRITE_RATIO,
+        }
     }
 }
 
