@@ -255,7 +255,7 @@ fn scan_config(scan: ScanArgs, shares: bool) -> Result<ScanConfig> {
         canon.push(c);
     }
     let fs = fs.expect("at least one path");
-    let in_fs = sys::fs::paths_in_fs(&canon);
+    let in_fs = sys::mounts::paths_in_fs(&canon);
     let (canon, overlapping) = drop_overlaps(canon, &in_fs);
     if shares {
         let fs_name = match fs.kind {
@@ -315,7 +315,7 @@ fn fs_block_floor(asked: u64, fs_block: u64) -> u64 {
 /// the same as or lie inside another one (each with a path covering it):
 /// crawled twice, their files were counted twice, recorded twice and
 /// planned against themselves. Compared by where they lie in the
-/// filesystem (`in_fs`, [`sys::fs::paths_in_fs`]), not by their own paths,
+/// filesystem (`in_fs`, [`sys::mounts::paths_in_fs`]), not by their own paths,
 /// which a bind mount makes differ: `/srv/data` and a bind mount of it (or
 /// of a directory in it) elsewhere were both crawled, and no file was
 /// shared (exit 0). Compared by components (`/srv/a` is not inside

@@ -354,7 +354,7 @@ fn share_phase(
     let root = job.scan.paths.first().expect("a path");
     // With --rewrite-ratio 0 the pass still runs: it rewrites nothing but
     // counts what stays pinned.
-    let bookends = (fs.kind == FsKind::Btrfs).then_some(dedupe::Bookends { max_ratio: cfg.rewrite_ratio });
+    let bookends = (fs.kind == FsKind::Btrfs).then(|| dedupe::Bookends::for_volume(cfg.rewrite_ratio, root));
     let (block_size, bookends) = (job.scan.block_size, bookends.as_ref());
     let sharing = sharing(job, stats, progress);
     // Batch by batch: each batch's files are independent of the others'

@@ -200,7 +200,7 @@ impl Policy {
     pub fn with_excludes(excludes: Excludes, db: Option<&DbFiles>) -> Policy {
         let Excludes { set, globs } = excludes;
         let own_files = db.iter().flat_map(|d| d.inodes.iter().copied()).collect();
-        let swap_files = sys::fs::swap_files()
+        let swap_files = sys::mounts::swap_files()
             .iter()
             .filter_map(|p| std::fs::symlink_metadata(p).ok())
             .map(|m| (m.dev(), m.ino()))
@@ -271,11 +271,11 @@ impl Policy {
     /// also when it is reached through a bind mount of a directory inside
     /// it (or a btrfs subvolume mounted on its own): then the directories
     /// above the bound one are looked at where another mount shows them
-    /// ([`sys::fs::hidden_ancestors`]).
+    /// ([`sys::mounts::hidden_ancestors`]).
     pub fn check_ancestors(&self, path: &Path) -> Result<(), SkipReason> {
         // Excludes do not apply above the starting path.
         path.ancestors().skip(1).try_for_each(|a| self.check_dir_marks(a))?;
-        sys::fs::hidden_ancestors(path).iter().try_for_each(|a| self.check_dir_marks(a))
+        sys::mounts::hidden_ancestors(path).iter().try_for_each(|a| self.check_dir_marks(a))
     }
 
     /// Whether the entry `name` of the directory `dir` (`st_dev`, `st_ino`)

@@ -125,7 +125,7 @@ pub fn walk(
     mut each: impl FnMut(FileFacts),
     mut idle: impl FnMut(),
 ) -> WalkResult {
-    let mounts = crate::sys::fs::mount_points();
+    let mounts = crate::sys::mounts::mount_points();
     let mut result = WalkResult::default();
     let mut links = HardLinks::default();
     let listed = Listed::default();

@@ -411,3 +411,48 @@ fn btrfs_frees_extents_shared_in_a_small_part_at_the_default_ratio() {
     before.0.assert_same(&Snapshot::take(&new));
     before.1.assert_same(&Snapshot::take(&old));
 }
+
+/// Under `compress-force` the rest of a partly covered compressed extent
+/// is rewritten (compressed anew, as every write there) and the extent
+/// freed; without it (the same data, remounted `compress=no`, as after a
+/// `btrfs filesystem defragment -c`) it stays pinned as `compressed`: a
+/// copy written plain could take more room than the extent frees.
+#[test]
+fn btrfs_compressed_extents_are_rewritten_only_under_compress_force() {
+    let Some(vol) = Volume::new(Fs::Btrfs, 256) else { return };
+    let letters = |seed: u64, len: usize| -> Vec<u8> {
+        Rng::new(seed).bytes(len).iter().map(|b| b"abcdefgh"[(b & 7) as usize]).collect()
+    };
+    vol.remount_with("compress-force=zstd");
+    let dirs = [vol.path("forced"), vol.path("plain")];
+    for (seed, d) in (40..).step_by(3).zip(&dirs) {
+        // y covers the first 128 KiB extent of each file and half of the
+        // second, whose rest differs (3 times y's part there).
+        std::fs::create_dir(d).unwrap();
+        let y = letters(seed, 160 << 10);
+        std::fs::write(d.join("c1"), [y.clone(), letters(seed + 1, 864 << 10)].concat()).unwrap();
+        std::fs::write(d.join("c2"), [y, letters(seed + 2, 864 << 10)].concat()).unwrap();
+    }
+    free_bytes(&vol.mnt);
+    let before: Vec<Snapshot> = dirs.iter().map(|d| Snapshot::take(d)).collect();
+    let extents_of = |d: &std::path::Path| -> std::collections::BTreeSet<u64> {
+        ["c1", "c2"].iter().flat_map(|n| physical_blocks(&d.join(n), 0, 1 << 20)).map(Option::unwrap).collect()
+    };
+    let old = [extents_of(&dirs[0]), extents_of(&dirs[1])];
+    assert!(old.iter().all(|e| e.len() == 16), "setup: 8 compressed extents a file: {old:?}");
+
+    let r = run_json(&vol, &[s(&dirs[0])]);
+    assert_eq!(num(&r, "deduped_bytes"), 160 << 10, "{r:#}");
+    assert_eq!((num(&r, "pinned_bytes"), num(&r, "rewritten_bytes")), (0, 96 << 10), "{r:#}");
+    assert_eq!(old[0].difference(&extents_of(&dirs[0])).count(), 2, "both old extents freed: {r:#}");
+
+    vol.remount_with("compress=no");
+    let r = run_json(&vol, &[s(&dirs[1])]);
+    assert_eq!(num(&r, "deduped_bytes"), 160 << 10, "{r:#}");
+    assert_eq!(r["pinned_by_reason"], serde_json::json!({"compressed": 32 << 10}), "{r:#}");
+    assert_eq!(num(&r, "rewritten_bytes"), 0, "{r:#}");
+    assert_eq!(old[1].difference(&extents_of(&dirs[1])).count(), 1, "{r:#}");
+    for (b, d) in before.iter().zip(&dirs) {
+        b.assert_same(&Snapshot::take(d));
+    }
+}

@@ -126,7 +126,7 @@ fn btrfs_a_bind_mount_of_a_starting_path_is_scanned_once() {
 /// A directory bound elsewhere, below a `.nodedup` marker: the starting
 /// path is the bind mount, whose own path passes no marker. The marker is
 /// looked at where the volume's own mount shows the directories above the
-/// bound one (`sys::fs::hidden_ancestors`). Before, the copies below it
+/// bound one (`sys::mounts::hidden_ancestors`). Before, the copies below it
 /// were shared.
 fn bound_below_a_marker(fs: Fs) {
     let Some(vol) = Volume::new(fs, 320) else { return };

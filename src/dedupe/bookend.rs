@@ -99,10 +99,16 @@ impl Executor<'_> {
         }
         let Some(file) = self.open(id) else { return };
         let Ok(extents) = sys::fiemap(file.as_fd(), 0, size) else { return };
-        let kept_elsewhere = |&(off, len): &(u64, u64)| {
-            extents.iter().any(|e| e.logical < off + len && off < e.logical + e.length && e.is_shared())
+        // Nor parts of compressed extents where the copy may be written
+        // plain ([`Bookends::rewrite_compressed`]).
+        let left = |&(off, len): &(u64, u64)| {
+            extents.iter().any(|e| {
+                e.logical < off + len
+                    && off < e.logical + e.length
+                    && (e.is_shared() || (e.is_encoded() && !b.rewrite_compressed))
+            })
         };
-        let parts: Vec<(u64, u64)> = parts.iter().copied().filter(|p| !kept_elsewhere(p)).collect();
+        let parts: Vec<(u64, u64)> = parts.iter().copied().filter(|p| !left(p)).collect();
         if parts.is_empty() {
             return;
         }
@@ -170,7 +176,8 @@ impl Executor<'_> {
         let file = self.open(id)?;
         let extents = sys::fiemap(file.as_fd(), 0, size).ok()?;
         self.ctx.note_solo(&extents);
-        let extents: Vec<DestExtent> = extents.iter().map(DestExtent::from_fiemap).collect();
+        let extents: Vec<DestExtent> =
+            extents.iter().map(|e| DestExtent::from_fiemap(e, b.rewrite_compressed)).collect();
         let d = decide(&extents, covered, size, b.max_ratio);
         if d.is_empty() {
             return None;

@@ -280,7 +280,7 @@ impl Tree {
     /// starting paths). A path under no readable mount is left out; opening
     /// it then fails.
     pub fn over_mounts<'p>(paths: impl IntoIterator<Item = &'p Path>) -> Tree {
-        let mounts = super::fs::mount_points();
+        let mounts = super::mounts::mount_points();
         let mut tops: Vec<PathBuf> = Vec::new();
         let mut seen_dirs: std::collections::HashSet<&Path> = std::collections::HashSet::new();
         for p in paths {

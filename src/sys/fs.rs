@@ -2,11 +2,8 @@
 //! space (for measuring what a run freed), `syncfs`, and the mount table
 //! (so the crawl never crosses into another mount).
 
-use std::collections::HashSet;
-use std::ffi::OsStr;
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd};
-use std::os::unix::ffi::OsStrExt;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
 use nix::errno::Errno;
 use nix::sys::statfs::{fstatfs, FsType};
@@ -329,111 +326,6 @@ pub fn mounted_read_only(path: &Path) -> bool {
     rustix::fs::statvfs(path).is_ok_and(|v| v.f_flag.contains(rustix::fs::StatVfsMountFlags::RDONLY))
 }
 
-/// Every mount point on this machine, from `/proc/self/mountinfo`.
-pub fn mount_points() -> HashSet<PathBuf> {
-    let text = std::fs::read("/proc/self/mountinfo").unwrap_or_default();
-    text.split(|&b| b == b'\n')
-        .filter_map(|line| line.split(|&b| b == b' ').nth(4))
-        .map(|p| PathBuf::from(OsStr::from_bytes(&unescape_octal(p))))
-        .collect()
-}
-
-/// One line of `/proc/self/mountinfo`: the filesystem's device
-/// (`major:minor`, the same for every mount of one filesystem, btrfs
-/// subvolumes included), the directory of it the mount shows (`/` for a
-/// plain mount, the bound directory for a bind mount, with the subvolume's
-/// path on btrfs), and where it is mounted.
-struct Mount {
-    dev: Vec<u8>,
-    root: PathBuf,
-    at: PathBuf,
-}
-
-fn mounts() -> Vec<Mount> {
-    let text = std::fs::read("/proc/self/mountinfo").unwrap_or_default();
-    text.split(|&b| b == b'\n')
-        .filter_map(|line| {
-            let mut f = line.split(|&b| b == b' ').skip(2);
-            let (dev, root, at) = (f.next()?, f.next()?, f.next()?);
-            let path = |p: &[u8]| PathBuf::from(OsStr::from_bytes(&unescape_octal(p)));
-            Some(Mount { dev: dev.to_vec(), root: path(root), at: path(at) })
-        })
-        .collect()
-}
-
-/// The mount holding the canonical path `p`: the deepest mount point above
-/// it; of equal ones the last listed, mounted over the others.
-fn holding<'m>(mounts: &'m [Mount], p: &Path) -> Option<&'m Mount> {
-    mounts.iter().filter(|m| p.starts_with(&m.at)).max_by_key(|m| m.at.as_os_str().len())
-}
-
-/// Where each of `paths` (canonical) lies within its filesystem: the root
-/// of the mount holding it joined with the rest of the path below that
-/// mount point. Two paths of one filesystem that lead to the same
-/// directory, a bind mount of it included, give the same answer, which
-/// their own paths do not. A path under no listed mount is returned as it
-/// is.
-pub fn paths_in_fs(paths: &[PathBuf]) -> Vec<PathBuf> {
-    let mounts = mounts();
-    paths
-        .iter()
-        .map(|p| match holding(&mounts, p) {
-            Some(m) => m.root.join(p.strip_prefix(&m.at).unwrap_or(p)),
-            None => p.clone(),
-        })
-        .collect()
-}
-
-/// The directories above the canonical path `p` that its own path does
-/// not pass through: when the mount holding `p` shows only part of its
-/// filesystem (a bind mount of a directory, a btrfs subvolume), the
-/// directories above that part, each where another mount of the same
-/// filesystem shows it (the first listed that does). A `.nodedup` marker
-/// there covers `p` as much as one on its own path. Directories no mount
-/// shows cannot be looked at and are left out.
-pub fn hidden_ancestors(p: &Path) -> Vec<PathBuf> {
-    hidden_in(&mounts(), p)
-}
-
-/// [`hidden_ancestors`] with these mounts.
-fn hidden_in(mounts: &[Mount], p: &Path) -> Vec<PathBuf> {
-    let Some(m) = holding(mounts, p) else { return Vec::new() };
-    let visible = |dir: &Path| {
-        mounts
-            .iter()
-            .filter(|o| o.dev == m.dev)
-            .find_map(|o| dir.strip_prefix(&o.root).ok().map(|rest| o.at.join(rest)))
-    };
-    m.root.ancestors().skip(1).filter_map(visible).collect()
-}
-
-/// Files in use as swap, from `/proc/swaps` (never to be touched).
-pub fn swap_files() -> Vec<PathBuf> {
-    let text = std::fs::read("/proc/swaps").unwrap_or_default();
-    text.split(|&b| b == b'\n')
-        .skip(1)
-        .filter_map(|line| line.split(|b| b.is_ascii_whitespace()).next())
-        .filter(|p| !p.is_empty())
-        .map(|p| PathBuf::from(OsStr::from_bytes(&unescape_octal(p))))
-        .collect()
-}
-
-/// The kernel writes spaces, tabs, newlines and backslashes in paths as `\ooo`.
-fn unescape_octal(s: &[u8]) -> Vec<u8> {
-    let mut out = Vec::with_capacity(s.len());
-    let mut i = 0;
-    while i < s.len() {
-        if s[i] == b'\\' && i + 3 < s.len() && s[i + 1..i + 4].iter().all(|c| (b'0'..=b'7').contains(c)) {
-            out.push((s[i + 1] - b'0') * 64 + (s[i + 2] - b'0') * 8 + (s[i + 3] - b'0'));
-            i += 4;
-        } else {
-            out.push(s[i]);
-            i += 1;
-        }
-    }
-    out
-}
-
 /// Convenience for callers holding a path: open it (directory or file,
 /// read-only, never following a symlink at the end) and read [`fs_info`].
 pub fn fs_info_of_path(path: &Path) -> std::io::Result<FsInfo> {
@@ -524,44 +416,6 @@ pub fn write_replacing(path: &Path, contents: &[u8], mode: u32) -> std::io::Resu
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn unescapes_mountinfo_paths() {
-        assert_eq!(unescape_octal(br"/mnt/a\040b"), b"/mnt/a b".to_vec());
-        assert_eq!(unescape_octal(br"/plain"), b"/plain".to_vec());
-        assert_eq!(unescape_octal(br"/x\134"), b"/x\\".to_vec());
-    }
-
-    /// The directories above a bound one, or above a btrfs subvolume
-    /// mounted on its own, are found through another mount of the same
-    /// filesystem; a plain mount has none; a directory no mount shows is
-    /// left out.
-    #[test]
-    fn hidden_ancestors_are_seen_through_another_mount_of_the_filesystem() {
-        let m = |dev: &str, root: &str, at: &str| Mount { dev: dev.into(), root: root.into(), at: at.into() };
-        let mounts = [
-            m("0:1", "/", "/"),
-            m("8:1", "/", "/srv"),
-            m("8:1", "/private/data", "/mnt/data"),
-            m("0:40", "/@home", "/home"),
-            m("0:40", "/@snap/x", "/mnt/x"),
-            m("0:40", "/", "/top"),
-            m("9:1", "/a/b", "/mnt/lone"),
-        ];
-        let hidden = |p: &str| hidden_in(&mounts, Path::new(p));
-        assert_eq!(hidden("/srv/private/data"), Vec::<PathBuf>::new());
-        assert_eq!(hidden("/mnt/data/sub"), [PathBuf::from("/srv/private"), "/srv".into()]);
-        assert_eq!(hidden("/home/u"), [PathBuf::from("/top")]);
-        assert_eq!(hidden("/mnt/x"), [PathBuf::from("/top/@snap"), "/top".into()]);
-        assert_eq!(hidden("/mnt/lone/f"), Vec::<PathBuf>::new());
-    }
-
-    /// `/proc` rather than `/`: in a chroot (scripts/fresh-chroot.sh) the
-    /// root is no mount point of the process's view, `/proc` is.
-    #[test]
-    fn proc_is_a_mount_point() {
-        assert!(mount_points().contains(Path::new("/proc")));
-    }
 
     #[test]
     fn ino_lookup_request_code_matches_the_kernel() {

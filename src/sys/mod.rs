@@ -11,6 +11,7 @@ pub mod fiemap;
 pub mod fs;
 pub mod inode;
 pub mod limits;
+pub mod mounts;
 pub mod resolve;
 pub mod spill;
 

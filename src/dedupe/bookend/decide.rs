@@ -23,12 +23,16 @@ pub struct DestExtent {
 }
 
 impl DestExtent {
-    /// The extent FIEMAP reported, as the bookend decision sees it.
-    pub fn from_fiemap(e: &sys::Extent) -> DestExtent {
+    /// The extent FIEMAP reported, as the bookend decision sees it. A
+    /// compressed extent is rewritable when `compressed_copies` (the copy
+    /// is compressed too: `Bookends::rewrite_compressed`): its rest is
+    /// copied out by file offsets and shared back, which needs no block
+    /// addresses (FIEMAP names only the whole extent).
+    pub fn from_fiemap(e: &sys::Extent, compressed_copies: bool) -> DestExtent {
         let fixed = if e.is_inline() {
             Some(PinReason::Inline)
-        } else if e.is_encoded() {
-            Some(PinReason::Compressed)
+        } else if e.is_encoded() && e.has_address() {
+            (!compressed_copies).then_some(PinReason::Compressed)
         } else if e.is_unstable() {
             Some(PinReason::NotRewritable)
         } else {
@@ -46,8 +50,9 @@ pub enum PinReason {
     /// The uncovered rest is more than `--rewrite-ratio` times the covered
     /// part: rewriting it would write more than it frees.
     BelowRewriteRatio,
-    /// The extent is compressed: its blocks have no address of their own,
-    /// so the rest cannot be moved out of it block by block.
+    /// The extent is compressed and the volume is not mounted with
+    /// `compress-force`: a copy of its rest could be written plain and
+    /// take more room than the extent frees.
     Compressed,
     /// The data is inline in metadata.
     Inline,
@@ -309,6 +314,25 @@ mod tests {
         let shared = DestExtent { shared: true, ..ext(16 * K, 8 * K) };
         let d = decide(&[ext(0, 8 * K), ext(8 * K, 8 * K), shared], &[(0, 8 * K), (16 * K, K)], 1 << 40, 1.0);
         assert!(d.is_empty(), "{d:?}");
+    }
+
+    #[test]
+    fn what_fiemap_says_can_be_rewritten() {
+        use crate::sys::fiemap::flags::{DATA_INLINE, DELALLOC, ENCODED, UNKNOWN};
+        use PinReason::{Compressed, Inline, NotRewritable};
+        for forced in [false, true] {
+            let fixed = |flags: u32| {
+                let e = sys::Extent { logical: 0, physical: 1 << 20, length: 8 * K, flags };
+                DestExtent::from_fiemap(&e, forced).fixed
+            };
+            assert_eq!(fixed(0), None);
+            // Compressed: its rest is copied out by offsets, where the
+            // copy is compressed too.
+            assert_eq!(fixed(ENCODED), (!forced).then_some(Compressed));
+            assert_eq!(fixed(ENCODED | DELALLOC | UNKNOWN), Some(NotRewritable));
+            assert_eq!(fixed(DELALLOC | UNKNOWN), Some(NotRewritable));
+            assert_eq!(fixed(DATA_INLINE | ENCODED), Some(Inline));
+        }
     }
 
     #[test]
