@@ -197,12 +197,9 @@ fn btrfs_pinned_bytes_by_file_and_reason() {
     // Compressed (128 KiB extents): y covers the first extent of each file
     // and half of the second, whose rest differs.
     vol.remount_with("compress-force=zstd");
-    let letters = |seed: u64, len: usize| -> Vec<u8> {
-        Rng::new(seed).bytes(len).iter().map(|b| b"abcdefgh"[(b & 7) as usize]).collect()
-    };
-    let y = letters(1, 192 << 10);
-    std::fs::write(c.join("c1"), [y.clone(), letters(2, 832 << 10)].concat()).unwrap();
-    std::fs::write(c.join("c2"), [y, letters(3, 832 << 10)].concat()).unwrap();
+    let y = compressible(1, 192 << 10);
+    std::fs::write(c.join("c1"), [y.clone(), compressible(2, 832 << 10)].concat()).unwrap();
+    std::fs::write(c.join("c2"), [y, compressible(3, 832 << 10)].concat()).unwrap();
     free_bytes(&vol.mnt);
     vol.remount_with("compress=no");
     let before = (Snapshot::take(&p), Snapshot::take(&c));
@@ -420,18 +417,15 @@ fn btrfs_frees_extents_shared_in_a_small_part_at_the_default_ratio() {
 #[test]
 fn btrfs_compressed_extents_are_rewritten_only_under_compress_force() {
     let Some(vol) = Volume::new(Fs::Btrfs, 256) else { return };
-    let letters = |seed: u64, len: usize| -> Vec<u8> {
-        Rng::new(seed).bytes(len).iter().map(|b| b"abcdefgh"[(b & 7) as usize]).collect()
-    };
     vol.remount_with("compress-force=zstd");
     let dirs = [vol.path("forced"), vol.path("plain")];
     for (seed, d) in (40..).step_by(3).zip(&dirs) {
         // y covers the first 128 KiB extent of each file and half of the
         // second, whose rest differs (3 times y's part there).
         std::fs::create_dir(d).unwrap();
-        let y = letters(seed, 160 << 10);
-        std::fs::write(d.join("c1"), [y.clone(), letters(seed + 1, 864 << 10)].concat()).unwrap();
-        std::fs::write(d.join("c2"), [y, letters(seed + 2, 864 << 10)].concat()).unwrap();
+        let y = compressible(seed, 160 << 10);
+        std::fs::write(d.join("c1"), [y.clone(), compressible(seed + 1, 864 << 10)].concat()).unwrap();
+        std::fs::write(d.join("c2"), [y, compressible(seed + 2, 864 << 10)].concat()).unwrap();
     }
     free_bytes(&vol.mnt);
     let before: Vec<Snapshot> = dirs.iter().map(|d| Snapshot::take(d)).collect();

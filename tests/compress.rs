@@ -7,13 +7,6 @@
 mod common;
 
 use common::*;
-use dedupscan::corpus::Rng;
-
-/// 1 MiB that zstd compresses (8 letters, random): 128 KiB extents on disk
-/// of about half that.
-fn compressible(seed: u64, len: usize) -> Vec<u8> {
-    Rng::new(seed).bytes(len).iter().map(|b| b"abcdefgh"[(b & 7) as usize]).collect()
-}
 
 #[test]
 fn rerun_on_compressed_btrfs_submits_nothing() {

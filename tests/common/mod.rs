@@ -306,6 +306,12 @@ pub fn physical_blocks(path: &Path, off: u64, len: u64) -> Vec<Option<u64>> {
     dedupscan::sys::fiemap::physical_map(&ext, off, len, 4096)
 }
 
+/// Bytes zstd compresses to about half (8 letters, random): written on a
+/// `compress-force` btrfs, 128 KiB compressed extents.
+pub fn compressible(seed: u64, len: usize) -> Vec<u8> {
+    dedupscan::corpus::Rng::new(seed).bytes(len).iter().map(|b| b"abcdefgh"[(b & 7) as usize]).collect()
+}
+
 /// Whether two ranges share the same physical blocks, every one of them.
 pub fn same_physical(a: &Path, a_off: u64, b: &Path, b_off: u64, len: u64) -> bool {
     let (pa, pb) = (physical_blocks(a, a_off, len), physical_blocks(b, b_off, len));
