@@ -215,8 +215,8 @@ pub struct RunArgs {
     /// remainder into a fresh extent so the old one is freed — when the
     /// remainder is at most RATIO times the shared part (so at most RATIO
     /// bytes are copied for each byte freed). 0 turns it off. Where bytes
-    /// stay pinned below RATIO, the run's report says what the larger of 2,
-    /// 4, 8 and 16 would free and copy.
+    /// stay pinned below RATIO, the run's report says what each of 2, 4, 8
+    /// and 16 above RATIO would free and copy.
     // Why 4: see `plan::DEFAULT_REWRITE_RATIO`.
     #[arg(long, value_name = "RATIO", default_value_t = crate::plan::DEFAULT_REWRITE_RATIO, value_parser = parse_ratio)]
     pub rewrite_ratio: f64,
