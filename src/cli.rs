@@ -6,6 +6,8 @@ use std::path::PathBuf;
 
 use clap::{Args, Parser, Subcommand, ValueEnum};
 
+use crate::dedupe::headroom::KeepFree;
+
 /// Find data stored twice on btrfs and XFS and let the kernel share it.
 ///
 /// dedupscan crawls the given paths, hashes file blocks into a database,
@@ -221,6 +223,15 @@ pub struct RunArgs {
     #[arg(long, value_name = "RATIO", default_value_t = crate::plan::DEFAULT_REWRITE_RATIO, value_parser = parse_ratio)]
     pub rewrite_ratio: f64,
 
+    /// btrfs: rewrite (see --rewrite-ratio) only while the volume keeps at
+    /// least this much free: a size (e.g. 20G) or a share of the volume
+    /// (e.g. 2%). The copies hold space until the old extents are released
+    /// at the next commit, and other programs write meanwhile; a file whose
+    /// rest would go below is left whole, pending, for a later run. 0 turns
+    /// it off. Sharing itself writes no data and is not limited.
+    #[arg(long, value_name = "SIZE|PERCENT", default_value = "1%", value_parser = parse_keep_free)]
+    pub keep_free: KeepFree,
+
     /// btrfs: also share into files whose extents a read-only snapshot (or
     /// another file outside the run) still keeps. Nothing is freed until
     /// those snapshots are deleted, and sharing adds metadata meanwhile; by
@@ -290,9 +301,21 @@ pub fn parse_size(s: &str) -> Result<u64, String> {
         "k" | "kb" | "kib" => 1 << 10,
         "m" | "mb" | "mib" => 1 << 20,
         "g" | "gb" | "gib" => 1 << 30,
-        _ => return Err(format!("unknown unit in '{s}' (use K, M or G)")),
+        "t" | "tb" | "tib" => 1 << 40,
+        _ => return Err(format!("unknown unit in '{s}' (use K, M, G or T)")),
     };
     n.checked_mul(mult).ok_or_else(|| format!("'{s}' is too large"))
+}
+
+/// `--keep-free`: a size, or a percentage from 0 to 100.
+fn parse_keep_free(s: &str) -> Result<KeepFree, String> {
+    match s.trim().strip_suffix('%') {
+        Some(p) => match p.trim().parse::<f64>() {
+            Ok(p) if (0.0..=100.0).contains(&p) => Ok(KeepFree::Percent(p)),
+            _ => Err(format!("'{s}' is not a percentage from 0% to 100%")),
+        },
+        None => parse_size(s).map(KeepFree::Bytes),
+    }
 }
 
 /// `--threads`: at least one (0 would hash nothing), at most 1024.
@@ -395,9 +418,17 @@ mod tests {
             &["/srv", "--rewrite-ratio", "-1"],
             &["/srv", "--rewrite-ratio", "nan"],
             &["/srv", "--rehash", "--incremental"],
+            &["/srv", "--keep-free", "101%"],
+            &["/srv", "--keep-free", "-1%"],
+            &["/srv", "--keep-free", "5X"],
         ] {
             assert!(parse(args).is_err(), "{args:?}");
         }
+        let keep = |v: &str| parse(&["/srv", "--keep-free", v]).unwrap().run.keep_free;
+        assert_eq!(keep("2.5%"), KeepFree::Percent(2.5));
+        assert_eq!(keep("20G"), KeepFree::Bytes(20 << 30));
+        assert_eq!(keep("1T"), KeepFree::Bytes(1 << 40));
+        assert_eq!(parse(&["/srv"]).unwrap().run.keep_free, KeepFree::DEFAULT);
         assert_eq!(parse(&["/srv", "--threads", "3"]).unwrap().run.scan.threads, Some(3));
         assert!(parse(&["/srv", "--rehash"]).unwrap().run.scan.rehash);
     }

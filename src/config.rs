@@ -102,6 +102,8 @@ pub struct ShareConfig {
     pub min_range: u64,
     /// See `--rewrite-ratio`.
     pub rewrite_ratio: f64,
+    /// See `--keep-free`.
+    pub keep_free: crate::dedupe::headroom::KeepFree,
     /// Share into extents read-only snapshots keep (`--share-snapshotted`).
     pub share_snapshotted: bool,
     /// Leave written zero blocks alone (`--keep-zeros`).
@@ -174,6 +176,7 @@ impl Config {
                     dry_run: r.dry_run,
                     min_range: r.min_range,
                     rewrite_ratio: r.rewrite_ratio,
+                    keep_free: r.keep_free,
                     share_snapshotted: r.share_snapshotted,
                     keep_zeros: r.keep_zeros,
                     list: r.list,

@@ -354,7 +354,8 @@ fn share_phase(
     let root = job.scan.paths.first().expect("a path");
     // With --rewrite-ratio 0 the pass still runs: it rewrites nothing but
     // counts what stays pinned.
-    let bookends = (fs.kind == FsKind::Btrfs).then(|| dedupe::Bookends::for_volume(cfg.rewrite_ratio, root));
+    let bookends =
+        (fs.kind == FsKind::Btrfs).then(|| dedupe::Bookends::for_volume(cfg.rewrite_ratio, cfg.keep_free, root));
     let (block_size, bookends) = (job.scan.block_size, bookends.as_ref());
     let sharing = sharing(job, stats, progress);
     // Batch by batch: each batch's files are independent of the others'
@@ -375,7 +376,7 @@ fn share_phase(
         Ok(!stop.load(Ordering::Relaxed) && out.refused.is_none())
     })?;
     let go_on = !stop.load(Ordering::Relaxed) && out.refused.is_none();
-    let zeros = ZeroPass::of(job, cfg).filter(|_| go_on).map(|z| z.run(db, allowed, fresh, progress, stop));
+    let zeros = ZeroPass::of(job, cfg, bookends).filter(|_| go_on).map(|z| z.run(db, allowed, fresh, progress, stop));
     let mut freed_bytes = None;
     if let Some(before) = before {
         // Flushing the volume can take seconds after much sharing: say so

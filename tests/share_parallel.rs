@@ -16,6 +16,7 @@ use std::sync::atomic::AtomicBool;
 
 use common::*;
 use dedupscan::corpus::Rng;
+use dedupscan::dedupe::headroom::KeepFree;
 use dedupscan::dedupe::{execute, Bookends, Mode, Outcome, Sharing};
 use dedupscan::file::{FileFacts, FileId, IdSet};
 use dedupscan::plan::{Plan, Range};
@@ -155,7 +156,7 @@ fn one_and_many_workers_agree(fs: Fs) {
     alter(&one);
     alter(&many);
     let before = Snapshot::take(&vol.mnt);
-    let bookends = (fs == Fs::Btrfs).then_some(Bookends { max_ratio: 1.0, rewrite_compressed: false });
+    let bookends = (fs == Fs::Btrfs).then(|| Bookends::for_volume(1.0, KeepFree::DEFAULT, &vol.mnt));
 
     // Dry run: compared in user space, nothing changes.
     let dry1 = run(&one, Mode::DryRun, bookends.as_ref(), Sharing::cached(1));

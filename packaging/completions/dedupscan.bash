@@ -41,7 +41,7 @@ _dedupscan() {
 
     case "${cmd}" in
         dedupscan)
-            opts="-n -v -q -h -V --incremental --rehash --block-size --threads --exclude --exclude-from --include-readonly-snapshots --share-across-owners --drop-cache --max-runtime --metrics-file --dry-run --min-range --rewrite-ratio --share-snapshotted --keep-zeros --list --full-plan-days --db --json --verbose --quiet --log-level --progress --help --version scan report help"
+            opts="-n -v -q -h -V --incremental --rehash --block-size --threads --exclude --exclude-from --include-readonly-snapshots --share-across-owners --drop-cache --max-runtime --metrics-file --dry-run --min-range --rewrite-ratio --keep-free --share-snapshotted --keep-zeros --list --full-plan-days --db --json --verbose --quiet --log-level --progress --help --version scan report help"
             if [[ ${cur} == -* || ${COMP_CWORD} -eq 1 ]] ; then
                 COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
                 return 0
@@ -91,6 +91,13 @@ _dedupscan() {
                     return 0
                     ;;
                 --rewrite-ratio)
+                    COMPREPLY=("${cur}")
+                    if [[ "${BASH_VERSINFO[0]}" -ge 4 ]]; then
+                        compopt -o nospace
+                    fi
+                    return 0
+                    ;;
+                --keep-free)
                     COMPREPLY=("${cur}")
                     if [[ "${BASH_VERSINFO[0]}" -ge 4 ]]; then
                         compopt -o nospace

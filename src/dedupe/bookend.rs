@@ -10,8 +10,9 @@
 //! `FIDEDUPERANGE`s them back, so the kernel verifies every byte and the
 //! file never holds anything but its own data. A worker copies out a batch
 //! of destinations before sharing any back, so their writes reach the disk
-//! together. With no room for the copy (ENOSPC, EDQUOT) the destination is
-//! left whole for a later run ([`super::Pending::NoSpaceRewrite`]).
+//! together. With no room for the copy (ENOSPC, EDQUOT), or none above
+//! `--keep-free` ([`super::headroom`]), the destination is left whole for a
+//! later run ([`super::Pending::NoSpaceRewrite`], [`super::Pending::KeepFree`]).
 //!
 //! XFS counts references per block and needs none of this.
 
@@ -23,6 +24,7 @@ use std::os::unix::fs::FileExt;
 use nix::errno::Errno;
 
 use super::executor::Executor;
+use super::headroom::{kept_free, Headroom};
 use super::workers::locked;
 use super::{no_space, Bookends, Mode, Pending};
 use crate::display::display_path;
@@ -113,7 +115,7 @@ impl Executor<'_> {
             return;
         }
         let parts = &parts[..];
-        let done = self.copy_out(&file, size, parts).and_then(|tmp| self.share_back(&tmp, &file, parts));
+        let done = self.copy_out(b, &file, size, parts).and_then(|tmp| self.share_back(&tmp, &file, parts));
         if let Err(e) = done {
             let path = display_path(&self.files[&id].path);
             self.progress.info(&format!("{path}: cannot rewrite parts that differ from their source: {e}"));
@@ -131,32 +133,32 @@ impl Executor<'_> {
         let mut staged_bytes = 0;
         for (id, covered) in batch {
             let Some(rw) = self.judge_bookends(*id, covered, b) else { continue };
-            match self.copy_out(&rw.dest, rw.size, &rw.pieces) {
+            match self.copy_out(b, &rw.dest, rw.size, &rw.pieces) {
                 Ok(tmp) => {
                     staged_bytes += rw.pieces.iter().map(|p| p.1).sum::<u64>();
                     staged.push((rw, tmp));
                 }
-                Err(e) => self.rewritten(&rw, Err(e)),
+                Err(e) => self.rewritten(b, &rw, Err(e)),
             }
             // A bound on the copies held at once: temporary space on a
             // nearly full disk, and dirty pages.
             if staged_bytes >= STAGED_BYTES {
-                self.share_back_all(std::mem::take(&mut staged));
+                self.share_back_all(b, std::mem::take(&mut staged));
                 staged_bytes = 0;
             }
         }
-        self.share_back_all(staged);
+        self.share_back_all(b, staged);
     }
 
     /// Start the writeback of every staged copy, then share each back.
-    fn share_back_all(&mut self, staged: Vec<(Rewrite, File)>) {
+    fn share_back_all(&mut self, b: &Bookends, staged: Vec<(Rewrite, File)>) {
         for (_, tmp) in &staged {
             // Only a head start: sharing back waits for the data anyway.
             let _ = sys::start_writeback(tmp.as_fd());
         }
         for (rw, tmp) in staged {
             let done = self.share_back(&tmp, &rw.dest, &rw.pieces);
-            self.rewritten(&rw, done);
+            self.rewritten(b, &rw, done);
         }
     }
 
@@ -209,17 +211,28 @@ impl Executor<'_> {
     /// Account for the rewrite `rw`: `Ok(true)` all moved; otherwise the
     /// old extents stay, pinning their covered bytes, or, with no room, the
     /// file is left whole for the next run (its planned bytes pending).
-    fn rewritten(&mut self, rw: &Rewrite, done: std::io::Result<bool>) {
+    fn rewritten(&mut self, b: &Bookends, rw: &Rewrite, done: std::io::Result<bool>) {
         let (id, rewrite_covered, planned) = (rw.id, rw.rewrite_covered, rw.planned);
         match done {
             Ok(true) => {}
             // The old extents stay for the rest not moved out.
             Ok(false) => self.out.pin(id, PinReason::RewriteFailed, rewrite_covered),
-            Err(e) if is_no_space(&e) => {
+            Err(e) if is_no_space(&e) || kept_free(&e) => {
                 let path = display_path(&self.files[&id].path);
                 // Not shared at all this run: nothing pinned either.
                 self.out.pinned.retain(|k, _| k.0 != id);
                 locked(&self.ctx.deferred).insert(id);
+                if kept_free(&e) {
+                    // Not an error: said once a run, counted as pending.
+                    self.out.pending.insert(id, (Pending::KeepFree, planned));
+                    if b.room.first_refusal() {
+                        self.progress.warn(&format!(
+                            "{path}: partly shared extents not rewritten: {e}; this file and any others like it are \
+                             not shared now, retried by the next run (pending in the report)"
+                        ));
+                    }
+                    return;
+                }
                 self.out.pending.insert(id, (Pending::NoSpaceRewrite, planned));
                 self.progress.warn(&format!(
                     "{path}: no space to rewrite partly shared extents ({e}); not shared now, retried by the next run"
@@ -237,8 +250,8 @@ impl Executor<'_> {
 
     /// Copy `pieces` of `dest` out ([`copy_out`]), in the first starting
     /// directory (opened through its held descriptor).
-    fn copy_out(&mut self, dest: &File, size: u64, pieces: &[(u64, u64)]) -> std::io::Result<File> {
-        copy_out(self.ctx.tree.tmpfile()?, dest, size, pieces, &mut self.buf_a)
+    fn copy_out(&mut self, b: &Bookends, dest: &File, size: u64, pieces: &[(u64, u64)]) -> std::io::Result<File> {
+        copy_out(&b.room, || self.ctx.tree.tmpfile(), dest, size, pieces, &mut self.buf_a)
     }
 
     /// Share `pieces` of `tmp` back into `dest` ([`share_back`]), counting
@@ -253,9 +266,19 @@ impl Executor<'_> {
 /// Copy `pieces` of `dest` into `tmp`, an unnamed temporary file on the
 /// same filesystem, at the same offsets and made of the same size, so that
 /// an unaligned tail ends at both EOFs (the kernel shares a partial block
-/// only there), through `buf`. Used by the bookend pass and by the zero
-/// pass (`zeros::rewrite`).
-pub fn copy_out(tmp: File, dest: &File, size: u64, pieces: &[(u64, u64)], buf: &mut [u8]) -> std::io::Result<File> {
+/// only there), through `buf` — once `room` grants the bytes
+/// ([`Headroom::take`]). Used by the bookend pass and by the zero pass
+/// (`zeros::rewrite`).
+pub fn copy_out(
+    room: &Headroom,
+    tmp: impl FnOnce() -> std::io::Result<File>,
+    dest: &File,
+    size: u64,
+    pieces: &[(u64, u64)],
+    buf: &mut [u8],
+) -> std::io::Result<File> {
+    room.take(pieces.iter().map(|p| p.1).sum())?;
+    let tmp = tmp()?;
     tmp.set_len(size)?;
     for &(off, len) in pieces {
         let mut pos = 0;

@@ -31,7 +31,8 @@
 //! - `verify.rs`: the dry run's byte compare;
 //! - [`extents`]: the FIEMAP view of a range (which blocks already share
 //!   the source's extents), also used by the `report` command;
-//! - [`bookend`]: rewriting partly covered extents (btrfs).
+//! - [`bookend`]: rewriting partly covered extents (btrfs);
+//! - [`headroom`]: the free space those rewrites must leave.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use std::sync::atomic::AtomicBool;
@@ -50,6 +51,7 @@ use crate::sys::beneath::Tree;
 pub mod bookend;
 mod executor;
 pub mod extents;
+pub mod headroom;
 mod pinned;
 mod ready;
 mod swap;
@@ -142,6 +144,10 @@ pub enum Pending {
     /// nothing and would only add metadata. Planned again by every run, so
     /// it is shared once the snapshot is gone.
     Pinned,
+    /// Its remainders were not rewritten, to keep `--keep-free` of the
+    /// volume free ([`headroom`]); as for [`Pending::NoSpaceRewrite`], its
+    /// ranges wait too.
+    KeepFree,
 }
 
 impl Pending {
@@ -151,6 +157,7 @@ impl Pending {
             Pending::NoSpaceRewrite => "no_space_rewrite",
             Pending::NoSpaceShare => "no_space_share",
             Pending::Pinned => "referenced_outside_run",
+            Pending::KeepFree => "keep_free",
         }
     }
 }
@@ -179,7 +186,6 @@ pub struct DedupeStatuses {
 }
 
 /// Rewriting remainders of partly covered extents (btrfs; see [`bookend`]).
-#[derive(Debug, Clone)]
 pub struct Bookends {
     /// Rewrite a remainder only when it is at most this many times the
     /// covered part of its extent.
@@ -190,12 +196,19 @@ pub struct Bookends {
     /// (measured: 200 files compressed by `defragment -czstd`, 7.2 MiB
     /// lost instead of 6.2 MiB freed).
     pub rewrite_compressed: bool,
+    /// What the copies may use of the volume's free space.
+    pub room: headroom::Headroom,
 }
 
 impl Bookends {
-    /// The bookend pass for the btrfs volume holding `root`.
-    pub fn for_volume(max_ratio: f64, root: &std::path::Path) -> Bookends {
-        Bookends { max_ratio, rewrite_compressed: crate::sys::mounts::compression_forced(root) }
+    /// The bookend pass for the btrfs volume holding `root`, keeping
+    /// `keep` of it free.
+    pub fn for_volume(max_ratio: f64, keep: headroom::KeepFree, root: &std::path::Path) -> Bookends {
+        Bookends {
+            max_ratio,
+            rewrite_compressed: crate::sys::mounts::compression_forced(root),
+            room: headroom::Headroom::of_volume(root.to_owned(), keep),
+        }
     }
 }
 

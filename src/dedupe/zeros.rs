@@ -195,12 +195,13 @@ pub fn punch(
 }
 
 /// Rewrite the data `pieces` of `dest` (a file of `size` bytes) into fresh
-/// extents, as the bookend pass does (`bookend::copy_out`, then
-/// `bookend::share_back`: the kernel compares every byte). `Ok(false)`:
-/// some piece was not moved (the file changed, or the kernel refused): its
-/// old extent stays, so the caller leaves the zeros there too. A dry run
-/// only says `true`.
+/// extents, as the bookend pass does (`bookend::copy_out`, within `room`,
+/// then `bookend::share_back`: the kernel compares every byte).
+/// `Ok(false)`: some piece was not moved (the file changed, or the kernel
+/// refused): its old extent stays, so the caller leaves the zeros there
+/// too. A dry run only says `true`.
 pub fn rewrite(
+    room: &super::headroom::Headroom,
     tmpfile: impl FnOnce() -> std::io::Result<File>,
     dest: &File,
     size: u64,
@@ -211,7 +212,7 @@ pub fn rewrite(
     if dry_run {
         return Ok(true);
     }
-    let tmp = super::bookend::copy_out(tmpfile()?, dest, size, pieces, &mut vec![0u8; 1 << 20])?;
+    let tmp = super::bookend::copy_out(room, tmpfile, dest, size, pieces, &mut vec![0u8; 1 << 20])?;
     Ok(super::bookend::share_back(&tmp, dest, pieces, still_same)?.0)
 }
 

@@ -17,7 +17,8 @@ use anyhow::Result;
 
 use crate::blockmap::BlockMap;
 use crate::db::Db;
-use crate::dedupe::zeros;
+use crate::dedupe::headroom::kept_free;
+use crate::dedupe::{zeros, Bookends};
 use crate::display::display_path;
 use crate::errors::ErrorKind;
 use crate::file::{FileFacts, FileId, IdSet};
@@ -68,19 +69,24 @@ struct State {
 pub struct ZeroPass<'a> {
     pub tree: &'a Tree,
     pub block: u64,
-    /// btrfs: `--rewrite-ratio` (an extent is freed only whole; see
-    /// `zeros::plan_extent`); XFS: `None`.
-    pub btrfs_ratio: Option<f64>,
+    /// btrfs: the bookend pass's `--rewrite-ratio` (an extent is freed
+    /// only whole; see `zeros::plan_extent`) and its budget of free space
+    /// for the rest's copy; XFS: `None`.
+    pub bookends: Option<&'a Bookends>,
     pub dry_run: bool,
 }
 
 impl ZeroPass<'_> {
     /// The pass of a run (`None` with `--keep-zeros`).
-    pub fn of<'a>(job: &'a super::Job, cfg: &crate::config::ShareConfig) -> Option<ZeroPass<'a>> {
+    pub fn of<'a>(
+        job: &'a super::Job,
+        cfg: &crate::config::ShareConfig,
+        bookends: Option<&'a Bookends>,
+    ) -> Option<ZeroPass<'a>> {
         (!cfg.keep_zeros).then_some(ZeroPass {
             tree: &job.tree,
             block: job.scan.block_size,
-            btrfs_ratio: (job.scan.fs.kind == crate::sys::FsKind::Btrfs).then_some(cfg.rewrite_ratio),
+            bookends,
             dry_run: cfg.dry_run,
         })
     }
@@ -209,12 +215,12 @@ impl ZeroPass<'_> {
                         continue;
                     }
                     judged_to = e.logical + e.length;
-                    let w = zeros::plan_extent(e, runs, c.size, self.block, zeros::MIN_BYTES, self.btrfs_ratio);
+                    let ratio = self.bookends.map(|b| b.max_ratio);
+                    let w = zeros::plan_extent(e, runs, c.size, self.block, zeros::MIN_BYTES, ratio);
                     if w.punch.is_empty() {
                         continue;
                     }
-                    let moved = zeros::rewrite(|| self.tree.tmpfile(), &f, c.size, &w.rewrite, self.dry_run, &mut same);
-                    match moved {
+                    match self.rewrite_rest(c, &f, &w, &mut same, progress) {
                         Ok(true) => out.rewritten += w.rewrite.iter().map(|r| r.1).sum::<u64>(),
                         Ok(false) => continue,
                         Err(e) => return fail(error_kind(e.raw_os_error()), format!("data not rewritten: {e}")),
@@ -232,5 +238,28 @@ impl ZeroPass<'_> {
         }
         out.files += u64::from(done.bytes > 0);
         out.bytes += done.bytes;
+    }
+
+    /// Rewrite the data of an extent to be punched (btrfs: `w.rewrite`,
+    /// if any) into fresh extents. `Ok(false)`: leave the extent as it is
+    /// (not all moved, or no room above `--keep-free`, said once a run).
+    fn rewrite_rest(
+        &self,
+        c: &FileFacts,
+        f: &File,
+        w: &zeros::ExtentWork,
+        same: impl FnMut() -> bool,
+        progress: &dyn Progress,
+    ) -> std::io::Result<bool> {
+        let Some(b) = self.bookends.filter(|_| !w.rewrite.is_empty()) else { return Ok(true) };
+        match zeros::rewrite(&b.room, || self.tree.tmpfile(), f, c.size, &w.rewrite, self.dry_run, same) {
+            Err(e) if kept_free(&e) => {
+                if b.room.first_refusal() {
+                    progress.warn(&format!("{}: written zeros not turned into holes: {e}", display_path(&c.path)));
+                }
+                Ok(false)
+            }
+            done => done,
+        }
     }
 }

@@ -1,6 +1,6 @@
 //! Filesystem-wide facts: which filesystem a path is on, its UUID, free
-//! space (for measuring what a run freed), `syncfs`, and the mount table
-//! (so the crawl never crosses into another mount).
+//! space (for measuring what a run freed, and what the rewrites may use),
+//! and `syncfs`. The mount table is in `mounts.rs`.
 
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd};
 use std::path::Path;
@@ -126,6 +126,14 @@ pub fn fs_info(fd: BorrowedFd<'_>) -> Result<FsInfo, Errno> {
         free_bytes: st.blocks_free() * frsize,
         total_bytes: st.blocks() * frsize,
     })
+}
+
+/// Bytes available to an unprivileged writer and the size of the
+/// filesystem `fd` lives on (`statfs`: `f_bavail`, `f_blocks`).
+pub fn space(fd: BorrowedFd<'_>) -> Result<(u64, u64), Errno> {
+    let st = fstatfs(fd)?;
+    let frsize = st.block_size() as u64;
+    Ok((st.blocks_available() * frsize, st.blocks() * frsize))
 }
 
 fn format_uuid(b: &[u8]) -> String {
