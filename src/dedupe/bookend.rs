@@ -209,31 +209,29 @@ impl Executor<'_> {
     }
 
     /// Account for the rewrite `rw`: `Ok(true)` all moved; otherwise the
-    /// old extents stay, pinning their covered bytes, or, with no room, the
-    /// file is left whole for the next run (its planned bytes pending).
+    /// old extents stay, pinning their covered bytes, or, with no room (or
+    /// none above `--keep-free`), the file is left whole for the next run
+    /// (its planned bytes pending).
     fn rewritten(&mut self, b: &Bookends, rw: &Rewrite, done: std::io::Result<bool>) {
         let (id, rewrite_covered, planned) = (rw.id, rw.rewrite_covered, rw.planned);
         match done {
             Ok(true) => {}
             // The old extents stay for the rest not moved out.
             Ok(false) => self.out.pin(id, PinReason::RewriteFailed, rewrite_covered),
-            Err(e) if is_no_space(&e) || kept_free(&e) => {
-                let path = display_path(&self.files[&id].path);
-                // Not shared at all this run: nothing pinned either.
-                self.out.pinned.retain(|k, _| k.0 != id);
-                locked(&self.ctx.deferred).insert(id);
-                if kept_free(&e) {
-                    // Not an error: said once a run, counted as pending.
-                    self.out.pending.insert(id, (Pending::KeepFree, planned));
-                    if b.room.first_refusal() {
-                        self.progress.warn(&format!(
-                            "{path}: partly shared extents not rewritten: {e}; this file and any others like it are \
-                             not shared now, retried by the next run (pending in the report)"
-                        ));
-                    }
-                    return;
+            Err(e) if kept_free(&e) => {
+                self.leave_whole(id, Pending::KeepFree, planned);
+                // Not an error: said once a run, counted as pending.
+                if b.room.first_refusal() {
+                    let path = display_path(&self.files[&id].path);
+                    self.progress.warn(&format!(
+                        "{path}: partly shared extents not rewritten: {e}; this file and any others like it are \
+                         not shared now, retried by the next run (pending in the report)"
+                    ));
                 }
-                self.out.pending.insert(id, (Pending::NoSpaceRewrite, planned));
+            }
+            Err(e) if is_no_space(&e) => {
+                self.leave_whole(id, Pending::NoSpaceRewrite, planned);
+                let path = display_path(&self.files[&id].path);
                 self.progress.warn(&format!(
                     "{path}: no space to rewrite partly shared extents ({e}); not shared now, retried by the next run"
                 ));
@@ -246,6 +244,15 @@ impl Executor<'_> {
                 self.out.pin(id, PinReason::RewriteFailed, rewrite_covered);
             }
         }
+    }
+
+    /// Leave destination `id` whole for a later run (`why`, with the
+    /// `planned` bytes): not shared at all this run, so nothing is pinned
+    /// either.
+    fn leave_whole(&mut self, id: FileId, why: Pending, planned: u64) {
+        self.out.pinned.retain(|k, _| k.0 != id);
+        locked(&self.ctx.deferred).insert(id);
+        self.out.pending.insert(id, (why, planned));
     }
 
     /// Copy `pieces` of `dest` out ([`copy_out`]), in the first starting
