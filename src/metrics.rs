@@ -223,6 +223,21 @@ fn last_run(m: &mut Metrics, last: &Value, this: Option<&Value>, history: &[Past
         ("duplicate_bytes", "duplicate_bytes", "Duplicate bytes the last run found and verified."),
         ("deduped_bytes", "deduped_bytes", "Bytes the kernel confirmed as shared in the last run (0 in a dry run)."),
         ("freed_bytes", "freed_bytes", "Free space the last run gained, measured with statfs (may be negative)."),
+        (
+            "pending_bytes",
+            "pending_bytes",
+            "Planned bytes the last run left for a later run (no space, --keep-free, kept by a snapshot): retried.",
+        ),
+        (
+            "rewritten_bytes",
+            "rewritten_bytes",
+            "btrfs: bytes the last run copied into fresh extents so partly shared extents could be freed.",
+        ),
+        (
+            "pinned_bytes",
+            "pinned_bytes",
+            "btrfs: bytes the last run shared that free nothing while the rest of their extent stays in use.",
+        ),
         ("errors", "errors", "Problems with individual paths or ranges in the last run."),
     ] {
         m.single(name, "gauge", help, n(last, key));

@@ -17,6 +17,9 @@ fn sample_report() -> Report {
         duplicate_bytes: 4096,
         deduped_bytes: 4096,
         freed_bytes: -8192,
+        pending_bytes: 12288,
+        rewritten_bytes: 16384,
+        pinned_bytes: 20480,
         errors: 3,
         error_kinds: BTreeMap::from([("unreadable".into(), 2), ("vanished".into(), 1)]),
         ..Default::default()
@@ -191,6 +194,9 @@ fn figures_and_labels_round_trip() {
     assert_eq!(value(&s, "dedupscan_duplicate_bytes", None), 4096.0);
     assert_eq!(value(&s, "dedupscan_deduped_bytes", None), 4096.0);
     assert_eq!(value(&s, "dedupscan_freed_bytes", None), -8192.0);
+    assert_eq!(value(&s, "dedupscan_pending_bytes", None), 12288.0);
+    assert_eq!(value(&s, "dedupscan_rewritten_bytes", None), 16384.0);
+    assert_eq!(value(&s, "dedupscan_pinned_bytes", None), 20480.0);
     assert_eq!(value(&s, "dedupscan_last_run_dry_run", None), 0.0);
     assert_eq!(value(&s, "dedupscan_errors", None), 3.0);
     assert_eq!(value(&s, "dedupscan_errors_by_kind", Some(("kind", "unreadable"))), 2.0);
