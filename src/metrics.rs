@@ -34,6 +34,7 @@ use std::time::{SystemTime, UNIX_EPOCH};
 
 use serde_json::Value;
 
+use crate::dedupe::Pending;
 use crate::errors::ErrorKind;
 use crate::report::Report;
 
@@ -224,11 +225,6 @@ fn last_run(m: &mut Metrics, last: &Value, this: Option<&Value>, history: &[Past
         ("deduped_bytes", "deduped_bytes", "Bytes the kernel confirmed as shared in the last run (0 in a dry run)."),
         ("freed_bytes", "freed_bytes", "Free space the last run gained, measured with statfs (may be negative)."),
         (
-            "pending_bytes",
-            "pending_bytes",
-            "Planned bytes the last run left for a later run (no space, --keep-free, kept by a snapshot): retried.",
-        ),
-        (
             "rewritten_bytes",
             "rewritten_bytes",
             "btrfs: bytes the last run copied into fresh extents so partly shared extents could be freed.",
@@ -298,6 +294,15 @@ fn labelled(m: &mut Metrics, last: &Value, history: &[PastRun]) {
     m.family("errors_by_kind", "gauge", "Problems with individual paths or ranges in the last run, by kind.");
     for k in keys("error_kinds", &ERROR_KINDS, &|_| false) {
         m.sample("errors_by_kind", &[("kind", &k)], get("error_kinds", &k));
+    }
+    m.family(
+        "pending_bytes",
+        "gauge",
+        "Planned bytes the last run left for a later run, by reason (no space, --keep-free, kept by a snapshot).",
+    );
+    let reasons: Vec<&str> = Pending::ALL.iter().map(|p| p.name()).collect();
+    for r in keys("pending", &reasons, &|_| false) {
+        m.sample("pending_bytes", &[("reason", &r)], n(&last["pending"][&r], "bytes"));
     }
     m.family("phase_duration_seconds", "gauge", "Time the last run spent in each phase.");
     for p in PHASES {

@@ -151,8 +151,11 @@ pub enum Pending {
 }
 
 impl Pending {
+    /// Every reason (for label sets that must not lose a series).
+    pub const ALL: [Pending; 4] = [Pending::NoSpaceRewrite, Pending::NoSpaceShare, Pending::Pinned, Pending::KeepFree];
+
     /// Name in the database and in reports.
-    pub fn name(self) -> &'static str {
+    pub const fn name(self) -> &'static str {
         match self {
             Pending::NoSpaceRewrite => "no_space_rewrite",
             Pending::NoSpaceShare => "no_space_share",

@@ -17,7 +17,6 @@ fn sample_report() -> Report {
         duplicate_bytes: 4096,
         deduped_bytes: 4096,
         freed_bytes: -8192,
-        pending_bytes: 12288,
         rewritten_bytes: 16384,
         pinned_bytes: 20480,
         errors: 3,
@@ -26,6 +25,8 @@ fn sample_report() -> Report {
     };
     r.skipped.insert("nodedup".into(), 5);
     r.skipped.insert("mount_point".into(), 1);
+    r.pending.insert("keep_free".into(), crate::report::PendingWork { files: 2, bytes: 12288 });
+    r.pending_bytes = 12288;
     r.dedupe_status.same = 7;
     r.dedupe_status.errors.insert("EPERM".into(), 2);
     r.timings.hash_ms = 1500;
@@ -194,7 +195,8 @@ fn figures_and_labels_round_trip() {
     assert_eq!(value(&s, "dedupscan_duplicate_bytes", None), 4096.0);
     assert_eq!(value(&s, "dedupscan_deduped_bytes", None), 4096.0);
     assert_eq!(value(&s, "dedupscan_freed_bytes", None), -8192.0);
-    assert_eq!(value(&s, "dedupscan_pending_bytes", None), 12288.0);
+    assert_eq!(value(&s, "dedupscan_pending_bytes", Some(("reason", "keep_free"))), 12288.0);
+    assert_eq!(value(&s, "dedupscan_pending_bytes", Some(("reason", "no_space_share"))), 0.0);
     assert_eq!(value(&s, "dedupscan_rewritten_bytes", None), 16384.0);
     assert_eq!(value(&s, "dedupscan_pinned_bytes", None), 20480.0);
     assert_eq!(value(&s, "dedupscan_last_run_dry_run", None), 0.0);
