@@ -160,8 +160,8 @@ fn lowest_available<T>(mnt: &std::path::Path, f: impl FnOnce() -> T) -> (u64, T)
 /// a nearly full volume other programs must still find the room
 /// `--keep-free` keeps: the run stays above it throughout (statfs sampled
 /// every millisecond) and rewrites what fits; the other files wait,
-/// pending, not as errors, said once; the next run, with the room this one
-/// freed, shares them. Fails without the budget: the copies take 36 MiB of
+/// pending, not as errors, said once; the next run, with room again,
+/// shares them. Fails without the budget: the copies take 36 MiB of
 /// the 12 MiB above the reserve.
 #[test]
 fn btrfs_rewrites_leave_the_free_space_keep_free_asks_for() {
