@@ -114,11 +114,7 @@ impl Headroom {
             keep,
             Box::new(move || {
                 let fs = crate::sys::inode::open_path_readonly(&path)?;
-                // Two commits, as for the run's own measurement: btrfs may
-                // release extents freed by the first one only in the next.
-                for _ in 0..2 {
-                    crate::sys::syncfs(&fs)?;
-                }
+                crate::sys::commit(&fs)?;
                 Ok(crate::sys::space(fs.as_fd())?)
             }),
         )

@@ -28,10 +28,6 @@ impl FreeSpace {
 /// released extents are counted (btrfs frees them at transaction commit).
 pub(super) fn free_bytes(path: &Path) -> Result<u64> {
     let f = sys::inode::open_path_readonly(path).with_context(|| format!("{}: cannot open", display_path(path)))?;
-    // Two commits: btrfs may release extents freed by the first one's
-    // delayed references only in the next transaction.
-    for _ in 0..2 {
-        sys::syncfs(&f).with_context(|| format!("{}: syncfs", display_path(path)))?;
-    }
+    sys::commit(&f).with_context(|| format!("{}: syncfs", display_path(path)))?;
     Ok(sys::fs_info(f.as_fd())?.free_bytes)
 }

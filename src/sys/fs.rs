@@ -151,6 +151,16 @@ pub fn syncfs(fd: impl AsFd) -> Result<(), Errno> {
     nix::unistd::syncfs(fd.as_fd())
 }
 
+/// Flush the filesystem of `fd` twice, before `statfs` counts what was
+/// freed: btrfs may release extents freed by the first commit's delayed
+/// references only in the next one.
+pub fn commit(fd: impl AsFd) -> Result<(), Errno> {
+    for _ in 0..2 {
+        syncfs(fd.as_fd())?;
+    }
+    Ok(())
+}
+
 /// Start writing back the dirty pages of `fd` without waiting for them
 /// (`sync_file_range(SYNC_FILE_RANGE_WRITE)`): many files' writes are then
 /// in flight together instead of one after another when each is needed.

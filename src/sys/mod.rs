@@ -17,5 +17,5 @@ pub mod spill;
 
 pub use dedupe::{dedupe_range, DedupeStatus, DestResult};
 pub use fiemap::{fiemap, Extent};
-pub use fs::{fs_info, space, start_writeback, syncfs, volume_key, FsInfo, FsKind, SubvolIds};
+pub use fs::{commit, fs_info, space, start_writeback, syncfs, volume_key, FsInfo, FsKind, SubvolIds};
 pub use inode::{inode_flags, open_readonly, InodeFlags};
