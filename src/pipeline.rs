@@ -355,7 +355,7 @@ fn share_phase(
     // With --rewrite-ratio 0 the pass still runs: it rewrites nothing but
     // counts what stays pinned.
     let bookends =
-        (fs.kind == FsKind::Btrfs).then(|| dedupe::Bookends::for_volume(cfg.rewrite_ratio, cfg.keep_free, root));
+        (fs.kind == FsKind::Btrfs).then(|| dedupe::Bookends::for_volume(cfg.rewrite_ratio, cfg.keep_free, mode, root));
     let (block_size, bookends) = (job.scan.block_size, bookends.as_ref());
     let sharing = sharing(job, stats, progress);
     // Batch by batch: each batch's files are independent of the others'

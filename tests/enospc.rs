@@ -177,6 +177,14 @@ fn btrfs_rewrites_leave_the_free_space_keep_free_asks_for() {
     let keep = available(&vol.mnt) - (12 << 20);
     let keep_arg = keep.to_string();
 
+    // The preview counts its copies against the same budget: it says
+    // which files would wait, as the run then does.
+    let dry = dedupscan().args([s(&d), "--keep-free", &keep_arg, "--dry-run"]).json().db(vol.db()).expect(0).run();
+    validate_report(&dry.json);
+    let predicted = (num(&dry.json, "rewritten_bytes"), num(&dry.json, "duplicate_bytes"));
+    assert_eq!(dry.stderr.matches("--keep-free").count(), 1, "{}", dry.stderr);
+    before.assert_same(&Snapshot::take(&d));
+
     let run = || dedupscan().args([s(&d), "--keep-free", &keep_arg]).json().db(vol.db()).expect(0).run();
     let (low, out) = lowest_available(&vol.mnt, run);
     let r = &out.json;
@@ -189,6 +197,9 @@ fn btrfs_rewrites_leave_the_free_space_keep_free_asks_for() {
     assert!(r["error_kinds"].as_object().is_none_or(|k| k.is_empty()), "{r:#}");
     assert_eq!(out.stderr.matches("--keep-free").count(), 1, "{}", out.stderr);
     assert_eq!(pairs_shared(&d) as u64, done);
+    // Only the destinations rewritten are shared: 256 KiB each.
+    assert_eq!(num(r, "duplicate_bytes"), done * (256 << 10), "{r:#}");
+    assert_eq!(predicted, (num(r, "rewritten_bytes"), num(r, "duplicate_bytes")), "dry run: {:#}", dry.json);
 
     // Room again: the next run, incremental, with the default reserve
     // (1%), shares the rest.

@@ -139,8 +139,12 @@ fn btrfs_zeros_that_need_a_rewrite_wait_for_room_above_keep_free() {
     dedupscan::sys::syncfs(std::fs::File::open(&d).unwrap()).unwrap();
     let before = Snapshot::take(&d);
 
+    let preview = dedupscan().args([s(&d), "--keep-free", "100%", "--dry-run"]).json().db(vol.db()).expect(0).run();
+    before.assert_same(&Snapshot::take(&d));
     let full = dedupscan().args([s(&d), "--keep-free", "100%"]).json().db(vol.db()).expect(0).run();
     let r = &full.json;
+    // The preview counts the copies against the same budget.
+    assert_eq!(num(&preview.json, "zeros_to_holes_bytes"), num(r, "zeros_to_holes_bytes"), "{:#}", preview.json);
     validate_report(r);
     // thick's zeros around its header and burst; of onepass's, at most
     // those in extents without its header (writeback may cut it in two).

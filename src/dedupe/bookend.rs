@@ -192,19 +192,26 @@ impl Executor<'_> {
         if d.rewrite.is_empty() {
             return None;
         }
+        let rw = Rewrite {
+            id,
+            dest: file,
+            size,
+            pieces: d.rewrite,
+            rewrite_covered: d.rewrite_covered,
+            planned: covered.iter().map(|c| c.1).sum(),
+        };
         match self.mode {
+            Mode::Share => Some(rw),
             Mode::DryRun => {
-                self.out.rewritten_bytes += d.rewrite.iter().map(|p| p.1).sum::<u64>();
+                // Counted as the run would copy it: within the budget, or
+                // left whole for later ([`Headroom`]'s dry run).
+                let bytes = rw.pieces.iter().map(|p| p.1).sum::<u64>();
+                match b.room.take(bytes) {
+                    Ok(()) => self.out.rewritten_bytes += bytes,
+                    Err(e) => self.rewritten(b, &rw, Err(e)),
+                }
                 None
             }
-            Mode::Share => Some(Rewrite {
-                id,
-                dest: file,
-                size,
-                pieces: d.rewrite,
-                rewrite_covered: d.rewrite_covered,
-                planned: covered.iter().map(|c| c.1).sum(),
-            }),
         }
     }
 

@@ -19,6 +19,12 @@
 //! (the kernel's ENOSPC is then the only limit).
 //!
 //! Sharing itself writes no data, so it is not limited.
+//!
+//! A dry run writes nothing either, but previews the copies against the
+//! same budget, so that it says which files would wait: measured once
+//! (without a commit: nothing of ours is waiting for one) and never again,
+//! since nothing it "copied" took or freed space. A real run that frees
+//! space in one batch for the next can do more than its preview said.
 
 use std::io;
 use std::os::fd::AsFd;
@@ -90,6 +96,8 @@ const RETRY_AFTER: Duration = Duration::from_secs(1);
 pub struct Headroom {
     keep: KeepFree,
     measure: Measure,
+    /// Measure only the first time (a dry run).
+    once: bool,
     state: Mutex<State>,
     /// Whether a refusal was said (once a run is enough: the report
     /// counts the files).
@@ -104,25 +112,29 @@ struct State {
     reserve: u64,
     /// After a measurement that found too little: no other before this.
     refused_until: Option<Instant>,
+    /// Whether a measurement was made.
+    measured: bool,
 }
 
 impl Headroom {
     /// The budget on the filesystem of `path` (a starting path: opened
-    /// for each measurement, as the run's own measurement does).
-    pub fn of_volume(path: PathBuf, keep: KeepFree) -> Headroom {
-        Headroom::new(
-            keep,
-            Box::new(move || {
-                let fs = crate::sys::inode::open_path_readonly(&path)?;
+    /// for each measurement, as the run's own measurement does); for a
+    /// `dry_run`, measured once.
+    pub fn of_volume(path: PathBuf, keep: KeepFree, dry_run: bool) -> Headroom {
+        let measure: Measure = Box::new(move || {
+            let fs = crate::sys::inode::open_path_readonly(&path)?;
+            if !dry_run {
                 crate::sys::commit(&fs)?;
-                Ok(crate::sys::space(fs.as_fd())?)
-            }),
-        )
+            }
+            Ok(crate::sys::space(fs.as_fd())?)
+        });
+        Headroom::new(keep, measure, dry_run)
     }
 
-    /// A budget measured by `measure` (tests give their own).
-    fn new(keep: KeepFree, measure: Measure) -> Headroom {
-        Headroom { keep, measure, state: Mutex::new(State::default()), said: AtomicBool::new(false) }
+    /// A budget measured by `measure` (tests give their own), only once
+    /// when `once`.
+    fn new(keep: KeepFree, measure: Measure, once: bool) -> Headroom {
+        Headroom { keep, measure, once, state: Mutex::new(State::default()), said: AtomicBool::new(false) }
     }
 
     /// Take `bytes` for a copy: `Ok` when the volume keeps the reserve
@@ -135,7 +147,8 @@ impl Headroom {
         let mut s = self.lock();
         if s.left < bytes {
             let now = Instant::now();
-            if s.refused_until.is_none_or(|t| now >= t) {
+            if !(self.once && s.measured) && s.refused_until.is_none_or(|t| now >= t) {
+                s.measured = true;
                 let (available, total) = (self.measure)()?;
                 s.reserve = self.keep.bytes(total);
                 s.left = available.saturating_sub(s.reserve);
@@ -170,6 +183,11 @@ mod tests {
     /// A budget over a volume of 1000 MiB whose available bytes the test
     /// sets, counting the measurements.
     fn volume(keep: KeepFree) -> (Headroom, Arc<AtomicU64>, Arc<AtomicU64>) {
+        volume_measured(keep, false)
+    }
+
+    /// [`volume`], measured only once when `once` (a dry run).
+    fn volume_measured(keep: KeepFree, once: bool) -> (Headroom, Arc<AtomicU64>, Arc<AtomicU64>) {
         let (avail, calls) = (Arc::new(AtomicU64::new(0)), Arc::new(AtomicU64::new(0)));
         let (a, c) = (avail.clone(), calls.clone());
         let room = Headroom::new(
@@ -178,6 +196,7 @@ mod tests {
                 c.fetch_add(1, Ordering::Relaxed);
                 Ok((a.load(Ordering::Relaxed), 1000 * M))
             }),
+            once,
         );
         (room, avail, calls)
     }
@@ -227,6 +246,20 @@ mod tests {
     }
 
     #[test]
+    fn a_dry_run_spends_one_measurement_and_never_measures_again() {
+        let (room, avail, calls) = volume_measured(KeepFree::Bytes(10 * M), true);
+        avail.store(30 * M, Ordering::Relaxed);
+        room.take(15 * M).unwrap();
+        // Nothing was written, so measuring again would find the same room
+        // and preview more copies than the run could make.
+        assert!(kept_free(&room.take(6 * M).unwrap_err()));
+        std::thread::sleep(RETRY_AFTER);
+        assert!(room.take(6 * M).is_err());
+        room.take(5 * M).unwrap();
+        assert_eq!(calls.load(Ordering::Relaxed), 1);
+    }
+
+    #[test]
     fn a_reserve_of_zero_is_off_and_never_measured() {
         for keep in [KeepFree::Bytes(0), KeepFree::Percent(0.0)] {
             let (room, avail, calls) = volume(keep);
@@ -238,7 +271,7 @@ mod tests {
 
     #[test]
     fn a_failed_measurement_is_the_copys_error() {
-        let room = Headroom::new(KeepFree::DEFAULT, Box::new(|| Err(io::Error::from_raw_os_error(libc::EIO))));
+        let room = Headroom::new(KeepFree::DEFAULT, Box::new(|| Err(io::Error::from_raw_os_error(libc::EIO))), false);
         let e = room.take(1).unwrap_err();
         assert!(!kept_free(&e));
         assert_eq!(e.raw_os_error(), Some(libc::EIO));

@@ -205,12 +205,13 @@ pub struct Bookends {
 
 impl Bookends {
     /// The bookend pass for the btrfs volume holding `root`, keeping
-    /// `keep` of it free.
-    pub fn for_volume(max_ratio: f64, keep: headroom::KeepFree, root: &std::path::Path) -> Bookends {
+    /// `keep` of it free (a dry run counts its copies against the same
+    /// budget, measured once: see [`headroom`]).
+    pub fn for_volume(max_ratio: f64, keep: headroom::KeepFree, mode: Mode, root: &std::path::Path) -> Bookends {
         Bookends {
             max_ratio,
             rewrite_compressed: crate::sys::mounts::compression_forced(root),
-            room: headroom::Headroom::of_volume(root.to_owned(), keep),
+            room: headroom::Headroom::of_volume(root.to_owned(), keep, mode == Mode::DryRun),
         }
     }
 }

@@ -199,7 +199,7 @@ pub fn punch(
 /// then `bookend::share_back`: the kernel compares every byte).
 /// `Ok(false)`: some piece was not moved (the file changed, or the kernel
 /// refused): its old extent stays, so the caller leaves the zeros there
-/// too. A dry run only says `true`.
+/// too. A dry run copies nothing, but within the same budget.
 pub fn rewrite(
     room: &super::headroom::Headroom,
     tmpfile: impl FnOnce() -> std::io::Result<File>,
@@ -210,7 +210,7 @@ pub fn rewrite(
     still_same: impl FnMut() -> bool,
 ) -> std::io::Result<bool> {
     if dry_run {
-        return Ok(true);
+        return room.take(pieces.iter().map(|p| p.1).sum()).map(|()| true);
     }
     let tmp = super::bookend::copy_out(room, tmpfile, dest, size, pieces, &mut vec![0u8; 1 << 20])?;
     Ok(super::bookend::share_back(&tmp, dest, pieces, still_same)?.0)
