@@ -14,6 +14,7 @@ mod batches;
 mod complete;
 mod fingerprints;
 mod freespace;
+mod pending;
 mod scan;
 mod zeros;
 
@@ -41,6 +42,7 @@ use batches::Batches;
 use complete::Complete;
 use fingerprints::check_fingerprints;
 use freespace::{free_bytes, FreeSpace};
+use pending::{set_pending, Pending, PendingRow};
 use scan::{scan_phase, ScanOutcome};
 use zeros::{ZeroPass, ZerosOutcome};
 
@@ -185,9 +187,6 @@ fn plan_settings(cfg: &ShareConfig) -> String {
     )
 }
 
-/// A row of the `pending` table: destination, why, planned bytes.
-type PendingRow = (FileId, String, u64);
-
 /// What the plan phase found.
 struct PlanOutcome {
     /// Work earlier runs left pending, as the plan started.
@@ -302,8 +301,8 @@ struct Executed {
     pinned_by_reason: BTreeMap<dedupe::PinReason, u64>,
     /// Free space after minus before (real runs).
     freed_bytes: Option<i64>,
-    /// Pending work after this run (real runs).
-    pending: Option<Vec<PendingRow>>,
+    /// Pending work after this run (in a dry run, as it would be).
+    pending: Vec<PendingRow>,
     /// Stopped while sharing.
     interrupted: bool,
     /// Written zero blocks turned into holes (`None`: `--keep-zeros`, or
@@ -360,13 +359,15 @@ fn share_phase(
     let sharing = sharing(job, stats, progress);
     // Batch by batch: each batch's files are independent of the others'
     // (see `plan::from_db`), and only one batch's facts are in memory.
-    let mut out = dedupe::Outcome::default();
-    let mut pinned_by_reason = BTreeMap::new();
+    let (mut out, mut pinned_by_reason) = (dedupe::Outcome::default(), BTreeMap::new());
+    let mut pending = Pending::of(db, run_id, cfg.dry_run)?;
     batches.for_each(|plan| {
         let files = db.file_facts(plan.files())?;
         let mut o =
             dedupe::execute(plan, &files, unshared, &job.tree, block_size, mode, bookends, progress, stop, sharing);
-        save_batch(db, run_id, plan, &o, mode, stop.load(Ordering::Relaxed))?;
+        // Found stale: the next run reads them again (a dry run too).
+        db.distrust(&o.stale)?;
+        pending.batch(plan, &o, stop.load(Ordering::Relaxed))?;
         // What is per file is in the database now; the report needs totals.
         for (why, n) in o.pinned_by_reason() {
             *pinned_by_reason.entry(why).or_default() += n;
@@ -385,7 +386,6 @@ fn share_phase(
         progress.phase("3/3 share: measuring freed space", None, false);
         freed_bytes = Some(free_bytes(root)? as i64 - before as i64);
     }
-    let pending = if mode == Mode::Share { Some(db.pending()?) } else { None };
     if let Some(r) = &out.refused {
         progress.warn(r);
     }
@@ -399,7 +399,7 @@ fn share_phase(
         out,
         pinned_by_reason,
         freed_bytes,
-        pending,
+        pending: pending.rows()?,
         interrupted: stop.load(Ordering::Relaxed),
         zeros: zeros.transpose()?,
         share_ms: ms(t),
@@ -424,23 +424,6 @@ fn sharing(job: &Job, stats: &PlanStats, progress: &dyn Progress) -> dedupe::Sha
         ));
     }
     sharing
-}
-
-/// Record what sharing one batch left pending and pinned, per file, in the
-/// database, and (a dry run too) the files found stale. A stopped run may
-/// not have reached every destination of the batch: then it only adds to
-/// what is pending.
-fn save_batch(db: &Db, run_id: i64, plan: &Plan, o: &dedupe::Outcome, mode: Mode, stopped: bool) -> Result<()> {
-    db.distrust(&o.stale)?;
-    if mode != Mode::Share {
-        return Ok(());
-    }
-    let handled: HashSet<FileId> = if stopped { HashSet::new() } else { plan.ranges.iter().map(|r| r.dest).collect() };
-    let now: Vec<(FileId, &str, u64)> = o.pending.iter().map(|(id, (why, b))| (*id, why.name(), *b)).collect();
-    db.save_pending(&handled, &now, run_id)?;
-    let pins: Vec<(FileId, &str, u64)> = o.pinned.iter().map(|(&(id, why), &n)| (id, why.name(), n)).collect();
-    db.save_pinned(&o.pin_checked, &pins, run_id)?;
-    Ok(())
 }
 
 /// The run's report, built from what each phase found.
@@ -513,9 +496,7 @@ fn report(
 fn add_sharing(r: &mut Report, e: &Executed) {
     let out = &e.out;
     r.freed_bytes = e.freed_bytes.unwrap_or(0);
-    if let Some(rows) = &e.pending {
-        set_pending(r, rows);
-    }
+    set_pending(r, &e.pending);
     r.duplicate_bytes = out.duplicate_bytes;
     r.deduped_bytes = out.deduped_bytes;
     r.already_shared_bytes = out.already_shared_bytes;
@@ -571,18 +552,6 @@ fn listed_ranges(plan: &Plan, files: &HashMap<FileId, FileFacts>) -> Vec<ListedR
             unshared_bytes: None,
         })
         .collect()
-}
-
-/// Put the pending work (database rows) into the report, by reason.
-fn set_pending(report: &mut Report, rows: &[PendingRow]) {
-    report.pending.clear();
-    report.pending_bytes = 0;
-    for (_, why, bytes) in rows {
-        let w = report.pending.entry(why.clone()).or_default();
-        w.files += 1;
-        w.bytes += bytes;
-        report.pending_bytes += bytes;
-    }
 }
 
 /// Whether the recorded file `c` still has an extent FIEMAP flags shared

@@ -172,9 +172,11 @@ pub struct Report {
     pub error_kinds: BTreeMap<String, u64>,
     /// Duplicate bytes left for a later run after this one, by reason
     /// (`no_space_rewrite`, `no_space_share`: the volume was full;
-    /// `referenced_outside_run`: a read-only snapshot or another file not
-    /// in the run keeps the destination's extent, so sharing would free
-    /// nothing): the next run, incremental or not, tries them again.
+    /// `keep_free`: a rewrite would have taken the free space `--keep-free`
+    /// keeps; `referenced_outside_run`: a read-only snapshot or another
+    /// file not in the run keeps the destination's extent, so sharing would
+    /// free nothing): the next run, incremental or not, tries them again.
+    /// In a dry run, what the run would leave.
     pub pending: BTreeMap<String, PendingWork>,
     /// Sum of `pending` bytes.
     pub pending_bytes: u64,
@@ -361,7 +363,9 @@ impl Report {
         if self.pending_bytes > 0 {
             let list: Vec<String> =
                 self.pending.iter().map(|(k, w)| format!("{k}: {} in {} files", human(w.bytes), w.files)).collect();
-            let _ = writeln!(s, "  pending: {} left for the next run ({})", human(self.pending_bytes), list.join(", "));
+            let left = if self.dry_run { "would be left" } else { "left" };
+            let _ =
+                writeln!(s, "  pending: {} {left} for the next run ({})", human(self.pending_bytes), list.join(", "));
         }
         s
     }

@@ -200,6 +200,8 @@ fn btrfs_rewrites_leave_the_free_space_keep_free_asks_for() {
     // Only the destinations rewritten are shared: 256 KiB each.
     assert_eq!(num(r, "duplicate_bytes"), done * (256 << 10), "{r:#}");
     assert_eq!(predicted, (num(r, "rewritten_bytes"), num(r, "duplicate_bytes")), "dry run: {:#}", dry.json);
+    // And its report lists the files that would wait, as the run's does.
+    assert_eq!(dry.json["pending"], r["pending"], "dry run: {:#}", dry.json);
 
     // Room again: the next run, incremental, with the default reserve
     // (1%), shares the rest.

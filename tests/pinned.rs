@@ -58,6 +58,10 @@ fn extents_pinned_by_a_readonly_snapshot_are_left_until_it_is_gone() {
     // The snapshot goes: the next incremental run, with nothing changed,
     // shares and frees the copy.
     delete_snapshot(&vol, &snap);
+    // A dry run previews that: nothing would be left pending any more.
+    let dry = run_json(&vol, &[path, "--incremental", "--dry-run"]);
+    assert_eq!(num(&dry, "duplicate_bytes"), len as u64, "{dry:#}");
+    assert_eq!(num(&dry, "pending_bytes"), 0, "the dry run shows what an earlier run left: {dry:#}");
     let free0 = free_bytes(&vol.mnt);
     let second = run_json(&vol, &[path, "--incremental"]);
     let freed = free_bytes(&vol.mnt) as i64 - free0 as i64;

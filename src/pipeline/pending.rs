@@ -1,0 +1,124 @@
+//! The work a run leaves for the next one (the database's `pending` rows),
+//! recorded batch by batch, and shown in the report by reason.
+//!
+//! A real run records it in the database ([`Db::save_pending`]) and reports
+//! the table as it stands after the run. A dry run writes nothing, so it
+//! applies the same updates to a copy in memory ([`Pending::Preview`]): its
+//! report then says what the run would leave pending (e.g. the files
+//! `--keep-free` would make wait), not what an earlier run left.
+
+use std::collections::{BTreeMap, HashSet};
+
+use anyhow::Result;
+
+use crate::db::Db;
+use crate::dedupe;
+use crate::file::FileId;
+use crate::plan::Plan;
+use crate::report::Report;
+
+/// A row of the `pending` table: destination, why, planned bytes.
+pub(super) type PendingRow = (FileId, String, u64);
+
+/// Where a run's pending work goes.
+pub(super) enum Pending<'a> {
+    /// The database, in a real run.
+    Db(&'a Db, i64),
+    /// A dry run's copy of the table, updated as the run would update it.
+    Preview(BTreeMap<FileId, (String, u64)>),
+}
+
+impl<'a> Pending<'a> {
+    /// The database of run `run_id`, or in a dry run a copy of its rows.
+    pub(super) fn of(db: &'a Db, run_id: i64, dry_run: bool) -> Result<Pending<'a>> {
+        Ok(if dry_run {
+            Pending::Preview(db.pending()?.into_iter().map(|(id, why, bytes)| (id, (why, bytes))).collect())
+        } else {
+            Pending::Db(db, run_id)
+        })
+    }
+
+    /// Record what sharing `plan` left pending (`o.pending`). The rows of
+    /// the destinations it went through are replaced; a stopped run may not
+    /// have reached every destination of the batch, so then it only adds.
+    pub(super) fn batch(&mut self, plan: &Plan, o: &dedupe::Outcome, stopped: bool) -> Result<()> {
+        let handled: HashSet<FileId> =
+            if stopped { HashSet::new() } else { plan.ranges.iter().map(|r| r.dest).collect() };
+        let now = o.pending.iter().map(|(id, (why, b))| (*id, why.name(), *b));
+        match self {
+            Pending::Db(db, run_id) => db.save_pending(&handled, &now.collect::<Vec<_>>(), *run_id)?,
+            Pending::Preview(rows) => {
+                rows.retain(|id, _| !handled.contains(id));
+                rows.extend(now.map(|(id, why, bytes)| (id, (why.to_owned(), bytes))));
+            }
+        }
+        Ok(())
+    }
+
+    /// The rows after the run (or, in a dry run, as they would be).
+    pub(super) fn rows(self) -> Result<Vec<PendingRow>> {
+        Ok(match self {
+            Pending::Db(db, _) => db.pending()?,
+            Pending::Preview(rows) => rows.into_iter().map(|(id, (why, bytes))| (id, why, bytes)).collect(),
+        })
+    }
+}
+
+/// Put the pending work into the report, by reason.
+pub(super) fn set_pending(report: &mut Report, rows: &[PendingRow]) {
+    report.pending.clear();
+    report.pending_bytes = 0;
+    for (_, why, bytes) in rows {
+        let w = report.pending.entry(why.clone()).or_default();
+        w.files += 1;
+        w.bytes += bytes;
+        report.pending_bytes += bytes;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::plan::Range;
+
+    fn row(id: i64, why: &str, bytes: u64) -> PendingRow {
+        (FileId(id), why.to_owned(), bytes)
+    }
+
+    fn preview(rows: &[PendingRow]) -> Pending<'static> {
+        Pending::Preview(rows.iter().map(|(id, why, b)| (*id, (why.clone(), *b))).collect())
+    }
+
+    /// A plan with destinations `dests`, and an outcome leaving `left` pending.
+    fn batch(dests: &[i64], left: &[(i64, dedupe::Pending, u64)]) -> (Plan, dedupe::Outcome) {
+        let r = |dest| Range { src: FileId(1), src_off: 0, len: 4096, dest: FileId(dest), dest_off: 0 };
+        let mut o = dedupe::Outcome::default();
+        o.pending.extend(left.iter().map(|&(id, why, b)| (FileId(id), (why, b))));
+        (Plan { ranges: dests.iter().map(|&d| r(d)).collect() }, o)
+    }
+
+    #[test]
+    fn a_dry_run_updates_its_copy_of_the_table_as_the_run_would() {
+        // 7 and 8 were left pending by an earlier run; the batch goes
+        // through 7 (shared now, not 8) and leaves 9 waiting.
+        let mut p = preview(&[row(7, "keep_free", 100), row(8, "no_space_share", 50)]);
+        let (plan, o) = batch(&[7, 9], &[(9, dedupe::Pending::KeepFree, 30)]);
+        p.batch(&plan, &o, false).unwrap();
+        assert_eq!(p.rows().unwrap(), vec![row(8, "no_space_share", 50), row(9, "keep_free", 30)]);
+    }
+
+    #[test]
+    fn a_stopped_batch_only_adds() {
+        let mut p = preview(&[row(7, "keep_free", 100)]);
+        let (plan, o) = batch(&[7, 9], &[(9, dedupe::Pending::KeepFree, 30)]);
+        p.batch(&plan, &o, true).unwrap();
+        assert_eq!(p.rows().unwrap(), vec![row(7, "keep_free", 100), row(9, "keep_free", 30)]);
+    }
+
+    #[test]
+    fn the_report_sums_by_reason() {
+        let mut r = Report::default();
+        set_pending(&mut r, &[row(1, "keep_free", 10), row(2, "keep_free", 5), row(3, "no_space_share", 1)]);
+        assert_eq!((r.pending_bytes, r.pending["keep_free"].files, r.pending["keep_free"].bytes), (16, 2, 15));
+    }
+}
