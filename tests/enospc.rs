@@ -183,6 +183,7 @@ fn btrfs_rewrites_leave_the_free_space_keep_free_asks_for() {
     validate_report(&dry.json);
     let predicted = (num(&dry.json, "rewritten_bytes"), num(&dry.json, "duplicate_bytes"));
     assert_eq!(dry.stderr.matches("--keep-free").count(), 1, "{}", dry.stderr);
+    assert!(dry.stderr.contains("would wait for a later run"), "a preview speaks of what it did: {}", dry.stderr);
     before.assert_same(&Snapshot::take(&d));
 
     let run = || dedupscan().args([s(&d), "--keep-free", &keep_arg]).json().db(vol.db()).expect(0).run();

@@ -230,9 +230,13 @@ impl Executor<'_> {
                 // Not an error: said once a run, counted as pending.
                 if b.room.first_refusal() {
                     let path = display_path(&self.files[&id].path);
+                    let (not, then) = match self.mode {
+                        Mode::DryRun => ("would not be", "would wait for a later run"),
+                        Mode::Share => ("not", "are not shared now, retried by the next run"),
+                    };
                     self.progress.warn(&format!(
-                        "{path}: partly shared extents not rewritten: {e}; this file and any others like it are \
-                         not shared now, retried by the next run (pending in the report)"
+                        "{path}: partly shared extents {not} rewritten: {e}; this file and any others like it {then} \
+                         (pending in the report)"
                     ));
                 }
             }

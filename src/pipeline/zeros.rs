@@ -255,7 +255,8 @@ impl ZeroPass<'_> {
         match zeros::rewrite(&b.room, || self.tree.tmpfile(), f, c.size, &w.rewrite, self.dry_run, same) {
             Err(e) if kept_free(&e) => {
                 if b.room.first_refusal() {
-                    progress.warn(&format!("{}: written zeros not turned into holes: {e}", display_path(&c.path)));
+                    let not = if self.dry_run { "would not be" } else { "not" };
+                    progress.warn(&format!("{}: written zeros {not} turned into holes: {e}", display_path(&c.path)));
                 }
                 Ok(false)
             }
