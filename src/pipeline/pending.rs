@@ -1,5 +1,6 @@
 //! The work a run leaves for the next one (the database's `pending` rows),
-//! recorded batch by batch, and shown in the report by reason.
+//! recorded batch by batch with the bytes each destination pins, and shown
+//! in the report by reason.
 //!
 //! A real run records it in the database ([`Db::save_pending`]) and reports
 //! the table as it stands after the run. A dry run writes nothing, so it
@@ -41,12 +42,19 @@ impl<'a> Pending<'a> {
     /// Record what sharing `plan` left pending (`o.pending`). The rows of
     /// the destinations it went through are replaced; a stopped run may not
     /// have reached every destination of the batch, so then it only adds.
+    /// A real run also records the bytes each destination pins (`o.pinned`
+    /// of the destinations in `o.pin_checked`), which a dry run does not.
     pub(super) fn batch(&mut self, plan: &Plan, o: &dedupe::Outcome, stopped: bool) -> Result<()> {
         let handled: HashSet<FileId> =
             if stopped { HashSet::new() } else { plan.ranges.iter().map(|r| r.dest).collect() };
         let now = o.pending.iter().map(|(id, (why, b))| (*id, why.name(), *b));
         match self {
-            Pending::Db(db, run_id) => db.save_pending(&handled, &now.collect::<Vec<_>>(), *run_id)?,
+            Pending::Db(db, run_id) => {
+                db.save_pending(&handled, &now.collect::<Vec<_>>(), *run_id)?;
+                let pins: Vec<(FileId, &str, u64)> =
+                    o.pinned.iter().map(|(&(id, why), &n)| (id, why.name(), n)).collect();
+                db.save_pinned(&o.pin_checked, &pins, *run_id)?;
+            }
             Pending::Preview(rows) => {
                 rows.retain(|id, _| !handled.contains(id));
                 rows.extend(now.map(|(id, why, bytes)| (id, (why.to_owned(), bytes))));
