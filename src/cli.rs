@@ -227,8 +227,9 @@ pub struct RunArgs {
     /// least this much free: a size (e.g. 20G) or a share of the volume
     /// (e.g. 2%). The copies hold space until the old extents are released
     /// at the next commit, and other programs write meanwhile; a file whose
-    /// rest would go below is left whole, pending, for a later run. 0 turns
-    /// it off. Sharing itself writes no data and is not limited.
+    /// rest would go below waits: tried again in the room the run's sharing
+    /// frees, else left whole, pending, for a later run. 0 turns it off.
+    /// Sharing itself writes no data and is not limited.
     #[arg(long, value_name = "SIZE|PERCENT", default_value = "1%", value_parser = parse_keep_free)]
     pub keep_free: KeepFree,
 

@@ -15,6 +15,7 @@ mod complete;
 mod fingerprints;
 mod freespace;
 mod pending;
+mod rounds;
 mod scan;
 mod zeros;
 
@@ -43,6 +44,7 @@ use complete::Complete;
 use fingerprints::check_fingerprints;
 use freespace::{free_bytes, FreeSpace};
 use pending::{set_pending, Pending, PendingRow};
+use rounds::Rounds;
 use scan::{scan_phase, ScanOutcome};
 use zeros::{ZeroPass, ZerosOutcome};
 
@@ -253,17 +255,12 @@ fn plan_phase(
         progress.finish_phase("2/3 plan: nothing new since the last complete run");
         return Ok((PlanOutcome { pending, planned: None, base, plan_ms: ms(t) }, None));
     }
-    let opts = PlanOptions {
-        block_size: job.scan.block_size,
-        min_blocks: (cfg.min_range / job.scan.block_size).max(1),
-        rewrite_ratio: cfg.rewrite_ratio,
-        ..Default::default()
-    };
+    let opts = plan_options(job, cfg);
     let root = job.scan.paths.first().expect("a path");
     let free_before = (!cfg.dry_run && job.scan.fs.kind != FsKind::Other).then(|| FreeSpace::start(root.clone()));
     let limits = Limits::for_run();
     let tiny = limits.is_tiny();
-    let mut batches = if tiny { Batches::with_limit(limits.batch_files as usize) } else { Batches::default() };
+    let mut batches = Batches::for_limits(&limits);
     let mut listing = job.share.is_some_and(|s| s.list).then(|| List::for_limits(tiny));
     let stats = crate::plan::from_db_with(db, allowed, fresh.as_ref(), opts, limits, |plan: Plan| -> Result<()> {
         if let Some(listing) = listing.as_mut() {
@@ -282,6 +279,16 @@ fn plan_phase(
     ));
     let planned = Some(Planned { batches, stats, listed, fresh });
     Ok((PlanOutcome { pending, planned, base, plan_ms: ms(t) }, free_before))
+}
+
+/// How to plan under `cfg`.
+fn plan_options(job: &Job, cfg: &ShareConfig) -> PlanOptions {
+    PlanOptions {
+        block_size: job.scan.block_size,
+        min_blocks: (cfg.min_range / job.scan.block_size).max(1),
+        rewrite_ratio: cfg.rewrite_ratio,
+        ..Default::default()
+    }
 }
 
 /// What the share phase did.
@@ -357,26 +364,12 @@ fn share_phase(
         (fs.kind == FsKind::Btrfs).then(|| dedupe::Bookends::for_volume(cfg.rewrite_ratio, cfg.keep_free, mode, root));
     let (block_size, bookends) = (job.scan.block_size, bookends.as_ref());
     let sharing = sharing(job, stats, progress);
-    // Batch by batch: each batch's files are independent of the others'
-    // (see `plan::from_db`), and only one batch's facts are in memory.
-    let (mut out, mut pinned_by_reason) = (dedupe::Outcome::default(), BTreeMap::new());
-    let mut pending = Pending::of(db, run_id, cfg.dry_run)?;
-    batches.for_each(|plan| {
-        let files = db.file_facts(plan.files())?;
-        let mut o =
-            dedupe::execute(plan, &files, unshared, &job.tree, block_size, mode, bookends, progress, stop, sharing);
-        // Found stale: the next run reads them again (a dry run too).
-        db.distrust(&o.stale)?;
-        pending.batch(plan, &o, stop.load(Ordering::Relaxed))?;
-        // What is per file is in the database now; the report needs totals.
-        for (why, n) in o.pinned_by_reason() {
-            *pinned_by_reason.entry(why).or_default() += n;
-        }
-        (o.pinned, o.pending, o.pin_checked) = Default::default();
-        out.merge(o);
-        Ok(!stop.load(Ordering::Relaxed) && out.refused.is_none())
-    })?;
-    let go_on = !stop.load(Ordering::Relaxed) && out.refused.is_none();
+    let pending = Pending::of(db, run_id, cfg.dry_run)?;
+    let mut rounds = Rounds::new(db, &job.tree, block_size, mode, bookends, sharing, (progress, stop), pending);
+    rounds.share(batches, unshared)?;
+    rounds.again(&|waiting| rounds::replan(job, cfg, db, allowed, waiting))?;
+    let go_on = rounds.go_on();
+    let Rounds { out, pinned_by_reason, pending, .. } = rounds;
     let zeros = ZeroPass::of(job, cfg, bookends).filter(|_| go_on).map(|z| z.run(db, allowed, fresh, progress, stop));
     let mut freed_bytes = None;
     if let Some(before) = before {

@@ -232,7 +232,7 @@ impl Executor<'_> {
                     let path = display_path(&self.files[&id].path);
                     let (not, then) = match self.mode {
                         Mode::DryRun => ("would not be", "would wait for a later run"),
-                        Mode::Share => ("not", "are not shared now, retried by the next run"),
+                        Mode::Share => ("not", "wait for the room this run's sharing frees, else for the next run"),
                     };
                     self.progress.warn(&format!(
                         "{path}: partly shared extents {not} rewritten: {e}; this file and any others like it {then} \

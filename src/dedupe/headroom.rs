@@ -15,7 +15,8 @@
 //! earlier batches freed is counted by then), at most once a second while
 //! that finds too little. A copy refused is not an error: its file waits,
 //! whole, for a later run ([`super::Pending::KeepFree`]), as on a full
-//! disk; the run itself frees room for it. `--keep-free 0` turns this off
+//! disk; the run itself frees room for it, and tries it again once the
+//! batches are shared (`pipeline::rounds`). `--keep-free 0` turns this off
 //! (the kernel's ENOSPC is then the only limit).
 //!
 //! Sharing itself writes no data, so it is not limited.
@@ -23,8 +24,9 @@
 //! A dry run writes nothing either, but previews the copies against the
 //! same budget, so that it says which files would wait: measured once
 //! (without a commit: nothing of ours is waiting for one) and never again,
-//! since nothing it "copied" took or freed space. A real run that frees
-//! space in one batch for the next can do more than its preview said.
+//! since nothing it "copied" took or freed space. A real run, which frees
+//! space in one batch for the next and for its later rounds, can do more
+//! than its preview said.
 
 use std::io;
 use std::os::fd::AsFd;
@@ -162,6 +164,17 @@ impl Headroom {
         Ok(())
     }
 
+    /// Measure again at the next copy, however recently a measurement
+    /// found too little: for another round over files that waited, after
+    /// sharing that freed room (`pipeline::rounds`). A dry run's single
+    /// measurement stands.
+    pub fn measure_again(&self) {
+        if !self.once {
+            let mut s = self.lock();
+            (s.left, s.refused_until) = (0, None);
+        }
+    }
+
     fn lock(&self) -> std::sync::MutexGuard<'_, State> {
         self.state.lock().unwrap_or_else(|e| e.into_inner())
     }
@@ -235,6 +248,28 @@ mod tests {
         assert_eq!(calls.load(Ordering::Relaxed), 2);
         // A copy larger than all there is: refused, even on a fresh measure.
         assert!(room.take(21 * M).is_err());
+    }
+
+    #[test]
+    fn another_round_measures_at_once_what_the_sharing_freed() {
+        let (room, avail, calls) = volume(KeepFree::Bytes(10 * M));
+        avail.store(12 * M, Ordering::Relaxed);
+        assert!(room.take(4 * M).is_err());
+        // Sharing the round freed room; the next round does not wait out
+        // the second a refusal stands.
+        avail.store(30 * M, Ordering::Relaxed);
+        assert!(room.take(4 * M).is_err());
+        room.measure_again();
+        room.take(4 * M).unwrap();
+        assert_eq!(calls.load(Ordering::Relaxed), 2);
+        // A dry run's single measurement stands.
+        let (room, avail, calls) = volume_measured(KeepFree::Bytes(10 * M), true);
+        avail.store(30 * M, Ordering::Relaxed);
+        room.take(15 * M).unwrap();
+        room.measure_again();
+        room.take(5 * M).unwrap();
+        assert!(room.take(M).is_err());
+        assert_eq!(calls.load(Ordering::Relaxed), 1);
     }
 
     #[test]

@@ -41,6 +41,16 @@ impl Batches {
         Batches { limit: Some(limit), ..Default::default() }
     }
 
+    /// Batches for a run's `limits`: with the tests' tiny limits, the
+    /// temporary file is used from a few ranges on.
+    pub fn for_limits(limits: &crate::plan::Limits) -> Batches {
+        if limits.is_tiny() {
+            Batches::with_limit(limits.batch_files as usize)
+        } else {
+            Batches::default()
+        }
+    }
+
     /// Memory it is from now on: no temporary file, or no room in it.
     fn keep(&mut self, plan: Plan) {
         self.limit = Some(usize::MAX);
