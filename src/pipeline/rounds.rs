@@ -40,14 +40,14 @@ pub(super) type Replan<'a> = dyn Fn(&HashSet<FileId>) -> Result<(Batches, PlanSt
 
 /// What every batch is shared with, and what the batches did.
 pub(super) struct Rounds<'a> {
-    pub db: &'a Db,
-    pub tree: &'a Tree,
-    pub block_size: u64,
-    pub mode: Mode,
-    pub bookends: Option<&'a dedupe::Bookends>,
-    pub sharing: dedupe::Sharing,
-    pub progress: &'a dyn Progress,
-    pub stop: &'a AtomicBool,
+    db: &'a Db,
+    tree: &'a Tree,
+    block_size: u64,
+    mode: Mode,
+    bookends: Option<&'a dedupe::Bookends>,
+    sharing: dedupe::Sharing,
+    progress: &'a dyn Progress,
+    stop: &'a AtomicBool,
     /// Where each batch's pending work and pinned bytes are recorded.
     pub pending: Pending<'a>,
     /// Totals over the batches; what is per file went to `pending`.
