@@ -365,7 +365,8 @@ fn share_phase(
     let (block_size, bookends) = (job.scan.block_size, bookends.as_ref());
     let sharing = sharing(job, stats, progress);
     let pending = Pending::of(db, run_id, cfg.dry_run)?;
-    let mut rounds = Rounds::new(db, &job.tree, block_size, mode, bookends, sharing, (progress, stop), pending);
+    let with = rounds::With { db, tree: &job.tree, block_size, mode, bookends, sharing, progress, stop };
+    let mut rounds = Rounds::new(with, pending);
     rounds.share(batches, unshared)?;
     rounds.again(&|waiting| rounds::replan(job, cfg, db, allowed, waiting))?;
     let go_on = rounds.go_on();

@@ -38,16 +38,21 @@ pub(super) const MAX_ROUNDS: usize = 4;
 /// Plans the files that waited again: their batches and totals.
 pub(super) type Replan<'a> = dyn Fn(&HashSet<FileId>) -> Result<(Batches, PlanStats)> + 'a;
 
-/// What every batch is shared with, and what the batches did.
+/// What every batch is shared with.
+pub(super) struct With<'a> {
+    pub db: &'a Db,
+    pub tree: &'a Tree,
+    pub block_size: u64,
+    pub mode: Mode,
+    pub bookends: Option<&'a dedupe::Bookends>,
+    pub sharing: dedupe::Sharing,
+    pub progress: &'a dyn Progress,
+    pub stop: &'a AtomicBool,
+}
+
+/// The batches shared so far, and what they did.
 pub(super) struct Rounds<'a> {
-    db: &'a Db,
-    tree: &'a Tree,
-    block_size: u64,
-    mode: Mode,
-    bookends: Option<&'a dedupe::Bookends>,
-    sharing: dedupe::Sharing,
-    progress: &'a dyn Progress,
-    stop: &'a AtomicBool,
+    with: With<'a>,
     /// Where each batch's pending work and pinned bytes are recorded.
     pub pending: Pending<'a>,
     /// Totals over the batches; what is per file went to `pending`.
@@ -59,37 +64,15 @@ pub(super) struct Rounds<'a> {
 }
 
 impl<'a> Rounds<'a> {
-    #[allow(clippy::too_many_arguments)]
-    pub(super) fn new(
-        db: &'a Db,
-        tree: &'a Tree,
-        block_size: u64,
-        mode: Mode,
-        bookends: Option<&'a dedupe::Bookends>,
-        sharing: dedupe::Sharing,
-        (progress, stop): (&'a dyn Progress, &'a AtomicBool),
-        pending: Pending<'a>,
-    ) -> Rounds<'a> {
+    /// Nothing shared yet; pending work recorded to `pending`.
+    pub(super) fn new(with: With<'a>, pending: Pending<'a>) -> Rounds<'a> {
         let (out, pinned_by_reason, waiting) = Default::default();
-        Rounds {
-            db,
-            tree,
-            block_size,
-            mode,
-            bookends,
-            sharing,
-            progress,
-            stop,
-            pending,
-            out,
-            pinned_by_reason,
-            waiting,
-        }
+        Rounds { with, pending, out, pinned_by_reason, waiting }
     }
 
     /// Whether to go on: not stopped, and the filesystem did not refuse.
     pub(super) fn go_on(&self) -> bool {
-        !self.stop.load(Ordering::Relaxed) && self.out.refused.is_none()
+        !self.with.stop.load(Ordering::Relaxed) && self.out.refused.is_none()
     }
 
     /// Share (or verify) `batches`, batch by batch: each batch's files are
@@ -98,23 +81,23 @@ impl<'a> Rounds<'a> {
     /// sharing no extent (not mapped again).
     pub(super) fn share(&mut self, batches: Batches, unshared: &IdSet) -> Result<()> {
         batches.for_each(|plan| {
-            let files = self.db.file_facts(plan.files())?;
-            let (tree, block_size, mode, bookends) = (self.tree, self.block_size, self.mode, self.bookends);
+            let w = &self.with;
+            let files = w.db.file_facts(plan.files())?;
             let mut o = dedupe::execute(
                 plan,
                 &files,
                 unshared,
-                tree,
-                block_size,
-                mode,
-                bookends,
-                self.progress,
-                self.stop,
-                self.sharing,
+                w.tree,
+                w.block_size,
+                w.mode,
+                w.bookends,
+                w.progress,
+                w.stop,
+                w.sharing,
             );
             // Found stale: the next run reads them again (a dry run too).
-            self.db.distrust(&o.stale)?;
-            self.pending.batch(plan, &o, self.stop.load(Ordering::Relaxed))?;
+            w.db.distrust(&o.stale)?;
+            self.pending.batch(plan, &o, w.stop.load(Ordering::Relaxed))?;
             // What is per file is recorded now; the report needs totals.
             for (why, n) in o.pinned_by_reason() {
                 *self.pinned_by_reason.entry(why).or_default() += n;
@@ -131,7 +114,7 @@ impl<'a> Rounds<'a> {
     /// waiting are planned by `replan` and shared again, while the last
     /// round shared something.
     pub(super) fn again(&mut self, replan: &Replan<'_>) -> Result<()> {
-        let Some(b) = self.bookends.filter(|_| self.mode == Mode::Share) else { return Ok(()) };
+        let Some(b) = self.with.bookends.filter(|_| self.with.mode == Mode::Share) else { return Ok(()) };
         // What a round finds already shared is what the rounds before it
         // shared (a waiting file's ranges were not submitted): not counted
         // twice.
@@ -144,9 +127,9 @@ impl<'a> Rounds<'a> {
             }
             shared_before = self.out.deduped_bytes;
             let (batches, stats) = replan(&waiting)?;
-            self.progress.finish_phase("");
+            self.with.progress.finish_phase("");
             let what = format!("3/3 share: again, {} files --keep-free made wait", waiting.len());
-            self.progress.phase(&what, Some(stats.bytes), true);
+            self.with.progress.phase(&what, Some(stats.bytes), true);
             b.room.measure_again();
             // Mapped whatever the scan found: this run shared some since.
             self.share(batches, &IdSet::new())?;
