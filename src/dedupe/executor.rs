@@ -36,6 +36,7 @@ use std::sync::atomic::Ordering;
 use nix::errno::Errno;
 
 use super::extents::{unshared_parts, Mapped};
+use super::unreadable::ReadFailures;
 use super::workers::{locked, same_source, WorkerContext};
 use super::{no_space, Mode, Outcome, Pending};
 use crate::display::display_path;
@@ -46,7 +47,7 @@ use crate::plan::Range;
 use crate::progress::Progress;
 use crate::sys::beneath::Tree;
 use crate::sys::fiemap::physical_map;
-use crate::sys::{self, dedupe::MAX_DESTS, dedupe::MAX_REQUEST_LEN, DedupeStatus};
+use crate::sys::{self, dedupe::DestResult, dedupe::MAX_DESTS, dedupe::MAX_REQUEST_LEN, DedupeStatus};
 
 /// One destination of a source range, maybe split into the sub-ranges that
 /// are not shared yet (offsets relative to the range start).
@@ -64,6 +65,13 @@ pub(super) struct Target<'f> {
     pub(super) id: FileId,
     pub(super) file: &'f File,
     pub(super) off: u64,
+}
+
+impl<'f> Target<'f> {
+    /// The same file `rel` bytes further on.
+    pub(super) fn at(&self, rel: u64) -> Target<'f> {
+        Target { id: self.id, file: self.file, off: self.off + rel }
+    }
 }
 
 impl Dest {
@@ -368,7 +376,7 @@ impl<'a> Executor<'a> {
     /// Physical address per block of a range (`None` where unknown), or
     /// `None` for a file whose data is inline in metadata: sharing it frees
     /// nothing, and btrfs would report success every run.
-    fn map(&mut self, fd: BorrowedFd<'_>, id: FileId, off: u64, len: u64) -> Option<Mapped> {
+    pub(super) fn map(&mut self, fd: BorrowedFd<'_>, id: FileId, off: u64, len: u64) -> Option<Mapped> {
         Some(match sys::fiemap(fd, off, len) {
             Ok(ext) if ext.iter().any(|e| e.is_inline()) => {
                 if locked(&self.ctx.inline).insert(id) {
@@ -407,7 +415,10 @@ impl<'a> Executor<'a> {
         while done < len && alive.iter().any(|&a| a) && !self.refused() {
             let chunk = (len - done).min(MAX_REQUEST_LEN);
             match self.mode {
-                Mode::DryRun => self.verify(source, done, chunk, dests, &mut alive),
+                Mode::DryRun => {
+                    let failed = self.verify(source, done, chunk, dests, &mut alive);
+                    self.read_failures(source, (len, done, chunk), dests, failed, &mut alive, "read");
+                }
                 Mode::Share => {
                     for (k, d) in dests.iter().enumerate() {
                         alive[k] = alive[k] && self.unchanged(d.id, d.file);
@@ -426,27 +437,7 @@ impl<'a> Executor<'a> {
                         {
                             self.out.duplicate_bytes -= chunk * idx.len() as u64;
                         }
-                        Ok(results) => {
-                            for (res, &k) in results.iter().zip(&idx) {
-                                if matches!(res.status, DedupeStatus::Error(e) if no_space(e)) {
-                                    self.pend(dests[k].id, Pending::NoSpaceShare, len - done);
-                                }
-                                if res.status == DedupeStatus::Differs {
-                                    // The rest of the range is given up.
-                                    self.out.differs.push((dests[k].id, dests[k].off + done, len - done));
-                                    self.explain_differs(source, &dests[k], done, chunk);
-                                }
-                                if !self.record(dests[k].id, res.status, res.bytes_deduped) {
-                                    alive[k] = false;
-                                } else if res.bytes_deduped < chunk {
-                                    // The kernel may share less than asked:
-                                    // carry on from where it stopped.
-                                    if !self.finish_short(src, off + done, chunk, &dests[k], done, res.bytes_deduped) {
-                                        alive[k] = false;
-                                    }
-                                }
-                            }
-                        }
+                        Ok(results) => self.answered(source, (len, done, chunk), dests, &idx, &results, &mut alive),
                         Err(Errno::EOPNOTSUPP | Errno::ENOTTY | Errno::EXDEV | Errno::EINVAL)
                             if self.refuse_if_fs_cannot_share() =>
                         {
@@ -471,6 +462,48 @@ impl<'a> Executor<'a> {
             }
             done += chunk;
         }
+    }
+
+    /// What the kernel answered for the request at `done` (`chunk` bytes
+    /// of `len`), destination by destination (`idx` into `dests`): counted,
+    /// carried on where it shared less than asked, and `alive` no more
+    /// where it refused. Read errors go to [`Executor::read_failures`].
+    fn answered(
+        &mut self,
+        source: &Target<'_>,
+        (len, done, chunk): (u64, u64, u64),
+        dests: &[Target<'_>],
+        idx: &[usize],
+        results: &[DestResult],
+        alive: &mut [bool],
+    ) {
+        let mut failed = ReadFailures::new();
+        for (res, &k) in results.iter().zip(idx) {
+            if res.status == DedupeStatus::Error(Errno::EIO) {
+                self.out.duplicate_bytes -= chunk;
+                failed.push((k, Errno::EIO.into()));
+                continue;
+            }
+            if matches!(res.status, DedupeStatus::Error(e) if no_space(e)) {
+                self.pend(dests[k].id, Pending::NoSpaceShare, len - done);
+            }
+            if res.status == DedupeStatus::Differs {
+                // The rest of the range is given up.
+                self.out.differs.push((dests[k].id, dests[k].off + done, len - done));
+                self.explain_differs(source, &dests[k], done, chunk);
+            }
+            if !self.record(dests[k].id, res.status, res.bytes_deduped) {
+                alive[k] = false;
+            } else if res.bytes_deduped < chunk {
+                // The kernel may share less than asked: carry on from
+                // where it stopped.
+                let (src, off) = (source.file, source.off + done);
+                if !self.finish_short(src, off, chunk, &dests[k], done, res.bytes_deduped) {
+                    alive[k] = false;
+                }
+            }
+        }
+        self.read_failures(source, (len, done, chunk), dests, failed, alive, "EIO");
     }
 
     /// Re-issue the rest of a request the kernel shared only partly.

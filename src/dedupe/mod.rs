@@ -55,6 +55,7 @@ pub mod headroom;
 mod pinned;
 mod ready;
 mod swap;
+mod unreadable;
 mod verify;
 mod workers;
 pub mod zeros;
@@ -246,6 +247,7 @@ pub fn execute(
         stop,
         bad: Mutex::new(HashSet::new()),
         inline: Mutex::new(HashSet::new()),
+        unreadable: Mutex::new(HashSet::new()),
         refused: AtomicBool::new(false),
         deferred: Mutex::new(HashSet::new()),
         in_plan: files.values().map(|c| (c.key.volume, c.key.ino)).collect(),

@@ -18,12 +18,23 @@ use std::fs::File;
 use std::os::unix::fs::FileExt;
 
 use super::executor::{Executor, Target};
+use super::unreadable::ReadFailures;
 
 impl Executor<'_> {
     /// Compare `src[off+done..][..chunk]` with the same part of every
-    /// destination still `alive`; a destination that differs or cannot be
-    /// read is dropped from the rest of the range.
-    pub(super) fn verify(&mut self, src: &Target<'_>, done: u64, chunk: u64, dests: &[Target<'_>], alive: &mut [bool]) {
+    /// destination still `alive`; a destination that differs is dropped
+    /// from the rest of the range. Those that could not be compared for a
+    /// read error are returned, for [`Executor::read_failures`] to find out
+    /// which side it was.
+    pub(super) fn verify(
+        &mut self,
+        src: &Target<'_>,
+        done: u64,
+        chunk: u64,
+        dests: &[Target<'_>],
+        alive: &mut [bool],
+    ) -> ReadFailures {
+        let mut failed = ReadFailures::new();
         for (k, d) in dests.iter().enumerate() {
             if !alive[k] {
                 continue;
@@ -38,12 +49,10 @@ impl Executor<'_> {
                     self.note_differs(src, d, fps);
                     alive[k] = false;
                 }
-                Err(e) => {
-                    self.dest_error(d.id, &e.to_string(), "read");
-                    alive[k] = false;
-                }
+                Err(e) => failed.push((k, e)),
             }
         }
+        failed
     }
 
     /// After the kernel found `src` and `d` different from `done` bytes on

@@ -302,6 +302,8 @@ pub(super) struct WorkerContext<'a> {
     pub(super) bad: Mutex<HashSet<FileId>>,
     /// Files whose data is inline in metadata.
     pub(super) inline: Mutex<HashSet<FileId>>,
+    /// Sources found unreadable (a read error): named once.
+    pub(super) unreadable: Mutex<HashSet<FileId>>,
     /// The filesystem refuses to share: every worker stops.
     pub(super) refused: AtomicBool,
     /// Destinations whose bookends could not be rewritten for lack of

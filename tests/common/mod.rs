@@ -175,6 +175,12 @@ impl Volume {
 
     /// Unmount and mount again: drops cached state, like a reboot.
     pub fn remount(&self) {
+        self.remount_after(|_| {});
+    }
+
+    /// [`Volume::remount`], calling `between` with the image's path while
+    /// it is unmounted (to damage a block, as a failing disk would).
+    pub fn remount_after(&self, between: impl FnOnce(&Path)) {
         // A just-written volume can be busy for a moment (seen once on a
         // loaded machine, right after writing 500 files, no run started
         // yet): try again for a few seconds before calling it a failure.
@@ -184,8 +190,9 @@ impl Volume {
             assert!(tries < 50 && e.contains("busy"), "{e}");
             std::thread::sleep(std::time::Duration::from_millis(100));
         }
-        run_quiet(Command::new("mount").args(["-o", "loop"]).arg(self.dir.path().join("volume.img")).arg(&self.mnt))
-            .unwrap();
+        let img = self.dir.path().join("volume.img");
+        between(&img);
+        run_quiet(Command::new("mount").args(["-o", "loop"]).arg(&img).arg(&self.mnt)).unwrap();
     }
 }
 
