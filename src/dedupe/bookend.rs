@@ -263,6 +263,9 @@ impl Executor<'_> {
     fn leave_whole(&mut self, id: FileId, why: Pending, planned: u64) {
         self.out.pinned.retain(|k, _| k.0 != id);
         locked(&self.ctx.deferred).insert(id);
+        if why == Pending::KeepFree {
+            locked(&self.ctx.kept_free).insert(id);
+        }
         self.out.pending.insert(id, (why, planned));
     }
 

@@ -292,6 +292,13 @@ impl<'a> Executor<'a> {
     /// back references of every extent (a quarter of the share phase's CPU
     /// on FULL/btrfs before this).
     fn source_group(&mut self, src: &File, r: &Range, group: &[Range]) {
+        if self.ctx.wait_for_sources && locked(&self.ctx.kept_free).contains(&r.src) {
+            // Its copies wait for it (`Sharing::wait_for_sources`).
+            for d in group.iter().filter(|d| !locked(&self.ctx.deferred).contains(&d.dest)) {
+                self.pend(d.dest, Pending::KeepFree, d.len);
+            }
+            return;
+        }
         let mut src_map: Option<Vec<Option<u64>>> = None;
         let src_owner = owner(src);
         // A source that may be inline is mapped first, as before: sharing

@@ -250,6 +250,8 @@ pub fn execute(
         unreadable: Mutex::new(HashSet::new()),
         refused: AtomicBool::new(false),
         deferred: Mutex::new(HashSet::new()),
+        kept_free: Mutex::new(HashSet::new()),
+        wait_for_sources: sharing.wait_for_sources,
         in_plan: files.values().map(|c| (c.key.volume, c.key.ino)).collect(),
         used_once: used_once(plan),
         solo: Mutex::new(BTreeMap::new()),

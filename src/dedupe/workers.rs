@@ -80,12 +80,20 @@ pub struct Sharing {
     /// snapshot) keeps too (`--share-snapshotted`), instead of leaving
     /// them pending ([`super::Pending::Pinned`]).
     pub pinned_too: bool,
+    /// Ranges whose source `--keep-free` left whole this pass are not
+    /// shared either: their destinations wait with it
+    /// ([`super::Pending::KeepFree`]), for a later round of the same run
+    /// to share them from the source's new extents. Shared from its old
+    /// extent, a copy keeps that extent whole for good, duplicate parts
+    /// and all, and no later rewrite of the source can free it. Set while
+    /// another round may follow (`pipeline::rounds`), never in a dry run.
+    pub wait_for_sources: bool,
 }
 
 impl Sharing {
     /// `workers` workers on data expected in the page cache.
     pub fn cached(workers: usize) -> Sharing {
-        Sharing { workers, from_disk: false, across_owners: false, pinned_too: false }
+        Sharing { workers, from_disk: false, across_owners: false, pinned_too: false, wait_for_sources: false }
     }
 }
 
@@ -117,7 +125,7 @@ fn sharing_for(bytes: u64, drop_cache: bool, memory: Option<u64>, fd_limit: u64,
     // room for the database, the directories held and the standard streams.
     let fit = fd_limit.saturating_sub(64) / (crate::sys::dedupe::MAX_DESTS as u64 + 1);
     let workers = (fit as usize).clamp(cpu_workers.min(IO_WORKERS), IO_WORKERS);
-    Sharing { workers, from_disk, across_owners: false, pinned_too: false }
+    Sharing { workers, from_disk, across_owners: false, pinned_too: false, wait_for_sources: false }
 }
 
 /// Do `work` on every item, on up to `workers` executors, each on its own
@@ -309,6 +317,11 @@ pub(super) struct WorkerContext<'a> {
     /// Destinations whose bookends could not be rewritten for lack of
     /// space: left whole for a later run (see [`super::Pending::NoSpaceRewrite`]).
     pub(super) deferred: Mutex<HashSet<FileId>>,
+    /// Those of them left whole for `--keep-free`: with
+    /// [`Sharing::wait_for_sources`], not used as sources either.
+    pub(super) kept_free: Mutex<HashSet<FileId>>,
+    /// [`Sharing::wait_for_sources`].
+    pub(super) wait_for_sources: bool,
     /// `(volume key, inode)` of every file in the plan: an extent
     /// referenced by anything else cannot be freed by this run.
     pub(super) in_plan: HashSet<(u64, u64)>,
@@ -401,7 +414,7 @@ mod tests {
     #[test]
     fn more_workers_only_when_the_data_comes_from_disk() {
         let (gib, fds) = (1u64 << 30, 1 << 20);
-        let disk = |workers| Sharing { workers, from_disk: true, across_owners: false, pinned_too: false };
+        let disk = |workers| Sharing { from_disk: true, ..Sharing::cached(workers) };
         // Fits in half the memory: as many as CPUs.
         assert_eq!(sharing_for(4 * gib, false, Some(24 * gib), fds, 2), Sharing::cached(2));
         assert_eq!(sharing_for(4 * gib, false, None, fds, 3), Sharing::cached(3));

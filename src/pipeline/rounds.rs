@@ -11,7 +11,11 @@
 //! the budget measured anew ([`dedupe::headroom::Headroom::measure_again`]):
 //! a round at a time, while the last one shared something, at most
 //! [`MAX_ROUNDS`]. Files already shared by then are found so (FIEMAP) and
-//! skipped, as by the next run. A dry run measures its budget once, so it
+//! skipped, as by the next run. Until the last round, ranges whose source
+//! was left whole wait with it (`dedupe::Sharing::wait_for_sources`):
+//! shared from its old extent, a copy would keep that extent for good. The
+//! last round (no room came of the one before, or [`MAX_ROUNDS`] reached)
+//! shares them from it after all, as every run did before. A dry run measures its budget once, so it
 //! has no second round: a run can do more than its preview said.
 
 use std::collections::{BTreeMap, HashSet};
@@ -65,7 +69,9 @@ pub(super) struct Rounds<'a> {
 
 impl<'a> Rounds<'a> {
     /// Nothing shared yet; pending work recorded to `pending`.
-    pub(super) fn new(with: With<'a>, pending: Pending<'a>) -> Rounds<'a> {
+    pub(super) fn new(mut with: With<'a>, pending: Pending<'a>) -> Rounds<'a> {
+        // While another round may follow ([`Rounds::again`]).
+        with.sharing.wait_for_sources = with.mode == Mode::Share && with.bookends.is_some();
         let (out, pinned_by_reason, waiting) = Default::default();
         Rounds { with, pending, out, pinned_by_reason, waiting }
     }
@@ -120,10 +126,19 @@ impl<'a> Rounds<'a> {
         // twice.
         let already = self.out.already_shared_bytes;
         let mut shared_before = 0;
-        for _ in 0..MAX_ROUNDS {
+        for round in 0..=MAX_ROUNDS {
             let waiting = std::mem::take(&mut self.waiting);
-            if waiting.is_empty() || !self.go_on() || self.out.deduped_bytes == shared_before {
+            if waiting.is_empty() || !self.go_on() {
                 break;
+            }
+            if self.out.deduped_bytes == shared_before || round == MAX_ROUNDS {
+                // No room came of the last round, or this is the last: the
+                // copies that waited for a source left whole are shared
+                // from its old extent after all (`Sharing::wait_for_sources`).
+                if !self.with.sharing.wait_for_sources {
+                    break;
+                }
+                self.with.sharing.wait_for_sources = false;
             }
             shared_before = self.out.deduped_bytes;
             let (batches, stats) = replan(&waiting)?;
