@@ -206,7 +206,14 @@ fn left_out(
             t.failed.insert(key);
         }
         HashFail::Error(kind, e) => {
-            progress.warn(&format!("{}: {kind}: {e}", display_path(&cand.path)));
+            // A read error is the disk's (a bad sector, a btrfs checksum
+            // failure): the admin needs to know where to look.
+            let disk = if e.raw_os_error() == Some(libc::EIO) {
+                "; left out, tried again next run; the disk may be failing (see the kernel log)"
+            } else {
+                ""
+            };
+            progress.warn(&format!("{}: {kind}: {e}{disk}", display_path(&cand.path)));
             let mut t = tally.lock().unwrap();
             *t.errors.entry(kind).or_default() += 1;
             t.failed.insert(key);
