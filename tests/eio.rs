@@ -16,6 +16,9 @@ use dedupscan::corpus::Rng;
 
 const MIB: u64 = 1 << 20;
 
+/// Physical addresses of a file's blocks ([`physical_blocks`]).
+type Blocks = Vec<Option<u64>>;
+
 /// A btrfs volume holding `a` (8 MiB) and its copies `b` and `f`, made in
 /// that order (the planner ranks copies by inode: `a` is the source), and
 /// a pair `c`, `e` of 4 MiB; with the two contents.
@@ -48,6 +51,17 @@ fn damage(vol: &Volume, name: &str, off: u64) {
     });
     let e = std::fs::read(vol.path(name)).expect_err("the damaged block still reads");
     assert_eq!(e.raw_os_error(), Some(nix::errno::Errno::EIO as i32), "{e}");
+}
+
+/// [`volume`], scanned, then `name` damaged at `off`: the run trusts the
+/// fingerprints, and the kernel's compare meets the bad block. Also the
+/// damaged file's blocks.
+fn damaged_after_scan(name: &str, off: u64) -> Option<(Volume, Vec<u8>, Vec<u8>, Blocks)> {
+    let (vol, data, pair) = volume()?;
+    dedupscan().arg("scan").arg(&vol.mnt).db(vol.db()).expect(0).run();
+    damage(&vol, name, off);
+    let blocks = physical_blocks(&vol.path(name), 0, 8 * MIB);
+    Some((vol, data, pair, blocks))
 }
 
 /// The undamaged files hold what was written, and `a` still fails.
@@ -100,12 +114,7 @@ fn btrfs_a_file_unreadable_when_hashed_is_named_and_everything_else_is_shared() 
 
 #[test]
 fn btrfs_a_source_unreadable_when_shared_leaves_its_copies_to_share_with_each_other() {
-    let Some((vol, data, pair)) = volume() else { return };
-    dedupscan().arg("scan").arg(&vol.mnt).db(vol.db()).expect(0).run();
-    // Damaged after it was hashed: the run trusts its fingerprints, and
-    // the kernel's compare meets the bad block.
-    damage(&vol, "a", 5 * MIB);
-    let a_blocks = physical_blocks(&vol.path("a"), 0, 8 * MIB);
+    let Some((vol, data, pair, a_blocks)) = damaged_after_scan("a", 5 * MIB) else { return };
     let warning = format!(
         "{}: cannot be read (Input/output error (os error 5)); not used as a source, its 2 copies are shared \
          with each other instead",
@@ -141,10 +150,7 @@ fn btrfs_a_source_unreadable_when_shared_leaves_its_copies_to_share_with_each_ot
 
 #[test]
 fn btrfs_a_copy_unreadable_when_shared_is_named_and_left_as_it_is() {
-    let Some((vol, data, pair)) = volume() else { return };
-    dedupscan().arg("scan").arg(&vol.mnt).db(vol.db()).expect(0).run();
-    damage(&vol, "f", 2 * MIB);
-    let f_blocks = physical_blocks(&vol.path("f"), 0, 8 * MIB);
+    let Some((vol, data, pair, f_blocks)) = damaged_after_scan("f", 2 * MIB) else { return };
 
     let out = dedupscan().arg(&vol.mnt).json().db(vol.db()).expect(1).run();
     let r = &out.json;
