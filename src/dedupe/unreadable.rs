@@ -28,7 +28,6 @@ impl Executor<'_> {
     /// (`len` bytes) into `dests`: deal with the destinations in `failed`
     /// (see the module doc), which take no part in the rest of the range
     /// (`alive`). `kind` is what a destination's error is counted as.
-    #[allow(clippy::too_many_arguments)]
     pub(super) fn read_failures(
         &mut self,
         source: &Target<'_>,
