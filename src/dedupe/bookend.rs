@@ -262,10 +262,7 @@ impl Executor<'_> {
     /// either.
     fn leave_whole(&mut self, id: FileId, why: Pending, planned: u64) {
         self.out.pinned.retain(|k, _| k.0 != id);
-        locked(&self.ctx.deferred).insert(id);
-        if why == Pending::KeepFree {
-            locked(&self.ctx.kept_free).insert(id);
-        }
+        locked(&self.ctx.deferred).insert(id, why);
         self.out.pending.insert(id, (why, planned));
     }
 

@@ -292,9 +292,9 @@ impl<'a> Executor<'a> {
     /// back references of every extent (a quarter of the share phase's CPU
     /// on FULL/btrfs before this).
     fn source_group(&mut self, src: &File, r: &Range, group: &[Range]) {
-        if self.ctx.wait_for_sources && locked(&self.ctx.kept_free).contains(&r.src) {
+        if self.ctx.wait_for_sources && locked(&self.ctx.deferred).get(&r.src) == Some(&Pending::KeepFree) {
             // Its copies wait for it (`Sharing::wait_for_sources`).
-            for d in group.iter().filter(|d| !locked(&self.ctx.deferred).contains(&d.dest)) {
+            for d in group.iter().filter(|d| !locked(&self.ctx.deferred).contains_key(&d.dest)) {
                 self.pend(d.dest, Pending::KeepFree, d.len);
             }
             return;
@@ -315,7 +315,7 @@ impl<'a> Executor<'a> {
             }
             let (mut whole, mut partial, mut pinned): (Vec<Dest>, Vec<Dest>, Vec<Dest>) = Default::default();
             for d in batch {
-                if locked(&self.ctx.deferred).contains(&d.dest) {
+                if locked(&self.ctx.deferred).contains_key(&d.dest) {
                     continue;
                 }
                 let Some(file) = self.open(d.dest) else { continue };

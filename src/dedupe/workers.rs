@@ -315,11 +315,11 @@ pub(super) struct WorkerContext<'a> {
     /// The filesystem refuses to share: every worker stops.
     pub(super) refused: AtomicBool,
     /// Destinations whose bookends could not be rewritten for lack of
-    /// space: left whole for a later run (see [`super::Pending::NoSpaceRewrite`]).
-    pub(super) deferred: Mutex<HashSet<FileId>>,
-    /// Those of them left whole for `--keep-free`: with
-    /// [`Sharing::wait_for_sources`], not used as sources either.
-    pub(super) kept_free: Mutex<HashSet<FileId>>,
+    /// space, and why: left whole for a later run (see
+    /// [`super::Pending::NoSpaceRewrite`]). Those left whole for
+    /// `--keep-free` are, with [`Sharing::wait_for_sources`], not used as
+    /// sources either.
+    pub(super) deferred: Mutex<HashMap<FileId, super::Pending>>,
     /// [`Sharing::wait_for_sources`].
     pub(super) wait_for_sources: bool,
     /// `(volume key, inode)` of every file in the plan: an extent
