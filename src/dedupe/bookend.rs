@@ -231,7 +231,10 @@ impl Executor<'_> {
                 if b.room.first_refusal() {
                     let path = display_path(&self.files[&id].path);
                     let (not, then) = match self.mode {
-                        Mode::DryRun => ("would not be", "would wait for a later run"),
+                        Mode::DryRun => (
+                            "would not be",
+                            "would wait for the room this run's sharing would free, else for the next run",
+                        ),
                         Mode::Share => ("not", "wait for the room this run's sharing frees, else for the next run"),
                     };
                     self.progress.warn(&format!(
@@ -264,6 +267,9 @@ impl Executor<'_> {
         self.out.pinned.retain(|k, _| k.0 != id);
         locked(&self.ctx.deferred).insert(id, why);
         self.out.pending.insert(id, (why, planned));
+        if why == Pending::KeepFree {
+            self.out.kept_whole.insert(id);
+        }
     }
 
     /// Copy `pieces` of `dest` out ([`copy_out`]), in the first starting

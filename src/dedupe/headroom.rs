@@ -24,9 +24,12 @@
 //! A dry run writes nothing either, but previews the copies against the
 //! same budget, so that it says which files would wait: measured once
 //! (without a commit: nothing of ours is waiting for one) and never again,
-//! since nothing it "copied" took or freed space. A real run, which frees
-//! space in one batch for the next and for its later rounds, can do more
-//! than its preview said.
+//! since nothing it "copied" took or freed space. What the run's later
+//! measurements would find instead is credited to it
+//! ([`Headroom::credit`]): after each batch, the bytes its sharing would
+//! free, so the preview rewrites in later batches and rounds what the run
+//! would (`pipeline::rounds`). The credit counts logical bytes, as the
+//! budget does: on compressed extents the run frees less than that.
 
 use std::io;
 use std::os::fd::AsFd;
@@ -116,6 +119,11 @@ struct State {
     refused_until: Option<Instant>,
     /// Whether a measurement was made.
     measured: bool,
+    /// A dry run's credit ([`Headroom::credit`]) before its measurement.
+    credit: u64,
+    /// How far below the reserve a dry run's measurement was: its credit
+    /// fills that first, as what sharing frees does for the run.
+    short: u64,
 }
 
 impl Headroom {
@@ -153,7 +161,8 @@ impl Headroom {
                 s.measured = true;
                 let (available, total) = (self.measure)()?;
                 s.reserve = self.keep.bytes(total);
-                s.left = available.saturating_sub(s.reserve);
+                let have = available + s.credit;
+                (s.left, s.short) = (have.saturating_sub(s.reserve), s.reserve.saturating_sub(have));
                 s.refused_until = (s.left < bytes).then(|| now + RETRY_AFTER);
             }
             if s.left < bytes {
@@ -172,6 +181,22 @@ impl Headroom {
         if !self.once {
             let mut s = self.lock();
             (s.left, s.refused_until) = (0, None);
+        }
+    }
+
+    /// A dry run: `bytes` that sharing what it previewed would have freed,
+    /// and the run would find at its next measurement (see the module
+    /// doc). A real run measures what sharing freed instead.
+    pub fn credit(&self, bytes: u64) {
+        if self.once {
+            let mut s = self.lock();
+            if s.measured {
+                let paid = bytes.min(s.short);
+                s.short -= paid;
+                s.left += bytes - paid;
+            } else {
+                s.credit += bytes;
+            }
         }
     }
 
@@ -292,6 +317,34 @@ mod tests {
         assert!(room.take(6 * M).is_err());
         room.take(5 * M).unwrap();
         assert_eq!(calls.load(Ordering::Relaxed), 1);
+    }
+
+    #[test]
+    fn a_dry_run_is_credited_what_its_sharing_would_free() {
+        let (room, avail, calls) = volume_measured(KeepFree::Bytes(10 * M), true);
+        avail.store(30 * M, Ordering::Relaxed);
+        // Credited before the first copy: added to the measurement.
+        room.credit(2 * M);
+        room.take(22 * M).unwrap();
+        assert!(room.take(M).is_err());
+        room.credit(3 * M);
+        room.take(3 * M).unwrap();
+        assert!(room.take(M).is_err());
+        assert_eq!(calls.load(Ordering::Relaxed), 1);
+        // Measured below the reserve: the credit fills that first.
+        let (room, avail, _) = volume_measured(KeepFree::Bytes(10 * M), true);
+        avail.store(4 * M, Ordering::Relaxed);
+        assert!(room.take(M).is_err());
+        room.credit(6 * M);
+        assert!(room.take(M).is_err());
+        room.credit(2 * M);
+        room.take(2 * M).unwrap();
+        assert!(room.take(M).is_err());
+        // A real run measures instead.
+        let (room, avail, _) = volume(KeepFree::Bytes(10 * M));
+        avail.store(12 * M, Ordering::Relaxed);
+        room.credit(50 * M);
+        assert!(room.take(4 * M).is_err());
     }
 
     #[test]

@@ -128,6 +128,10 @@ pub struct Outcome {
     /// them in the database and the next run, incremental or not, plans
     /// them again.
     pub pending: BTreeMap<FileId, (Pending, u64)>,
+    /// Of those, the destinations left whole for `--keep-free` themselves
+    /// (not for a source that was): a dry run's later round previews the
+    /// ranges into and from them (`pipeline::rounds`).
+    pub kept_whole: BTreeSet<FileId>,
 }
 
 /// Why a destination was left for a later run.
@@ -336,6 +340,7 @@ impl Outcome {
         if self.refused.is_none() {
             self.refused = o.refused;
         }
+        self.kept_whole.extend(o.kept_whole);
         for (id, (why, bytes)) in o.pending {
             let e = self.pending.entry(id).or_insert((why, 0));
             e.0 = e.0.min(why);

@@ -86,7 +86,8 @@ pub struct Sharing {
     /// to share them from the source's new extents. Shared from its old
     /// extent, a copy keeps that extent whole for good, duplicate parts
     /// and all, and no later rewrite of the source can free it. Set while
-    /// another round may follow (`pipeline::rounds`), never in a dry run.
+    /// another round may follow (`pipeline::rounds`), in a dry run too
+    /// (so that its rounds preview the run's).
     pub wait_for_sources: bool,
 }
 
