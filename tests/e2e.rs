@@ -3,7 +3,8 @@
 //! files, unaligned tails, many small files) on XFS and btrfs.
 //!
 //! Each test proves nothing was lost (content, size, mode, mtime of every
-//! file) and proves its claims with FIEMAP and statfs.
+//! file) and proves its claims with FIEMAP and statfs. A run, and a dry
+//! run, leave every access time as it was.
 
 mod common;
 
@@ -18,9 +19,12 @@ fn corpus_round_trip(fs: Fs) -> Option<(u64, i64)> {
     let before = Snapshot::take(&data);
     let data_s = data.to_str().unwrap();
 
-    // Dry run: verifies in user space, changes nothing.
+    // Dry run: verifies in user space, changes nothing, not even when a
+    // file was last read or a directory listed.
     let free0 = free_bytes(&vol.mnt);
+    let atimes = AccessTimes::aged(&data);
     let dry = run_json(&vol, &[data_s, "--dry-run"]);
+    atimes.assert_unchanged("a dry run");
     assert_eq!(free_bytes(&vol.mnt), free0, "a dry run changed the used space");
     before.assert_same(&Snapshot::take(&data));
     assert!(dry["dry_run"].as_bool().unwrap());
@@ -33,7 +37,9 @@ fn corpus_round_trip(fs: Fs) -> Option<(u64, i64)> {
     assert_eq!(dry["dedupe_status"]["differs"].as_u64(), Some(0));
 
     // Real run.
+    let atimes = AccessTimes::aged(&data);
     let real = run_json(&vol, &[data_s]);
+    atimes.assert_unchanged("a run");
     let free1 = free_bytes(&vol.mnt);
     let measured = free1 as i64 - free0 as i64;
     before.assert_same(&Snapshot::take(&data));

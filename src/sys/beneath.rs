@@ -118,15 +118,16 @@ fn open_long(dir: BorrowedFd<'_>, rel: &Path, flags: OFlags, how: ResolveFlags) 
 /// component walk): what was resolved is what is opened. Mounts may be
 /// crossed (a starting path often lies on one below `/`).
 fn open_canonical(path: &Path) -> io::Result<OwnedFd> {
-    let root = rustix::fs::open("/", DIR_FLAGS, Mode::empty())?;
     let rel = path.strip_prefix("/").map_err(|_| io::Error::from_raw_os_error(libc::EINVAL))?;
     if rel.as_os_str().is_empty() {
-        return Ok(root);
+        // The starting path `/`, listed too.
+        return without_atime(DIR_FLAGS, |flags| rustix::fs::open("/", flags, Mode::empty()));
     }
     if rel.components().any(|c| !matches!(c, Component::Normal(_))) {
         return Err(io::Error::from_raw_os_error(libc::EINVAL));
     }
-    open_resolved(root.as_fd(), rel, DIR_FLAGS, ResolveFlags::NO_SYMLINKS)
+    let root = rustix::fs::open("/", DIR_FLAGS, Mode::empty())?;
+    without_atime(DIR_FLAGS, |flags| open_resolved(root.as_fd(), rel, flags, ResolveFlags::NO_SYMLINKS))
 }
 
 /// The fallback of [`open_beneath`]: open each directory of `rel` relative
@@ -184,31 +185,51 @@ pub fn open_file_beneath(dir: BorrowedFd<'_>, rel: &Path) -> io::Result<File> {
     .map(File::from)
 }
 
-/// Open the directory entry `name` of `dir` for listing. A symlink answers
+/// `open(flags | O_NOATIME)`, or `open(flags)` where the kernel refuses
+/// that (`EPERM`: neither the owner nor CAP_FOWNER). Listing a directory
+/// sets its access time as reading a file does: a nightly run would touch
+/// every directory of the volume (a dry run that "changes nothing"
+/// included), keep atime-based cleaners from ever finding them idle, and,
+/// on btrfs, rewrite the metadata a writable snapshot shares with its
+/// origin.
+fn without_atime<E: Into<io::Error>>(
+    flags: OFlags,
+    open: impl Fn(OFlags) -> Result<OwnedFd, E>,
+) -> io::Result<OwnedFd> {
+    match open(flags | OFlags::NOATIME).map_err(Into::into) {
+        Err(e) if e.raw_os_error() == Some(libc::EPERM) => open(flags).map_err(Into::into),
+        other => other,
+    }
+}
+
+/// Open the directory entry `name` of `dir` for listing (see
+/// [`without_atime`]). A symlink answers
 /// `ELOOP` (it is never followed), a mount point `EXDEV` (never entered;
 /// btrfs subvolumes are not mounts), a name that is no longer a directory
 /// `ENOTDIR`.
 pub fn open_dir_at(dir: BorrowedFd<'_>, name: &CStr) -> io::Result<OwnedFd> {
-    let opened = if NO_OPENAT2.load(Ordering::Relaxed) {
-        rustix::fs::openat(dir, name, DIR_FLAGS, Mode::empty())
-    } else {
-        match openat2(dir, name, DIR_FLAGS, RESOLVE) {
+    let opened = without_atime(DIR_FLAGS, |flags| {
+        if NO_OPENAT2.load(Ordering::Relaxed) {
+            return rustix::fs::openat(dir, name, flags, Mode::empty());
+        }
+        match openat2(dir, name, flags, RESOLVE) {
             Err(rustix::io::Errno::NOSYS) => {
                 NO_OPENAT2.store(true, Ordering::Relaxed);
-                rustix::fs::openat(dir, name, DIR_FLAGS, Mode::empty())
+                rustix::fs::openat(dir, name, flags, Mode::empty())
             }
             other => other,
         }
-    };
+    });
     match opened {
         // `O_DIRECTORY | O_NOFOLLOW` on a symlink answers ENOTDIR: say
         // which it is, so a directory swapped for a symlink is counted as one.
-        Err(rustix::io::Errno::NOTDIR)
-            if stat_at(dir, name).is_ok_and(|s| rustix::fs::FileType::from_raw_mode(s.st_mode).is_symlink()) =>
+        Err(e)
+            if e.raw_os_error() == Some(libc::ENOTDIR)
+                && stat_at(dir, name).is_ok_and(|s| rustix::fs::FileType::from_raw_mode(s.st_mode).is_symlink()) =>
         {
             Err(io::Error::from_raw_os_error(libc::ELOOP))
         }
-        other => Ok(other?),
+        other => other,
     }
 }
 
@@ -265,7 +286,9 @@ impl Tree {
             match rustix::fs::FileType::from_raw_mode(st.st_mode) {
                 rustix::fs::FileType::Directory => roots.push((
                     p.clone(),
-                    rustix::fs::openat(&parent_fd, name.as_c_str(), DIR_FLAGS, Mode::empty())?,
+                    without_atime(DIR_FLAGS, |flags| {
+                        rustix::fs::openat(&parent_fd, name.as_c_str(), flags, Mode::empty())
+                    })?,
                     None,
                 )),
                 rustix::fs::FileType::Symlink => return Err(io::Error::from_raw_os_error(libc::ELOOP)),
@@ -296,9 +319,10 @@ impl Tree {
         }
         // Longest first, so a nested mount wins over the one it sits on.
         tops.sort_by_key(|t| std::cmp::Reverse(t.as_os_str().len()));
-        let roots = tops
-            .into_iter()
-            .filter_map(|t| Some((t.clone(), rustix::fs::open(&t, DIR_FLAGS, Mode::empty()).ok()?, None)));
+        let roots = tops.into_iter().filter_map(|t| {
+            let fd = without_atime(DIR_FLAGS, |flags| rustix::fs::open(&t, flags, Mode::empty())).ok()?;
+            Some((t.clone(), fd, None))
+        });
         Tree { roots: roots.collect() }
     }
 

@@ -283,6 +283,36 @@ impl Snapshot {
     }
 }
 
+/// The access times of every file and directory under a root, set to a
+/// time before their changes, so that reading a file or listing a
+/// directory would set them anew (`relatime`).
+pub struct AccessTimes(Vec<PathBuf>);
+
+/// 2020-01-01, in seconds.
+const AGED: i64 = 1_577_836_800;
+
+impl AccessTimes {
+    /// List `root` (which sets the directories' access times), then age
+    /// every access time under it.
+    pub fn aged(root: &Path) -> AccessTimes {
+        let paths: Vec<PathBuf> =
+            walkdir::WalkDir::new(root).follow_links(false).into_iter().map(|e| e.unwrap().into_path()).collect();
+        for chunk in paths.chunks(500) {
+            sh(Command::new("touch").args(["-a", "-h", "-d", &format!("@{AGED}")]).args(chunk));
+        }
+        AccessTimes(paths)
+    }
+
+    /// Panic naming the first path whose access time `what` changed
+    /// (`lstat` only: nothing here reads or lists).
+    pub fn assert_unchanged(&self, what: &str) {
+        for p in &self.0 {
+            let atime = std::fs::symlink_metadata(p).unwrap().atime();
+            assert_eq!(atime, AGED, "{what} changed the access time of {}", p.display());
+        }
+    }
+}
+
 /// Free bytes on the filesystem of `path`, after flushing it.
 pub fn free_bytes(path: &Path) -> u64 {
     let f = File::open(path).unwrap();
