@@ -175,7 +175,9 @@ pub struct Report {
     /// `keep_free`: a rewrite would have taken the free space `--keep-free`
     /// keeps; `referenced_outside_run`: a read-only snapshot or another
     /// file not in the run keeps the destination's extent, so sharing would
-    /// free nothing): the next run, incremental or not, tries them again.
+    /// free nothing; `rewrite_not_allowed`: the run may create no file for
+    /// a rewrite's copy, see `dedupe::Pending::RewriteNotAllowed`): the
+    /// next run, incremental or not, tries them again.
     /// In a dry run, what the run would leave.
     pub pending: BTreeMap<String, PendingWork>,
     /// Sum of `pending` bytes.

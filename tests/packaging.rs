@@ -166,7 +166,7 @@ fn service_unit_settings() {
         ("StateDirectory", "dedupscan"),
         ("PrivateNetwork", "yes"),
         ("NoNewPrivileges", "yes"),
-        ("CapabilityBoundingSet", "CAP_DAC_READ_SEARCH CAP_SYS_ADMIN CAP_FOWNER"),
+        ("CapabilityBoundingSet", "CAP_DAC_READ_SEARCH CAP_DAC_OVERRIDE CAP_SYS_ADMIN CAP_FOWNER"),
     ] {
         assert_eq!(get(&s, key), Some(want), "dedupscan@.service: {key}");
     }

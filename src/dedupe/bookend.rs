@@ -30,6 +30,7 @@ use super::{no_space, Bookends, Mode, Pending};
 use crate::display::display_path;
 use crate::errors::ErrorKind;
 use crate::file::FileId;
+use crate::sys::beneath::is_no_scratch;
 use crate::sys::{self, dedupe::MAX_REQUEST_LEN, DedupeStatus, DestResult};
 
 mod decide;
@@ -200,6 +201,11 @@ impl Executor<'_> {
             rewrite_covered: d.rewrite_covered,
             planned: covered.iter().map(|c| c.1).sum(),
         };
+        // Nowhere to copy to: known before any copy, in a dry run too.
+        if let Err(e) = self.ctx.tree.scratch() {
+            self.rewritten(b, &rw, Err(e));
+            return None;
+        }
         match self.mode {
             Mode::Share => Some(rw),
             Mode::DryRun => {
@@ -250,6 +256,18 @@ impl Executor<'_> {
                     "{path}: no space to rewrite partly shared extents ({e}); not shared now, retried by the next run"
                 ));
                 *self.out.errors.entry(ErrorKind::NoSpace).or_default() += 1;
+            }
+            // The same for every file: said and counted once.
+            Err(e) if is_no_scratch(&e) => {
+                self.leave_whole(id, Pending::RewriteNotAllowed, planned);
+                if b.first_no_scratch() {
+                    let not = if self.mode == Mode::DryRun { "would not be" } else { "not" };
+                    self.progress.warn(&format!(
+                        "partly shared extents cannot be rewritten: {e}; files that need it {not} shared, \
+                         pending (rewrite_not_allowed) for a run that may"
+                    ));
+                    *self.out.errors.entry(ErrorKind::Rewrite).or_default() += 1;
+                }
             }
             Err(e) => {
                 let path = display_path(&self.files[&id].path);

@@ -153,11 +153,23 @@ pub enum Pending {
     /// volume free ([`headroom`]); as for [`Pending::NoSpaceRewrite`], its
     /// ranges wait too.
     KeepFree,
+    /// The run may make no copy for its remainders: it may create files
+    /// in none of its starting directories (root without `CAP_DAC_OVERRIDE`
+    /// in a directory of another user, an immutable directory:
+    /// [`crate::sys::beneath::NoScratch`]). As for
+    /// [`Pending::NoSpaceRewrite`], its ranges wait too, for a run that may.
+    RewriteNotAllowed,
 }
 
 impl Pending {
     /// Every reason (for label sets that must not lose a series).
-    pub const ALL: [Pending; 4] = [Pending::NoSpaceRewrite, Pending::NoSpaceShare, Pending::Pinned, Pending::KeepFree];
+    pub const ALL: [Pending; 5] = [
+        Pending::NoSpaceRewrite,
+        Pending::NoSpaceShare,
+        Pending::Pinned,
+        Pending::KeepFree,
+        Pending::RewriteNotAllowed,
+    ];
 
     /// Name in the database and in reports.
     pub const fn name(self) -> &'static str {
@@ -166,6 +178,7 @@ impl Pending {
             Pending::NoSpaceShare => "no_space_share",
             Pending::Pinned => "referenced_outside_run",
             Pending::KeepFree => "keep_free",
+            Pending::RewriteNotAllowed => "rewrite_not_allowed",
         }
     }
 }
@@ -206,6 +219,9 @@ pub struct Bookends {
     pub rewrite_compressed: bool,
     /// What the copies may use of the volume's free space.
     pub room: headroom::Headroom,
+    /// Whether the run said it may make no copies at all
+    /// ([`crate::sys::beneath::NoScratch`]): once, not for every file.
+    said_no_scratch: std::sync::atomic::AtomicBool,
 }
 
 impl Bookends {
@@ -217,7 +233,14 @@ impl Bookends {
             max_ratio,
             rewrite_compressed: crate::sys::mounts::compression_forced(root),
             room: headroom::Headroom::of_volume(root.to_owned(), keep, mode == Mode::DryRun),
+            said_no_scratch: std::sync::atomic::AtomicBool::new(false),
         }
+    }
+
+    /// `true` the first time it is asked: whether to say that no copy can
+    /// be made.
+    fn first_no_scratch(&self) -> bool {
+        !self.said_no_scratch.swap(true, std::sync::atomic::Ordering::Relaxed)
     }
 }
 

@@ -149,7 +149,10 @@ impl ZeroPass<'_> {
         if st.hole.is_none() {
             let hole = self.tree.tmpfile().and_then(|f| f.set_len(crate::sys::dedupe::MAX_REQUEST_LEN).map(|()| f));
             st.hole = Some(hole.map_err(|e| {
-                progress.warn(&format!("cannot make an unnamed file to turn written zeros into holes: {e}"));
+                progress.warn(&match crate::sys::beneath::is_no_scratch(&e) {
+                    true => format!("written zeros cannot be turned into holes: {e}"),
+                    false => format!("cannot make an unnamed file to turn written zeros into holes: {e}"),
+                });
                 *st.out.errors.entry(ErrorKind::Zeros).or_default() += 1;
             }));
         }

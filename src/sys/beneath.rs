@@ -32,8 +32,11 @@ use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::os::unix::ffi::OsStrExt;
 use std::path::{Component, Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::OnceLock;
 
-use rustix::fs::{AtFlags, Mode, OFlags, ResolveFlags, Stat};
+use rustix::fs::{Access, AtFlags, Mode, OFlags, ResolveFlags, Stat};
+
+use crate::display::display_path;
 
 /// Flags of every open of a file to read: never for writing, never through
 /// a symlink, never blocking on a FIFO that took the name since the crawl,
@@ -264,6 +267,28 @@ pub struct Tree {
     /// (directory, its descriptor, the file's name for a starting path that
     /// is a file).
     roots: Vec<(PathBuf, OwnedFd, Option<std::ffi::CString>)>,
+    /// Which of `roots` unnamed temporary files are made in, found once
+    /// ([`Tree::scratch`]); otherwise why none can be.
+    scratch: OnceLock<Result<usize, String>>,
+}
+
+/// The error of [`Tree::scratch`] (and so of [`Tree::tmpfile`]) when the run
+/// may create files in none of its starting directories: the same for
+/// every file of the run, so callers say it once ([`is_no_scratch`]).
+#[derive(Debug)]
+pub struct NoScratch(String);
+
+impl std::fmt::Display for NoScratch {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl std::error::Error for NoScratch {}
+
+/// Whether `e` is [`NoScratch`].
+pub fn is_no_scratch(e: &io::Error) -> bool {
+    e.get_ref().is_some_and(|inner| inner.is::<NoScratch>())
 }
 
 impl Tree {
@@ -295,7 +320,7 @@ impl Tree {
                 _ => roots.push((parent.to_owned(), parent_fd, Some(name))),
             }
         }
-        Ok(Tree { roots })
+        Ok(Tree { roots, scratch: OnceLock::new() })
     }
 
     /// A tree over the top directories of the mounts holding `paths` (for
@@ -323,7 +348,7 @@ impl Tree {
             let fd = without_atime(DIR_FLAGS, |flags| rustix::fs::open(&t, flags, Mode::empty())).ok()?;
             Some((t.clone(), fd, None))
         });
-        Tree { roots: roots.collect() }
+        Tree { roots: roots.collect(), scratch: OnceLock::new() }
     }
 
     /// The held directory `path` lies under, and `path` relative to it.
@@ -360,12 +385,50 @@ impl Tree {
         self.roots.get(i).map(|(p, fd, f)| (p.as_path(), fd.as_fd(), f.as_deref()))
     }
 
-    /// An unnamed temporary file (`O_TMPFILE`, 0600) in the first held
+    /// An unnamed temporary file (`O_TMPFILE`, 0600) in the [`Tree::scratch`]
     /// directory: on the scanned filesystem, never visible, gone on close.
     pub fn tmpfile(&self) -> io::Result<File> {
-        let (_, fd, _) = self.roots.first().ok_or_else(|| io::Error::from_raw_os_error(libc::ENOENT))?;
+        let fd = self.scratch()?;
         let flags = OFlags::TMPFILE | OFlags::RDWR | OFlags::CLOEXEC;
         Ok(File::from(rustix::fs::openat(fd, c".", flags, Mode::from_raw_mode(0o600))?))
+    }
+
+    /// The held directory unnamed temporary files are made in: the first
+    /// starting directory the run may create a file in. Asked of the kernel
+    /// with the effective ids and capabilities (`faccessat`, `AT_EACCESS`),
+    /// once a run and without creating anything, so a dry run learns what
+    /// the run will. Root without `CAP_DAC_OVERRIDE` (a sandbox that keeps
+    /// only some capabilities) may create files only in directories it owns:
+    /// a starting directory of another user cannot hold them, a later root
+    /// one can. A read-only mount or snapshot answers `EROFS`. None at all:
+    /// [`NoScratch`], naming the first directory and why.
+    pub fn scratch(&self) -> io::Result<BorrowedFd<'_>> {
+        let found = self.scratch.get_or_init(|| {
+            let mut first = None;
+            for (i, (dir, fd, _)) in self.roots.iter().enumerate() {
+                match rustix::fs::accessat(fd, c".", Access::WRITE_OK | Access::EXEC_OK, AtFlags::EACCESS) {
+                    Ok(()) => return Ok(i),
+                    Err(e) => {
+                        first.get_or_insert((dir, io::Error::from(e)));
+                    }
+                }
+            }
+            Err(match first {
+                Some((dir, e)) if e.raw_os_error() == Some(libc::EACCES) && nix::unistd::geteuid().is_root() => {
+                    format!(
+                        "cannot make files in {}: {e} (root without CAP_DAC_OVERRIDE may create files only in \
+                     directories it owns)",
+                        display_path(dir)
+                    )
+                }
+                Some((dir, e)) => format!("cannot make files in {}: {e}", display_path(dir)),
+                None => "no starting directory to make files in".to_owned(),
+            })
+        });
+        match found {
+            Ok(i) => Ok(self.roots[*i].1.as_fd()),
+            Err(why) => Err(io::Error::new(io::ErrorKind::PermissionDenied, NoScratch(why.clone()))),
+        }
     }
 }
 
