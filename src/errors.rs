@@ -40,7 +40,8 @@ pub enum ErrorKind {
     /// Its block map is larger than SQLite can store in one value.
     TooLarge,
     /// The volume was full (`ENOSPC`, `EDQUOT`) while rewriting partly
-    /// shared extents: retried by the next run.
+    /// shared extents: counted once a run; the files wait for a later
+    /// round of the run, else for the next run.
     NoSpace,
     /// Rewriting partly shared extents failed for another reason.
     Rewrite,

@@ -249,13 +249,18 @@ impl Executor<'_> {
                     ));
                 }
             }
+            // The volume (or a quota) is full: as for `--keep-free`, said
+            // and counted once; the file waits for a later round.
             Err(e) if is_no_space(&e) => {
                 self.leave_whole(id, Pending::NoSpaceRewrite, planned);
-                let path = display_path(&self.files[&id].path);
-                self.progress.warn(&format!(
-                    "{path}: no space to rewrite partly shared extents ({e}); not shared now, retried by the next run"
-                ));
-                *self.out.errors.entry(ErrorKind::NoSpace).or_default() += 1;
+                if b.first_no_space() {
+                    let path = display_path(&self.files[&id].path);
+                    self.progress.warn(&format!(
+                        "{path}: no space to rewrite partly shared extents ({e}); this file and any others like it \
+                         wait for the room this run's sharing frees, else for the next run (pending in the report)"
+                    ));
+                    *self.out.errors.entry(ErrorKind::NoSpace).or_default() += 1;
+                }
             }
             // The same for every file: said and counted once.
             Err(e) if is_no_scratch(&e) => {
@@ -285,7 +290,7 @@ impl Executor<'_> {
         self.out.pinned.retain(|k, _| k.0 != id);
         locked(&self.ctx.deferred).insert(id, why);
         self.out.pending.insert(id, (why, planned));
-        if why == Pending::KeepFree {
+        if why.waits_for_room() {
             self.out.kept_whole.insert(id);
         }
     }

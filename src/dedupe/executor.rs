@@ -292,10 +292,11 @@ impl<'a> Executor<'a> {
     /// back references of every extent (a quarter of the share phase's CPU
     /// on FULL/btrfs before this).
     fn source_group(&mut self, src: &File, r: &Range, group: &[Range]) {
-        if self.ctx.wait_for_sources && locked(&self.ctx.deferred).get(&r.src) == Some(&Pending::KeepFree) {
+        let waits = locked(&self.ctx.deferred).get(&r.src).copied().filter(|why| why.waits_for_room());
+        if let Some(why) = waits.filter(|_| self.ctx.wait_for_sources) {
             // Its copies wait for it (`Sharing::wait_for_sources`).
             for d in group.iter().filter(|d| !locked(&self.ctx.deferred).contains_key(&d.dest)) {
-                self.pend(d.dest, Pending::KeepFree, d.len);
+                self.pend(d.dest, why, d.len);
             }
             return;
         }

@@ -181,6 +181,13 @@ impl Pending {
             Pending::RewriteNotAllowed => "rewrite_not_allowed",
         }
     }
+
+    /// Whether the file waits for room: left whole because its copies had
+    /// none (above `--keep-free`, or at all), so a later round of the same
+    /// run, after sharing freed some, may share it (`pipeline::rounds`).
+    pub const fn waits_for_room(self) -> bool {
+        matches!(self, Pending::KeepFree | Pending::NoSpaceRewrite)
+    }
 }
 
 /// Add `more` to `to`, ratio by ratio.
@@ -219,6 +226,9 @@ pub struct Bookends {
     pub rewrite_compressed: bool,
     /// What the copies may use of the volume's free space.
     pub room: headroom::Headroom,
+    /// Whether the run said a copy found no room (`ENOSPC`, `EDQUOT`):
+    /// once, the report counts the files.
+    said_no_space: std::sync::atomic::AtomicBool,
     /// Whether the run said it may make no copies at all
     /// ([`crate::sys::beneath::NoScratch`]): once, not for every file.
     said_no_scratch: std::sync::atomic::AtomicBool,
@@ -233,8 +243,15 @@ impl Bookends {
             max_ratio,
             rewrite_compressed: crate::sys::mounts::compression_forced(root),
             room: headroom::Headroom::of_volume(root.to_owned(), keep, mode == Mode::DryRun),
+            said_no_space: std::sync::atomic::AtomicBool::new(false),
             said_no_scratch: std::sync::atomic::AtomicBool::new(false),
         }
+    }
+
+    /// `true` the first time it is asked: whether to say that a copy found
+    /// no room.
+    fn first_no_space(&self) -> bool {
+        !self.said_no_space.swap(true, std::sync::atomic::Ordering::Relaxed)
     }
 
     /// `true` the first time it is asked: whether to say that no copy can

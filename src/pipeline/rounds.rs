@@ -1,5 +1,6 @@
 //! The share phase's batches, one after another, and once more for the
-//! files `--keep-free` made wait, when sharing has freed room for them.
+//! files that waited for room (`--keep-free`, or a full volume or quota:
+//! [`dedupe::Pending::waits_for_room`]), when sharing has freed some.
 //!
 //! A batch's bookend pass copies before its ranges are shared, and only
 //! those ranges (then a commit) release the old extents. On a nearly full
@@ -149,8 +150,8 @@ impl<'a> Rounds<'a> {
         for (why, n) in o.pinned_by_reason() {
             *self.pinned_by_reason.entry(why).or_default() += n;
         }
-        let kept_free = o.pending.iter().filter(|(_, (why, _))| *why == dedupe::Pending::KeepFree);
-        self.waiting.extend(kept_free.map(|(id, _)| *id));
+        let for_room = o.pending.iter().filter(|(_, (why, _))| why.waits_for_room());
+        self.waiting.extend(for_room.map(|(id, _)| *id));
         self.kept_whole.extend(std::mem::take(&mut o.kept_whole));
         if let (Some(b), Mode::DryRun) = (w.bookends, w.mode) {
             b.room.credit(would_free(&o));
@@ -194,9 +195,17 @@ impl<'a> Rounds<'a> {
             let (batches, stats) = replan(&waiting)?;
             self.with.progress.finish_phase("");
             let verb = if dry { "verify" } else { "share" };
-            let what = format!("3/3 {verb}: again, {} files --keep-free made wait", waiting.len());
+            let what = format!("3/3 {verb}: again, {} files that waited for room", waiting.len());
             self.with.progress.phase(&what, Some(stats.bytes), true);
             b.room.measure_again();
+            if !dry {
+                // What the rounds before freed is free after a commit (the
+                // budget's measurement commits too, but `--keep-free 0` has
+                // none).
+                if let Some((_, fd, _)) = self.with.tree.root(0) {
+                    let _ = crate::sys::commit(fd);
+                }
+            }
             let waited = Waited { kept_whole: &kept_whole, copies_too: copies_waited };
             // Mapped whatever the scan found: this run shared some since.
             self.share_only(batches, &IdSet::new(), dry.then_some(&waited))?;
