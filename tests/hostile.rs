@@ -184,16 +184,30 @@ fn btrfs_hostile_tree_shares_only_what_it_may() {
     hostile_run(Fs::Btrfs);
 }
 
-/// Trace every open of a real run: no file of the volume is opened for
-/// writing. The one write-open allowed is an unnamed `O_TMPFILE` (a new
-/// inode no other file can see), used on btrfs to rewrite bookends.
+/// Trace every open of a dry run and of a real run: no file of the volume
+/// is opened for writing. The one write-open allowed is an unnamed
+/// `O_TMPFILE` (a new inode no other file can see), used on btrfs to
+/// rewrite bookends and on both to turn written zeros into holes, by the
+/// run only: a dry run makes none (its zero pass made one).
 fn no_write_opens(fs: Fs) {
     let Some(vol) = Volume::new(fs, 512) else { return };
     let data = vol.path("data");
     dedupscan::corpus::build(&data, 2, 1).unwrap();
+    // Written zeros between data, for the zero pass.
+    std::fs::write(data.join("zeros.bin"), [Rng::new(3).bytes(256 << 10), vec![0; 1 << 20]].concat()).unwrap();
     let trace = vol.db().with_extension("trace");
     // -y: opens are relative to directory descriptors; show the paths.
     let strace = ["strace", "-f", "-qq", "-y", "-e", "trace=open,openat,openat2,creat,truncate", "-o", s(&trace)];
+    let volume_lines = |text: &str| text.lines().filter(|l| l.contains(&*vol.mnt.display().to_string())).count();
+    let dry = dedupscan().under(strace).arg(&data).args(["--dry-run", "--progress=never"]).json().db(vol.db());
+    let dry = dry.expect(0).run().json;
+    let text = std::fs::read_to_string(&trace).unwrap();
+    assert!(volume_lines(&text) > 100, "the trace saw only {} opens on the volume", volume_lines(&text));
+    let writes = ["O_TMPFILE", "O_WRONLY", "O_RDWR", "O_CREAT", "O_TRUNC", "O_APPEND", "truncate(", "creat("];
+    let on_volume = |l: &&str| l.contains(&*vol.mnt.display().to_string());
+    let written: Vec<&str> = text.lines().filter(on_volume).filter(|l| writes.iter().any(|w| l.contains(w))).collect();
+    assert!(written.is_empty(), "a dry run opened for writing: {written:?}");
+    assert_eq!(num(&dry, "zeros_to_holes_bytes"), 1 << 20, "{dry:#}");
     let r = dedupscan().under(strace).arg(&data).json().arg("--progress=never").db(vol.db()).expect(0).run().json;
     let text = std::fs::read_to_string(&trace).unwrap();
     let vol_prefix = vol.mnt.display().to_string();

@@ -144,14 +144,14 @@ pub struct Punched {
 
 /// Turn `parts` of `dest` into holes from `hole` (an unnamed file of at
 /// least [`MAX_REQUEST_LEN`] bytes with no data), [`MAX_REQUEST_LEN`] at a
-/// time; `dry_run`: read them back and count the bytes that are zeros
-/// instead. `still_same` is asked before each request (the file may change
-/// under us). The first error the kernel gives for this file stops it.
+/// time; without one (a dry run, which makes no file): read them back and
+/// count the bytes that are zeros instead. `still_same` is asked before
+/// each request (the file may change under us). The first error the
+/// kernel gives for this file stops it.
 pub fn punch(
-    hole: &File,
+    hole: Option<&File>,
     dest: &File,
     parts: &[(u64, u64)],
-    dry_run: bool,
     mut still_same: impl FnMut() -> bool,
 ) -> Result<Punched, nix::errno::Errno> {
     let mut done = Punched::default();
@@ -163,7 +163,7 @@ pub fn punch(
                 return Ok(done);
             }
             let n = (off + len - at).min(MAX_REQUEST_LEN);
-            if dry_run {
+            let Some(hole) = hole else {
                 buf.resize(1 << 20, 0);
                 let zeros = (0..n).step_by(1 << 20).all(|o| {
                     let piece = &mut buf[..(n - o).min(1 << 20) as usize];
@@ -176,7 +176,7 @@ pub fn punch(
                 }
                 at += n;
                 continue;
-            }
+            };
             let r = dedupe_range(hole.as_fd(), 0, n, &[(dest.as_fd(), at)])?[0];
             match r.status {
                 DedupeStatus::Same if r.bytes_deduped > 0 => {

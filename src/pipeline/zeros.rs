@@ -60,7 +60,8 @@ pub struct ZerosOutcome {
 struct State {
     /// The hole every request shares from, once made (`Err`: it could
     /// not be, said once; the pass does nothing more).
-    hole: Option<Result<File, ()>>,
+    /// A dry run makes none (`Ok(None)`), once it knows the run could.
+    hole: Option<Result<Option<File>, ()>>,
     keys: SubvolIds,
     out: ZerosOutcome,
 }
@@ -147,7 +148,12 @@ impl ZeroPass<'_> {
         // hole, made when the first file needs it (a run inside a read-only
         // snapshot, which has nothing to punch, cannot make one).
         if st.hole.is_none() {
-            let hole = self.tree.tmpfile().and_then(|f| f.set_len(crate::sys::dedupe::MAX_REQUEST_LEN).map(|()| f));
+            let hole = match self.dry_run {
+                true => self.tree.scratch().map(|_| None),
+                false => {
+                    self.tree.tmpfile().and_then(|f| f.set_len(crate::sys::dedupe::MAX_REQUEST_LEN).map(|()| Some(f)))
+                }
+            };
             st.hole = Some(hole.map_err(|e| {
                 progress.warn(&match crate::sys::beneath::is_no_scratch(&e) {
                     true => format!("written zeros cannot be turned into holes: {e}"),
@@ -166,7 +172,7 @@ impl ZeroPass<'_> {
                 break;
             }
             let Some(c) = facts.get(&id) else { continue };
-            self.file(c, &runs, hole, &mut st.keys, &mut st.out, progress);
+            self.file(c, &runs, hole.as_ref(), &mut st.keys, &mut st.out, progress);
         }
         Ok(())
     }
@@ -176,7 +182,7 @@ impl ZeroPass<'_> {
         &self,
         c: &FileFacts,
         runs: &[(u64, u64)],
-        hole: &File,
+        hole: Option<&File>,
         keys: &mut SubvolIds,
         out: &mut ZerosOutcome,
         progress: &dyn Progress,
@@ -228,7 +234,7 @@ impl ZeroPass<'_> {
                         Ok(false) => continue,
                         Err(e) => return fail(error_kind(e.raw_os_error()), format!("data not rewritten: {e}")),
                     }
-                    match zeros::punch(hole, &f, &w.punch, self.dry_run, &mut same) {
+                    match zeros::punch(hole, &f, &w.punch, &mut same) {
                         Ok(p) => (done.bytes, done.differs) = (done.bytes + p.bytes, done.differs + p.differs),
                         Err(e) => {
                             let why = format!("written zero blocks not turned into holes: {e}");
