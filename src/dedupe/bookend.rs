@@ -253,26 +253,26 @@ impl Executor<'_> {
             // and counted once; the file waits for a later round.
             Err(e) if is_no_space(&e) => {
                 self.leave_whole(id, Pending::NoSpaceRewrite, planned);
-                if b.first_no_space() {
+                b.said_no_space.call_once(|| {
                     let path = display_path(&self.files[&id].path);
                     self.progress.warn(&format!(
                         "{path}: no space to rewrite partly shared extents ({e}); this file and any others like it \
                          wait for the room this run's sharing frees, else for the next run (pending in the report)"
                     ));
                     *self.out.errors.entry(ErrorKind::NoSpace).or_default() += 1;
-                }
+                });
             }
             // The same for every file: said and counted once.
             Err(e) if is_no_scratch(&e) => {
                 self.leave_whole(id, Pending::RewriteNotAllowed, planned);
-                if b.first_no_scratch() {
+                b.said_no_scratch.call_once(|| {
                     let not = if self.mode == Mode::DryRun { "would not be" } else { "not" };
                     self.progress.warn(&format!(
                         "partly shared extents cannot be rewritten: {e}; files that need it {not} shared, \
                          pending (rewrite_not_allowed) for a run that may"
                     ));
                     *self.out.errors.entry(ErrorKind::Rewrite).or_default() += 1;
-                }
+                });
             }
             Err(e) => {
                 let path = display_path(&self.files[&id].path);

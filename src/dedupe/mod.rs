@@ -226,12 +226,12 @@ pub struct Bookends {
     pub rewrite_compressed: bool,
     /// What the copies may use of the volume's free space.
     pub room: headroom::Headroom,
-    /// Whether the run said a copy found no room (`ENOSPC`, `EDQUOT`):
-    /// once, the report counts the files.
-    said_no_space: std::sync::atomic::AtomicBool,
-    /// Whether the run said it may make no copies at all
-    /// ([`crate::sys::beneath::NoScratch`]): once, not for every file.
-    said_no_scratch: std::sync::atomic::AtomicBool,
+    /// Said once a run that a copy found no room (`ENOSPC`, `EDQUOT`):
+    /// the report counts the files.
+    said_no_space: std::sync::Once,
+    /// Said once a run that no copy can be made at all
+    /// ([`crate::sys::beneath::NoScratch`]), not for every file.
+    said_no_scratch: std::sync::Once,
 }
 
 impl Bookends {
@@ -243,21 +243,9 @@ impl Bookends {
             max_ratio,
             rewrite_compressed: crate::sys::mounts::compression_forced(root),
             room: headroom::Headroom::of_volume(root.to_owned(), keep, mode == Mode::DryRun),
-            said_no_space: std::sync::atomic::AtomicBool::new(false),
-            said_no_scratch: std::sync::atomic::AtomicBool::new(false),
+            said_no_space: std::sync::Once::new(),
+            said_no_scratch: std::sync::Once::new(),
         }
-    }
-
-    /// `true` the first time it is asked: whether to say that a copy found
-    /// no room.
-    fn first_no_space(&self) -> bool {
-        !self.said_no_space.swap(true, std::sync::atomic::Ordering::Relaxed)
-    }
-
-    /// `true` the first time it is asked: whether to say that no copy can
-    /// be made.
-    fn first_no_scratch(&self) -> bool {
-        !self.said_no_scratch.swap(true, std::sync::atomic::Ordering::Relaxed)
     }
 }
 
