@@ -115,6 +115,45 @@ fn btrfs_files_refused_for_a_full_disk_are_shared_later_in_the_run() {
     assert!(freed >= want * 95 / 100, "freed {freed} of {want}: {r:#}");
 }
 
+/// A subvolume under a btrfs qgroup limit, 24 MiB above its use: `statfs`
+/// does not show the limit, so the budget did not see it, the copies met
+/// `EDQUOT` (an error), and while they held the quota so would any other
+/// writer in the subvolume. The budget now takes the limit as the volume's
+/// size: it refuses the copies first (said once), the kernel refuses
+/// nothing, and the rounds share what waited. (Sampled every millisecond,
+/// the room the limit leaves still dips below the reserve for moments:
+/// the sharing's own metadata reservations count against it.)
+#[test]
+fn btrfs_rewrites_leave_a_qgroup_limit_the_room_keep_free_asks_for() {
+    use std::os::fd::AsFd;
+    let Some(vol) = Volume::new(Fs::Btrfs, 512) else { return };
+    btrfs(&["quota", "enable"], &vol.mnt);
+    let sub = vol.path("v");
+    btrfs(&["subvolume", "create"], &sub);
+    let d = sub.join("d");
+    rewrite_pairs(&d);
+    let whole = Rng::new(14).bytes(16 << 20);
+    std::fs::write(d.join("whole"), &whole).unwrap();
+    std::fs::write(d.join("whole-copy"), &whole).unwrap();
+    let before = Snapshot::take(&d);
+    free_bytes(&vol.mnt);
+    btrfs(&["quota", "rescan", "-w"], &vol.mnt);
+    btrfs(&["qgroup", "limit", "1G"], &sub);
+    let fd = std::fs::File::open(&sub).unwrap();
+    let room = || dedupscan::sys::fs::qgroup_room(fd.as_fd()).expect("a qgroup limit").0;
+    let limit = (1 << 30) - room() + (24 << 20);
+    btrfs(&["qgroup", "limit", &limit.to_string()], &sub);
+
+    let out = dedupscan().args([s(&d), "-v"]).json().db(vol.db()).expect(0).expect(1).run();
+    let (r, err) = (&out.json, &out.stderr);
+    validate_report(r);
+    before.assert_same(&Snapshot::take(&d));
+    assert_eq!(num(r, "errors"), 0, "the kernel refused a copy: {err}");
+    assert!(err.contains("qgroup limit") && err.contains("3/3 share: again"), "{err}");
+    assert_eq!((pairs_shared(&d), num(r, "pending_bytes")), (48, 0), "{r:#}");
+    assert!(same_physical(&d.join("whole"), 0, &d.join("whole-copy"), 0, 16 << 20));
+}
+
 /// A full temporary directory (`/var/tmp` is often the root filesystem,
 /// not the volume being shared) does not stop the run: the plan's first
 /// grouping then reads the database once per slice, and the plan's batches

@@ -83,7 +83,7 @@ pub struct KeptFree {
 
 impl std::fmt::Display for KeptFree {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "the volume would keep less than {} free (--keep-free)", human(self.reserve))
+        write!(f, "the volume (or its qgroup limit) would keep less than {} free (--keep-free)", human(self.reserve))
     }
 }
 
@@ -136,7 +136,13 @@ impl Headroom {
             if !dry_run {
                 crate::sys::commit(&fs)?;
             }
-            Ok(crate::sys::space(fs.as_fd())?)
+            let (available, total) = crate::sys::space(fs.as_fd())?;
+            // A qgroup limit on the subvolume bounds the copies as the
+            // volume's size does.
+            Ok(match crate::sys::fs::qgroup_room(fs.as_fd()) {
+                Some((room, limit)) => (available.min(room), total.min(limit)),
+                None => (available, total),
+            })
         });
         Headroom::new(keep, measure, dry_run)
     }
@@ -252,7 +258,7 @@ mod tests {
         avail.store(10 * M + M / 2, Ordering::Relaxed);
         let e = room.take(M).unwrap_err();
         assert!(kept_free(&e) && e.kind() == io::ErrorKind::StorageFull, "{e}");
-        assert_eq!(e.to_string(), "the volume would keep less than 10.0 MiB free (--keep-free)");
+        assert_eq!(e.to_string(), "the volume (or its qgroup limit) would keep less than 10.0 MiB free (--keep-free)");
         assert_eq!(calls.load(Ordering::Relaxed), 2);
         // Within a second of a refusal: refused without measuring.
         avail.store(500 * M, Ordering::Relaxed);
