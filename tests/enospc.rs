@@ -125,11 +125,33 @@ fn btrfs_files_refused_for_a_full_disk_are_shared_later_in_the_run() {
 /// the sharing's own metadata reservations count against it.)
 #[test]
 fn btrfs_rewrites_leave_a_qgroup_limit_the_room_keep_free_asks_for() {
+    qgroup_limited(false);
+}
+
+/// The same limit set on a group the subvolume is a member of (`1/100`,
+/// as snapper's `1/0`): a write counts against it too. Fails when only the
+/// subvolume's own qgroup is read (the kernel refuses a copy).
+#[test]
+fn btrfs_rewrites_leave_a_parent_qgroup_limit_the_room_keep_free_asks_for() {
+    qgroup_limited(true);
+}
+
+fn qgroup_limited(in_group: bool) {
     use std::os::fd::AsFd;
     let Some(vol) = Volume::new(Fs::Btrfs, 512) else { return };
     btrfs(&["quota", "enable"], &vol.mnt);
     let sub = vol.path("v");
     btrfs(&["subvolume", "create"], &sub);
+    let limit_on = |size: &str| match in_group {
+        true => btrfs(&["qgroup", "limit", size, "1/100"], &vol.mnt),
+        false => btrfs(&["qgroup", "limit", size], &sub),
+    };
+    let fd = std::fs::File::open(&sub).unwrap();
+    if in_group {
+        let id = dedupscan::sys::fs::volume_key(fd.as_fd()).unwrap();
+        btrfs(&["qgroup", "create", "1/100"], &vol.mnt);
+        btrfs(&["qgroup", "assign", &format!("0/{id}"), "1/100"], &vol.mnt);
+    }
     let d = sub.join("d");
     rewrite_pairs(&d);
     let whole = Rng::new(14).bytes(16 << 20);
@@ -138,11 +160,11 @@ fn btrfs_rewrites_leave_a_qgroup_limit_the_room_keep_free_asks_for() {
     let before = Snapshot::take(&d);
     free_bytes(&vol.mnt);
     btrfs(&["quota", "rescan", "-w"], &vol.mnt);
-    btrfs(&["qgroup", "limit", "1G"], &sub);
-    let fd = std::fs::File::open(&sub).unwrap();
-    let room = || dedupscan::sys::fs::qgroup_room(fd.as_fd()).expect("a qgroup limit").0;
+    limit_on("1G");
+    let room = || dedupscan::sys::qgroup::qgroup_room(fd.as_fd()).expect("a qgroup limit").0;
     let limit = (1 << 30) - room() + (24 << 20);
-    btrfs(&["qgroup", "limit", &limit.to_string()], &sub);
+    limit_on(&limit.to_string());
+    assert!(room() <= 24 << 20, "the limit is not seen: {}", room());
 
     let out = dedupscan().args([s(&d), "-v"]).json().db(vol.db()).expect(0).expect(1).run();
     let (r, err) = (&out.json, &out.stderr);
@@ -243,6 +265,14 @@ fn assert_previewed(dry: &serde_json::Value, r: &serde_json::Value) {
 
 /// The lowest [`available`] seen every millisecond while `f` runs.
 fn lowest_available<T>(mnt: &std::path::Path, f: impl FnOnce() -> T) -> (u64, T) {
+    /// Stops the sampler however `f` ends: a panic in it must fail the
+    /// test, not leave the scope waiting for the sampler forever.
+    struct Stop<'a>(&'a AtomicBool);
+    impl Drop for Stop<'_> {
+        fn drop(&mut self) {
+            self.0.store(true, Ordering::Relaxed);
+        }
+    }
     let (stop, low) = (AtomicBool::new(false), AtomicU64::new(u64::MAX));
     std::thread::scope(|s| {
         s.spawn(|| {
@@ -251,8 +281,10 @@ fn lowest_available<T>(mnt: &std::path::Path, f: impl FnOnce() -> T) -> (u64, T)
                 std::thread::sleep(std::time::Duration::from_millis(1));
             }
         });
-        let out = f();
-        stop.store(true, Ordering::Relaxed);
+        let out = {
+            let _stop = Stop(&stop);
+            f()
+        };
         (low.load(Ordering::Relaxed), out)
     })
 }

@@ -139,7 +139,7 @@ impl Headroom {
             let (available, total) = crate::sys::space(fs.as_fd())?;
             // A qgroup limit on the subvolume bounds the copies as the
             // volume's size does.
-            Ok(match crate::sys::fs::qgroup_room(fs.as_fd()) {
+            Ok(match crate::sys::qgroup::qgroup_room(fs.as_fd()) {
                 Some((room, limit)) => (available.min(room), total.min(limit)),
                 None => (available, total),
             })

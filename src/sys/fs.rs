@@ -136,34 +136,6 @@ pub fn space(fd: BorrowedFd<'_>) -> Result<(u64, u64), Errno> {
     Ok((st.blocks_available() * frsize, st.blocks() * frsize))
 }
 
-/// The room a btrfs qgroup limit leaves the subvolume of `fd`, and the
-/// limit: `(room, limit)`, the smaller of the referenced and exclusive
-/// limits set (`/sys/fs/btrfs/<uuid>/qgroups/0_<subvolume>/`, Linux 5.9
-/// and later). `None` without quotas, without a limit, or elsewhere.
-/// `statfs` does not see it: a write past it fails with `EDQUOT` however
-/// much the volume has free. The limits of parent qgroups are not read.
-pub fn qgroup_room(fd: BorrowedFd<'_>) -> Option<(u64, u64)> {
-    let info = fs_info(fd).ok().filter(|i| i.kind == FsKind::Btrfs)?;
-    let dir = Path::new("/sys/fs/btrfs").join(&info.uuid).join(format!("qgroups/0_{}", volume_key(fd).ok()?));
-    qgroup_limit(|name| std::fs::read_to_string(dir.join(name)).ok()?.trim().parse().ok())
-}
-
-/// [`qgroup_room`] from the qgroup's sysfs values, `read` by name. The
-/// kernel refuses a write when the use plus what is reserved for writes
-/// in flight would pass the limit: both count.
-fn qgroup_limit(read: impl Fn(&str) -> Option<u64>) -> Option<(u64, u64)> {
-    let flags = read("limit_flags")?;
-    let reserved: u64 = ["rsv_data", "rsv_meta_pertrans", "rsv_meta_prealloc"].iter().filter_map(|n| read(n)).sum();
-    // BTRFS_QGROUP_LIMIT_MAX_RFER, BTRFS_QGROUP_LIMIT_MAX_EXCL.
-    [(1, "max_referenced", "referenced"), (2, "max_exclusive", "exclusive")]
-        .into_iter()
-        .filter(|&(flag, _, _)| flags & flag != 0)
-        .filter_map(|(_, max, used)| Some((read(max)?, read(used)?)))
-        .filter(|&(max, _)| max > 0)
-        .map(|(max, used)| (max.saturating_sub(used + reserved), max))
-        .min()
-}
-
 fn format_uuid(b: &[u8]) -> String {
     let hex: String = b.iter().map(|x| format!("{x:02x}")).collect();
     if hex.len() == 32 {
@@ -490,34 +462,6 @@ mod tests {
         assert_eq!(std::mem::size_of::<LogicalInoArgs>(), 56);
         let code = nix::request_code_readwrite!(0x94, 59, std::mem::size_of::<LogicalInoArgs>());
         assert_eq!(code as u64, 0xc038_943b);
-    }
-
-    #[test]
-    fn qgroup_limits_are_read_from_their_sysfs_values() {
-        fn values<'a>(v: &'a [(&'a str, u64)]) -> impl Fn(&str) -> Option<u64> + 'a {
-            move |name| v.iter().find(|(n, _)| *n == name).map(|&(_, x)| x)
-        }
-        // A referenced limit of 100 MiB, 10 MiB used.
-        let rfer = [("limit_flags", 1), ("max_referenced", 100 << 20), ("referenced", 10 << 20), ("max_exclusive", 0)];
-        assert_eq!(qgroup_limit(values(&rfer)), Some((90 << 20, 100 << 20)));
-        // What is reserved for writes in flight counts as used.
-        let rsv = [("limit_flags", 1), ("max_referenced", 100 << 20), ("referenced", 10 << 20), ("rsv_data", 4 << 20)];
-        assert_eq!(qgroup_limit(values(&rsv)), Some((86 << 20, 100 << 20)));
-        // Both: the tighter room wins.
-        let both = [
-            ("limit_flags", 3),
-            ("max_referenced", 100 << 20),
-            ("referenced", 10 << 20),
-            ("max_exclusive", 50 << 20),
-            ("exclusive", 45 << 20),
-        ];
-        assert_eq!(qgroup_limit(values(&both)), Some((5 << 20, 50 << 20)));
-        // Over its limit already (a limit set below the use): no room.
-        let over = [("limit_flags", 1), ("max_referenced", 10 << 20), ("referenced", 12 << 20)];
-        assert_eq!(qgroup_limit(values(&over)), Some((0, 10 << 20)));
-        // No limit, or no quotas.
-        assert_eq!(qgroup_limit(values(&[("limit_flags", 0), ("max_referenced", 0)])), None);
-        assert_eq!(qgroup_limit(values(&[])), None);
     }
 
     #[test]

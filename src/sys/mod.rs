@@ -12,6 +12,7 @@ pub mod fs;
 pub mod inode;
 pub mod limits;
 pub mod mounts;
+pub mod qgroup;
 pub mod resolve;
 pub mod spill;
 
