@@ -24,7 +24,7 @@ use crate::dedupe::headroom::KeepFree;
     name = "dedupscan",
     version,
     subcommand_negates_reqs = true,
-    after_help = "Exit codes: 0 success, 1 finished but some paths or ranges had errors, 2 usage error (nothing done), 3 fatal error, 4 database locked by another run, 5 stopped before finishing (signal or --max-runtime; the next run carries on), 6 not btrfs or XFS with reflink, or mounted read-only (refused, nothing done)."
+    after_help = "Exit codes: 0 success, 1 finished but some paths or ranges had errors, 2 usage error (nothing done), 3 fatal error, 4 database locked by another run, 5 stopped before finishing (signal, --max-runtime, or the filesystem stopped; the next run carries on), 6 not btrfs or XFS with reflink, or mounted read-only (refused, nothing done)."
 )]
 pub struct Cli {
     /// The command; none is the default one (scan, then share).

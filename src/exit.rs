@@ -17,8 +17,9 @@ pub enum ExitCode {
     Fatal = 3,
     /// Another run holds the database's lock.
     Locked = 4,
-    /// Stopped before finishing (SIGINT, SIGTERM or `--max-runtime`): the
-    /// work done is committed, the run is marked interrupted in the history,
+    /// Stopped before finishing (SIGINT, SIGTERM, `--max-runtime`, or the
+    /// filesystem stopped during the run: remounted read-only, or shut down
+    /// after an error): the work done is committed, the run is marked interrupted in the history,
     /// and the next run carries on. Distinct from 0 so that a timer or a
     /// script sees that the volume was not fully processed.
     Interrupted = 5,
@@ -57,7 +58,7 @@ impl ExitCode {
             }
             ExitCode::Locked => "the database is locked by another run",
             ExitCode::Interrupted => {
-                "stopped before finishing (SIGINT, SIGTERM or --max-runtime); work done is kept, the next run carries on"
+                "stopped before finishing (SIGINT, SIGTERM, --max-runtime, or the filesystem stopped during the run); work done is kept, the next run carries on"
             }
             ExitCode::Unsupported => {
                 "not btrfs or XFS with reflink, or mounted read-only (a --dry-run is not refused there): refused before hashing, no database created (`scan` records it anyway)"

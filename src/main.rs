@@ -115,7 +115,7 @@ fn run_finished(
         if cfg.verbosity > dedupscan::progress::Verbosity::Quiet {
             dedupscan::progress::emit(
                 dedupscan::progress::Level::Warning,
-                "dedupscan: warning: stopped before finishing (signal or --max-runtime): the work done is \
+                "dedupscan: warning: stopped before finishing (a signal, --max-runtime, or the filesystem stopped): the work done is \
                  kept; the next run carries on (exit status 5)",
             );
         }

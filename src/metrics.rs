@@ -192,7 +192,7 @@ fn last_run(m: &mut Metrics, last: &Value, this: Option<&Value>, history: &[Past
     m.single(
         "last_run_interrupted",
         "gauge",
-        "1 if the last finished run stopped early (signal or --max-runtime; the next one carries on).",
+        "1 if the last finished run stopped early (signal, --max-runtime, or the filesystem stopped; the next one carries on).",
         flag(last["interrupted"] == true),
     );
     m.single(

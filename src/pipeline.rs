@@ -375,16 +375,21 @@ fn share_phase(
     // recently a copy was refused.
     bookends.inspect(|b| b.room.measure_again());
     let zeros = ZeroPass::of(job, cfg, bookends).filter(|_| go_on).map(|z| z.run(db, allowed, fresh, progress, stop));
+    if let Some(r) = &out.refused {
+        progress.warn(r);
+    }
     let mut freed_bytes = None;
     if let Some(before) = before {
         // Flushing the volume can take seconds after much sharing: say so
         // instead of leaving a full bar at "eta 0s".
         progress.finish_phase("");
         progress.phase("3/3 share: measuring freed space", None, false);
-        freed_bytes = Some(free_bytes(root)? as i64 - before as i64);
-    }
-    if let Some(r) = &out.refused {
-        progress.warn(r);
+        // A volume that stopped taking writes (read-only since, or shut
+        // down) may not answer: the report goes out without the figure.
+        match free_bytes(root) {
+            Ok(after) => freed_bytes = Some(after as i64 - before as i64),
+            Err(e) => progress.warn(&format!("cannot measure the space freed: {e:#}")),
+        }
     }
     progress.finish_phase(&format!(
         "3/3 {}: {} {}",

@@ -240,7 +240,7 @@ fn hand_written() -> Roff {
         (ExitCode::Locked, "Another dedupscan run holds the database's lock; nothing was done."),
         (
             ExitCode::Interrupted,
-            "Stopped before finishing: SIGINT, SIGTERM or --max-runtime. The work done is committed, the run is marked \
+            "Stopped before finishing: SIGINT, SIGTERM, --max-runtime, or the filesystem stopped during the run (remounted read-only, or forced read-only or shut down after an error; said once). The work done is committed, the run is marked \
              interrupted in the history (report --json: \"interrupted\": true), and the next run carries on. A second \
              signal ends the process at once with status 130; report, which changes nothing, ends at the first.",
         ),

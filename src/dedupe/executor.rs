@@ -30,8 +30,6 @@
 use std::collections::HashMap;
 use std::fs::File;
 use std::os::fd::{AsFd, BorrowedFd};
-use std::os::unix::fs::FileExt;
-use std::sync::atomic::Ordering;
 
 use nix::errno::Errno;
 
@@ -45,7 +43,6 @@ use crate::file::FileFacts;
 use crate::file::FileId;
 use crate::plan::Range;
 use crate::progress::Progress;
-use crate::sys::beneath::Tree;
 use crate::sys::fiemap::physical_map;
 use crate::sys::{self, dedupe::DestResult, dedupe::MAX_DESTS, dedupe::MAX_REQUEST_LEN, DedupeStatus};
 
@@ -110,41 +107,10 @@ pub(super) struct Executor<'a> {
     pub(super) buf_b: Vec<u8>,
 }
 
-/// Why sharing stops when the filesystem cannot share extents at all.
-const REFUSED: &str = "the filesystem does not support sharing extents (FIDEDUPERANGE: operation not supported); on XFS this needs a filesystem made with reflink=1";
-
 /// The owner of an open file (`None` if `fstat` fails).
 fn owner(f: &File) -> Option<u32> {
     use std::os::unix::fs::MetadataExt;
     f.metadata().ok().map(|m| m.uid())
-}
-
-/// Statuses that may mean "this filesystem cannot share" rather than "this
-/// file": then [`probe_can_share`] decides.
-fn unsupported(s: DedupeStatus) -> bool {
-    matches!(s, DedupeStatus::Error(Errno::EOPNOTSUPP | Errno::ENOTTY | Errno::EXDEV | Errno::EINVAL))
-}
-
-/// Whether the filesystem of the run's first starting path can share
-/// extents at all: write two equal blocks of the run's block size (at least
-/// the filesystem's: a smaller one would be refused with `EINVAL` for its
-/// alignment alone) into an unnamed temporary file there (`O_TMPFILE`: never
-/// visible, gone on close) and share the second with the first. Refused
-/// with `EOPNOTSUPP`/`ENOTTY`/`EINVAL`: it cannot (XFS without reflink).
-/// Any other failure to probe (no room for a temporary file, read-only
-/// mount) says nothing about sharing: assumed able, so a single refusal
-/// never stops the whole run.
-fn probe_can_share(tree: &Tree, block_size: u64) -> bool {
-    let Ok(tmp) = tree.tmpfile() else { return true };
-    let block = vec![0x5a_u8; block_size as usize];
-    if tmp.write_all_at(&block, 0).and_then(|_| tmp.write_all_at(&block, block_size)).is_err() {
-        return true;
-    }
-    match sys::dedupe_range(tmp.as_fd(), 0, block_size, &[(tmp.as_fd(), block_size)]) {
-        Ok(r) => !unsupported(r[0].status),
-        Err(Errno::EOPNOTSUPP | Errno::ENOTTY | Errno::EINVAL) => false,
-        Err(_) => true,
-    }
 }
 
 impl<'a> Executor<'a> {
@@ -163,36 +129,6 @@ impl<'a> Executor<'a> {
             buf_a: vec![0; 1 << 20],
             buf_b: vec![0; 1 << 20],
         }
-    }
-
-    /// Stopped by a signal, or the filesystem refuses to share (seen by any
-    /// worker).
-    pub(super) fn halted(&self) -> bool {
-        self.ctx.stop.load(Ordering::Relaxed) || self.refused()
-    }
-
-    /// The filesystem refuses to share (seen by any worker).
-    fn refused(&self) -> bool {
-        self.ctx.refused.load(Ordering::Relaxed)
-    }
-
-    /// Sharing is impossible on this filesystem: say so once, stop everyone.
-    fn refuse(&mut self) {
-        self.out.refused = Some(REFUSED.to_owned());
-        self.ctx.refused.store(true, Ordering::Relaxed);
-    }
-
-    /// A request was refused in a way that may mean "this filesystem cannot
-    /// share" or only "this destination cannot be shared into" (another
-    /// filesystem, a file that changed kind). Probe the filesystem once: if
-    /// it cannot share, stop everyone (true); otherwise the refusal is the
-    /// destination's (false).
-    fn refuse_if_fs_cannot_share(&mut self) -> bool {
-        let can = *self.ctx.can_share.get_or_init(|| probe_can_share(self.ctx.tree, self.block_size));
-        if !can {
-            self.refuse();
-        }
-        !can
     }
 
     /// Run the ranges of one unit (one source, whole groups, in plan order).
@@ -234,8 +170,10 @@ impl<'a> Executor<'a> {
             Err(e) => {
                 if locked(&self.ctx.bad).insert(id) {
                     let kind = ErrorKind::of_reopen(&e);
-                    self.progress.warn(&format!("{}: cannot open: {e}", display_path(&c.path)));
                     *self.out.errors.entry(kind).or_default() += 1;
+                    if !self.volume_stopped(Errno::from_raw(e.raw_os_error().unwrap_or(0))) {
+                        self.progress.warn(&format!("{}: cannot open: {e}", display_path(&c.path)));
+                    }
                 }
                 None
             }
@@ -254,7 +192,8 @@ impl<'a> Executor<'a> {
         let files = self.files;
         let Some(c) = files.get(&id) else { return false };
         let same = c.is_open_as_recorded(f, &mut self.keys);
-        if !same && locked(&self.ctx.bad).insert(id) {
+        // A file that cannot even be `fstat`ed may be on a filesystem shut down.
+        if !same && !self.volume_stopped(Errno::EIO) && locked(&self.ctx.bad).insert(id) {
             self.progress.warn(&format!(
                 "{}: changed since it was scanned; left alone, it is rehashed next run",
                 display_path(&c.path)
@@ -441,7 +380,8 @@ impl<'a> Executor<'a> {
                     self.out.duplicate_bytes += chunk * idx.len() as u64;
                     match sys::dedupe_range(src.as_fd(), off + done, chunk, &fds) {
                         Ok(results)
-                            if results.iter().any(|r| unsupported(r.status)) && self.refuse_if_fs_cannot_share() =>
+                            if results.iter().any(|r| super::refusal::unsupported(r.status))
+                                && self.refuse_if_fs_cannot_share() =>
                         {
                             self.out.duplicate_bytes -= chunk * idx.len() as u64;
                         }
@@ -487,6 +427,14 @@ impl<'a> Executor<'a> {
     ) {
         let mut failed = ReadFailures::new();
         for (res, &k) in results.iter().zip(idx) {
+            if let DedupeStatus::Error(e) = res.status {
+                if self.volume_stopped(e) {
+                    // Counted, not warned about: said once for the run.
+                    *self.out.status.errors.entry(format!("{e:?}")).or_default() += 1;
+                    alive[k] = false;
+                    continue;
+                }
+            }
             if res.status == DedupeStatus::Error(Errno::EIO) {
                 self.out.duplicate_bytes -= chunk;
                 failed.push((k, Errno::EIO.into()));

@@ -54,6 +54,7 @@ pub mod extents;
 pub mod headroom;
 mod pinned;
 mod ready;
+mod refusal;
 mod swap;
 mod unreadable;
 mod verify;

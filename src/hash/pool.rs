@@ -167,6 +167,14 @@ pub fn hash_all(
                     counters.reused.fetch_add(h.bytes_reused, Ordering::Relaxed);
                     sink(Hashed::File { id, file: now, hash: h });
                 }
+                Err(HashFail::Error(kind, e))
+                    if e.raw_os_error() == Some(libc::EIO) && stopped(tree, stop, progress) =>
+                {
+                    // Counted, not warned about: said once for the run.
+                    let mut t = counters.tally.lock().unwrap();
+                    *t.errors.entry(kind).or_default() += 1;
+                    t.failed.insert(cand.key);
+                }
                 Err(fail) => left_out(&cand, id, fail, &counters.tally, sink, progress),
             }
         })
@@ -176,6 +184,22 @@ pub fn hash_all(
     out.bytes_read = counters.bytes.into_inner();
     out.bytes_reused = counters.reused.into_inner();
     Ok(out)
+}
+
+/// After an `EIO`: whether the whole filesystem stopped ([`Tree::stopped`]:
+/// XFS shut down after an error answers `EIO` to every file). If so the run
+/// stops as on a signal (`stop`: the files still queued are not reached,
+/// the work done is kept, the next run carries on), said by the one thread
+/// that stops it, instead of a warning for every file left.
+fn stopped(tree: &Tree, stop: &AtomicBool, progress: &dyn Progress) -> bool {
+    if stop.load(Ordering::Relaxed) {
+        return true;
+    }
+    let Some(why) = tree.stopped() else { return false };
+    if !stop.swap(true, Ordering::Relaxed) {
+        progress.warn(&why);
+    }
+    true
 }
 
 /// Count a file that was not hashed, and say why when it is news.

@@ -385,6 +385,21 @@ impl Tree {
         self.roots.get(i).map(|(p, fd, f)| (p.as_path(), fd.as_fd(), f.as_deref()))
     }
 
+    /// Why the run must stop, when the filesystem of the first starting
+    /// path stopped during it ([`super::fs::stopped_writing`]: mounted
+    /// read-only since, or shut down after an error): one message for the
+    /// whole run, asked only after an `EIO` or `EROFS`. `None` while it
+    /// works.
+    pub fn stopped(&self) -> Option<String> {
+        let (dir, fd, _) = self.root(0)?;
+        let why = super::fs::stopped_writing(fd)?;
+        Some(format!(
+            "{}: the filesystem stopped during the run ({why}; see the kernel log): the run stops here, the work \
+             done is kept and the next run carries on",
+            display_path(dir)
+        ))
+    }
+
     /// An unnamed temporary file (`O_TMPFILE`, 0600) in the [`Tree::scratch`]
     /// directory: on the scanned filesystem, never visible, gone on close.
     pub fn tmpfile(&self) -> io::Result<File> {

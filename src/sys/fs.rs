@@ -344,6 +344,25 @@ pub fn mounted_read_only(path: &Path) -> bool {
     rustix::fs::statvfs(path).is_ok_and(|v| v.f_flag.contains(rustix::fs::StatVfsMountFlags::RDONLY))
 }
 
+/// Why the filesystem of the held descriptor `fd` (a starting directory)
+/// takes no more writes, or `None` while it does: mounted read-only since
+/// (remounted, or btrfs forced itself read-only after an error: `statvfs`'s
+/// `ST_RDONLY` counts the superblock's flag too), or shut down (XFS after
+/// an error answers `EIO` to every call on its files, `fstat` included).
+pub fn stopped_writing(fd: BorrowedFd<'_>) -> Option<String> {
+    let said = |e: rustix::io::Errno| Errno::from_raw(e.raw_os_error()).desc();
+    if let Err(e) = rustix::fs::fstat(fd) {
+        return Some(format!("shut down after an error: it answers \"{}\"", said(e)));
+    }
+    match rustix::fs::fstatvfs(fd) {
+        Ok(v) if v.f_flag.contains(rustix::fs::StatVfsMountFlags::RDONLY) => {
+            Some("mounted read-only now: remounted, or btrfs stopped writing after an error".to_owned())
+        }
+        Ok(_) => None,
+        Err(e) => Some(format!("it answers \"{}\"", said(e))),
+    }
+}
+
 /// Convenience for callers holding a path: open it (directory or file,
 /// read-only, never following a symlink at the end) and read [`fs_info`].
 pub fn fs_info_of_path(path: &Path) -> std::io::Result<FsInfo> {
