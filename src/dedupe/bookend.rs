@@ -326,6 +326,9 @@ pub fn copy_out(
 ) -> std::io::Result<File> {
     room.take(pieces.iter().map(|p| p.1).sum())?;
     let tmp = tmp()?;
+    // Checksums or not as `dest` has them, or btrfs refuses to share the
+    // copy back; unknown (no CAP_SYS_ADMIN, XFS): as made.
+    let _ = sys::btrfs_tree::match_checksums(tmp.as_fd(), dest.as_fd());
     tmp.set_len(size)?;
     for &(off, len) in pieces {
         let mut pos = 0;

@@ -164,6 +164,19 @@ pub fn owner_salt(uid: u32) -> Fp {
     }
 }
 
+/// The salt of the fingerprints of a btrfs file that keeps no data
+/// checksums (made on a volume mounted `nodatasum`, or `NOCOW` once),
+/// multiplied into its owner's ([`owner_salt`]): btrfs refuses to share
+/// between a file with checksums and one without (`EINVAL`), so the
+/// planner must not pair them, as it does not pair owners. Two such files
+/// still pair with each other. Odd, so the product stays a bijection.
+pub fn checksum_salt(salt: Fp, nodatasum: bool) -> Fp {
+    match nodatasum {
+        true => salt.wrapping_mul(0x5bd1_e995_2f0b) & FP_MAX,
+        false => salt,
+    }
+}
+
 /// Hash `file`, expected to be `size` bytes long, in blocks of `block_size`.
 ///
 /// `buf` is a reusable read buffer (grown to [`CHUNK`]). A file that turns
@@ -373,6 +386,17 @@ mod tests {
 
     fn dense(h: &FileHash) -> Vec<Fp> {
         h.map.to_dense(u64::MAX).unwrap()
+    }
+
+    #[test]
+    fn checksum_salts_tell_files_without_checksums_apart() {
+        let owners: std::collections::HashSet<Fp> = (0..10_000).map(owner_salt).collect();
+        for &s in &owners {
+            assert_eq!(checksum_salt(s, false), s);
+            let other = checksum_salt(s, true);
+            assert_eq!(other % 2, 1, "an even salt is not a bijection");
+            assert!(other <= FP_MAX && !owners.contains(&other), "{s} without checksums looks like an owner");
+        }
     }
 
     #[test]

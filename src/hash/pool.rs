@@ -281,6 +281,9 @@ fn hash_one(
     }
     // The opened file's owner, from the same fstat as its facts.
     let salt = if opts.by_owner { super::owner_salt(before.uid()) } else { 1 };
+    // Unknown (no CAP_SYS_ADMIN): taken to keep checksums, as most do.
+    let nodatasum = opts.fs == FsKind::Btrfs && sys::btrfs_tree::nodatasum(file.as_fd()) == Ok(true);
+    let salt = super::checksum_salt(salt, nodatasum);
     // Room for its map before it grows (see `MapBytes`): at most a block's
     // fingerprint for every block allocated (holes cost nothing).
     let data = now.size.min(before.blocks().saturating_mul(512));

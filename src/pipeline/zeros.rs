@@ -58,12 +58,44 @@ pub struct ZerosOutcome {
 
 /// What the pass carries from batch to batch.
 struct State {
-    /// The hole every request shares from, once made (`Err`: it could
-    /// not be, said once; the pass does nothing more).
-    /// A dry run makes none (`Ok(None)`), once it knows the run could.
-    hole: Option<Result<Option<File>, ()>>,
+    /// The holes requests share from, once made (`Err`: none could be,
+    /// said once; the pass does nothing more).
+    hole: Option<Result<Holes, ()>>,
     keys: SubvolIds,
     out: ZerosOutcome,
+}
+
+/// The unnamed files, all hole, that requests share from: the one made
+/// first, with the data checksums the volume's mount options give (or
+/// not), and, when a file first needs it, one the other way: btrfs refuses
+/// to share between a file with checksums and one without
+/// (`sys::btrfs_tree`). A dry run makes none (`made` is `None`), once it
+/// knows the run could.
+struct Holes {
+    made: Option<File>,
+    other: Option<Option<File>>,
+}
+
+impl Holes {
+    /// The hole to share into `f` from: `made`, unless it keeps checksums
+    /// and `f` not, or the other way (where either is unknown: `made`).
+    fn for_file(&mut self, f: &File, tree: &Tree) -> Option<&File> {
+        use crate::sys::btrfs_tree::nodatasum;
+        use std::os::fd::AsFd;
+        let made = self.made.as_ref()?;
+        match (nodatasum(f.as_fd()), nodatasum(made.as_fd())) {
+            (Ok(want), Ok(has)) if want != has => {
+                let other = self.other.get_or_insert_with(|| {
+                    let t = tree.tmpfile().ok()?;
+                    crate::sys::inode::set_nocow(t.as_fd(), want).ok()?;
+                    t.set_len(crate::sys::dedupe::MAX_REQUEST_LEN).ok()?;
+                    Some(t)
+                });
+                other.as_ref().or(Some(made))
+            }
+            _ => Some(made),
+        }
+    }
 }
 
 /// How the pass runs.
@@ -153,7 +185,8 @@ impl ZeroPass<'_> {
                 false => {
                     self.tree.tmpfile().and_then(|f| f.set_len(crate::sys::dedupe::MAX_REQUEST_LEN).map(|()| Some(f)))
                 }
-            };
+            }
+            .map(|made| Holes { made, other: None });
             st.hole = Some(hole.map_err(|e| {
                 progress.warn(&match crate::sys::beneath::is_no_scratch(&e) {
                     true => format!("written zeros cannot be turned into holes: {e}"),
@@ -162,7 +195,7 @@ impl ZeroPass<'_> {
                 *st.out.errors.entry(ErrorKind::Zeros).or_default() += 1;
             }));
         }
-        let Some(Ok(hole)) = &st.hole else {
+        let Some(Ok(holes)) = &mut st.hole else {
             batch.clear();
             return Ok(());
         };
@@ -172,7 +205,7 @@ impl ZeroPass<'_> {
                 break;
             }
             let Some(c) = facts.get(&id) else { continue };
-            self.file(c, &runs, hole.as_ref(), &mut st.keys, &mut st.out, progress);
+            self.file(c, &runs, holes, &mut st.keys, &mut st.out, progress);
         }
         Ok(())
     }
@@ -182,7 +215,7 @@ impl ZeroPass<'_> {
         &self,
         c: &FileFacts,
         runs: &[(u64, u64)],
-        hole: Option<&File>,
+        holes: &mut Holes,
         keys: &mut SubvolIds,
         out: &mut ZerosOutcome,
         progress: &dyn Progress,
@@ -207,6 +240,7 @@ impl ZeroPass<'_> {
             out.changed += 1;
             return;
         }
+        let hole = holes.for_file(&f, self.tree);
         // Mapped a window at a time, so a file of millions of extents costs
         // the extents of one window. An extent is judged once, whole, in
         // the first window that finds it, against all of the file's runs.

@@ -64,6 +64,24 @@ nix::ioctl_read_bad!(
     ioctl_getflags, 0x8008_6601, libc::c_int
 );
 
+nix::ioctl_write_ptr_bad!(
+    /// `FS_IOC_SETFLAGS` (an int, like `FS_IOC_GETFLAGS`).
+    ioctl_setflags, 0x4008_6602, libc::c_int
+);
+
+/// Set (or clear) `NOCOW` on `fd`, its other flags kept. On btrfs, on an
+/// empty file, it also drops (or gives back) the file's data checksums
+/// (see `sys::btrfs_tree::match_checksums`).
+pub fn set_nocow(fd: BorrowedFd<'_>, on: bool) -> Result<(), Errno> {
+    let mut fl: libc::c_int = 0;
+    // SAFETY: `fl` is a valid int the kernel writes the flags into.
+    unsafe { ioctl_getflags(fd.as_raw_fd(), &mut fl) }?;
+    let fl = if on { fl | FS_NOCOW_FL } else { fl & !FS_NOCOW_FL };
+    // SAFETY: the kernel reads one int from `&fl`.
+    unsafe { ioctl_setflags(fd.as_raw_fd(), &fl) }?;
+    Ok(())
+}
+
 /// `struct fsxattr` from `<linux/fs.h>`.
 #[repr(C)]
 #[derive(Debug, Default, Clone, Copy)]

@@ -1,0 +1,180 @@
+//! Reading btrfs's own trees (`BTRFS_IOC_TREE_SEARCH`, which needs
+//! `CAP_SYS_ADMIN`): what no other interface tells — the groups a qgroup
+//! is a member of (`sys::qgroup`), and whether a file keeps data checksums.
+//!
+//! Whether a file keeps checksums matters to every unnamed file the run
+//! shares into a file (a rewrite's copy, the hole written zeros are shared
+//! from): btrfs refuses to share between a file with data checksums and one
+//! without (`EINVAL`: "don't make the destination partly checksummed"). A
+//! file is without them when it was made on a volume mounted `nodatasum`
+//! or `nodatacow`, or marked `NOCOW`; an unnamed file made now takes the
+//! volume's current mount options, so it must be matched to the file it is
+//! for ([`match_checksums`]).
+
+use std::ops::RangeInclusive;
+use std::os::fd::{AsRawFd, BorrowedFd};
+
+use nix::errno::Errno;
+
+/// `struct btrfs_ioctl_search_key`.
+#[repr(C)]
+#[derive(Default)]
+struct SearchKey {
+    tree_id: u64,
+    min_objectid: u64,
+    max_objectid: u64,
+    min_offset: u64,
+    max_offset: u64,
+    min_transid: u64,
+    max_transid: u64,
+    min_type: u32,
+    max_type: u32,
+    nr_items: u32,
+    unused: [u32; 1],
+    unused1: [u64; 4],
+}
+
+/// `struct btrfs_ioctl_search_args` (4 KiB): the key range, then the
+/// items found, each a `btrfs_ioctl_search_header` and its data.
+#[repr(C)]
+struct SearchArgs {
+    key: SearchKey,
+    buf: [u8; 4096 - std::mem::size_of::<SearchKey>()],
+}
+nix::ioctl_readwrite!(
+    /// `BTRFS_IOC_TREE_SEARCH`.
+    ioctl_btrfs_tree_search, 0x94, 17, SearchArgs
+);
+
+/// One item a search found: its key and its data.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Item {
+    /// The key's first part (an inode, a qgroup, ...).
+    pub objectid: u64,
+    /// The key's type (`BTRFS_*_KEY`).
+    pub kind: u32,
+    /// The key's last part.
+    pub offset: u64,
+    /// The item's bytes, as the kernel lays them out.
+    pub data: Vec<u8>,
+}
+
+/// The items of tree `tree` (0: the tree of `fd`'s subvolume) keyed
+/// `(objectid, kind, offset)` with `offset` in `offsets`: as many as one
+/// 4 KiB answer holds (the callers ask for a few).
+pub fn search(
+    fd: BorrowedFd<'_>,
+    tree: u64,
+    objectid: u64,
+    kind: u32,
+    offsets: RangeInclusive<u64>,
+) -> Result<Vec<Item>, Errno> {
+    let mut a = SearchArgs {
+        key: SearchKey {
+            tree_id: tree,
+            min_objectid: objectid,
+            max_objectid: objectid,
+            min_offset: *offsets.start(),
+            max_offset: *offsets.end(),
+            max_transid: u64::MAX,
+            min_type: kind,
+            max_type: kind,
+            nr_items: 4096,
+            ..SearchKey::default()
+        },
+        buf: [0; 4096 - std::mem::size_of::<SearchKey>()],
+    };
+    // SAFETY: `a` is a valid, writable 4 KiB `btrfs_ioctl_search_args`.
+    unsafe { ioctl_btrfs_tree_search(fd.as_raw_fd(), &mut a) }?;
+    Ok(parse_items(&a.buf, a.key.nr_items))
+}
+
+/// The `n` items of a search answer: each a header (transid, objectid,
+/// offset: `u64`; type, data length: `u32`) and its data. A buffer that
+/// ends early ends the list.
+fn parse_items(buf: &[u8], n: u32) -> Vec<Item> {
+    let u64_at = |p: usize| buf.get(p..p + 8).map(|b| u64::from_ne_bytes(b.try_into().unwrap()));
+    let u32_at = |p: usize| buf.get(p..p + 4).map(|b| u32::from_ne_bytes(b.try_into().unwrap()));
+    let (mut out, mut pos) = (Vec::new(), 0);
+    for _ in 0..n {
+        let (Some(objectid), Some(offset), Some(kind), Some(len)) =
+            (u64_at(pos + 8), u64_at(pos + 16), u32_at(pos + 24), u32_at(pos + 28))
+        else {
+            break;
+        };
+        let Some(data) = buf.get(pos + 32..pos + 32 + len as usize) else { break };
+        out.push(Item { objectid, kind, offset, data: data.to_vec() });
+        pos += 32 + len as usize;
+    }
+    out
+}
+
+/// `BTRFS_INODE_ITEM_KEY`.
+const INODE_ITEM_KEY: u32 = 1;
+/// Where `flags` lies in `struct btrfs_inode_item`: after generation,
+/// transid, size, nbytes, block_group (`u64`), nlink, uid, gid, mode
+/// (`u32`) and rdev (`u64`).
+const INODE_FLAGS_AT: usize = 64;
+/// `BTRFS_INODE_NODATASUM`.
+const NODATASUM: u64 = 1;
+
+/// Whether the file `fd` keeps no data checksums (its inode item's
+/// `BTRFS_INODE_NODATASUM`, which no other call shows: `FS_IOC_GETFLAGS`
+/// shows `NOCOW` only).
+pub fn nodatasum(fd: BorrowedFd<'_>) -> Result<bool, Errno> {
+    let ino = nix::sys::stat::fstat(fd)?.st_ino;
+    let items = search(fd, 0, ino, INODE_ITEM_KEY, 0..=0)?;
+    let flags = items.first().and_then(|i| i.data.get(INODE_FLAGS_AT..INODE_FLAGS_AT + 8)).ok_or(Errno::ENOENT)?;
+    Ok(u64::from_ne_bytes(flags.try_into().unwrap()) & NODATASUM != 0)
+}
+
+/// Make the empty unnamed file `tmp` keep data checksums exactly when
+/// `like` does, so that btrfs lets it share into `like`: setting `NOCOW`
+/// on an empty file drops its checksums, clearing it gives them back (even
+/// on a volume mounted `nodatasum`). Where the inode items cannot be read
+/// (no `CAP_SYS_ADMIN`, not btrfs) nothing is changed: the file keeps what
+/// the mount options gave it, as before.
+pub fn match_checksums(tmp: BorrowedFd<'_>, like: BorrowedFd<'_>) -> Result<(), Errno> {
+    let want = nodatasum(like)?;
+    if nodatasum(tmp)? != want {
+        super::inode::set_nocow(tmp, want)?;
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn tree_search_request_code_matches_the_kernel() {
+        assert_eq!(std::mem::size_of::<SearchKey>(), 104);
+        assert_eq!(std::mem::size_of::<SearchArgs>(), 4096);
+        let code = nix::request_code_readwrite!(0x94, 17, std::mem::size_of::<SearchArgs>());
+        assert_eq!(code as u64, 0xd000_9411);
+    }
+
+    #[test]
+    fn items_are_read_with_their_data() {
+        fn item(obj: u64, kind: u32, offset: u64, data: &[u8]) -> Vec<u8> {
+            let mut b = 7u64.to_ne_bytes().to_vec(); // transid
+            b.extend(obj.to_ne_bytes());
+            b.extend(offset.to_ne_bytes());
+            b.extend(kind.to_ne_bytes());
+            b.extend((data.len() as u32).to_ne_bytes());
+            b.extend(data);
+            b
+        }
+        let mut buf = item(257, 246, 1 << 48, &[]);
+        buf.extend(item(258, 1, 0, &[9; 160]));
+        buf.extend(item(259, 1, 0, &[]));
+        let items = parse_items(&buf, 3);
+        assert_eq!(items.len(), 3);
+        assert_eq!((items[0].objectid, items[0].kind, items[0].offset), (257, 246, 1 << 48));
+        assert_eq!((items[1].objectid, items[1].data.len()), (258, 160));
+        assert_eq!(items[2].objectid, 259);
+        // A count past the buffer, or data cut short, ends at the buffer.
+        assert_eq!(parse_items(&buf, 9).len(), 3);
+        assert_eq!(parse_items(&buf[..40 + 32], 3).len(), 1);
+    }
+}

@@ -1,0 +1,84 @@
+//! btrfs files with data checksums and files without them (made on a
+//! volume mounted `nodatasum`) on one volume. btrfs refuses to share
+//! between the two kinds (`EINVAL`). The run used to:
+//! - pair them anyway, and fail every such pair with an error;
+//! - make its unnamed files (a rewrite's copy, the hole written zeros are
+//!   shared from) with whatever the mount options gave, so every rewrite
+//!   and punch into a file of the other kind failed, silently: the shared
+//!   bytes counted pinned (`rewrite_failed`), nothing freed, no zeros
+//!   turned into holes.
+//!
+//! Now the fingerprints of files without checksums are salted apart (the
+//! plan pairs each kind only with its own), and each unnamed file is given
+//! the kind of the file it is shared into.
+
+mod common;
+
+use std::path::Path;
+
+use common::*;
+use dedupscan::corpus::Rng;
+
+/// A near-copy pair (`{name}a`: 1 MiB, `{name}b`: its first 512 KiB with
+/// one block changed: the rest of `b`'s extent must be rewritten), and a
+/// file of 1 MiB of written zeros between two random MiB (`{name}z`).
+fn write_kind(d: &Path, name: &str, seed: u64) {
+    let mut rng = Rng::new(seed);
+    let a = rng.bytes(1 << 20);
+    let mut b = a[..512 << 10].to_vec();
+    b[4096..8192].copy_from_slice(&rng.bytes(4096));
+    std::fs::write(d.join(format!("{name}a")), &a).unwrap();
+    std::fs::write(d.join(format!("{name}b")), &b).unwrap();
+    let mut z = rng.bytes(1 << 20);
+    z.extend(vec![0; 1 << 20]);
+    z.extend(rng.bytes(1 << 20));
+    std::fs::write(d.join(format!("{name}z")), &z).unwrap();
+}
+
+/// Files of both kinds; the run under `run_with` mount options.
+fn both_kinds(run_with: &str) {
+    let Some(vol) = Volume::new(Fs::Btrfs, 512) else { return };
+    let d = vol.path("d");
+    std::fs::create_dir_all(&d).unwrap();
+    write_kind(&d, "sum", 1);
+    let whole = Rng::new(3).bytes(2 << 20);
+    std::fs::write(d.join("whole-sum"), &whole).unwrap();
+    free_bytes(&vol.mnt);
+    vol.remount_with("nodatasum");
+    write_kind(&d, "nosum", 2);
+    // Two copies without checksums of a file with them: the copies pair.
+    std::fs::write(d.join("whole-nosum1"), &whole).unwrap();
+    std::fs::write(d.join("whole-nosum2"), &whole).unwrap();
+    free_bytes(&vol.mnt);
+    vol.remount_with(run_with);
+    let before = Snapshot::take(&d);
+
+    let out = dedupscan().args([s(&d), "-v"]).json().db(vol.db()).expect(0).run();
+    let (r, err) = (&out.json, &out.stderr);
+    validate_report(r);
+    before.assert_same(&Snapshot::take(&d));
+    assert_eq!(num(r, "errors"), 0, "{err}");
+    assert!(!err.contains("warning"), "{err}");
+    assert_eq!(num(r, "pinned_bytes"), 0, "{r:#}");
+    assert!(num(r, "rewritten_bytes") >= 2 * (500 << 10), "{r:#}");
+    assert_eq!(num(r, "zeros_to_holes_bytes"), 2 << 20, "{r:#}");
+    for kind in ["sum", "nosum"] {
+        let (a, b) = (d.join(format!("{kind}a")), d.join(format!("{kind}b")));
+        assert!(same_physical(&a, 0, &b, 0, 4096), "{kind}: not shared: {r:#}");
+        assert!(same_physical(&a, 8192, &b, 8192, (512 << 10) - 8192), "{kind}: not shared: {r:#}");
+        let z = d.join(format!("{kind}z"));
+        assert!(physical_blocks(&z, 1 << 20, 1 << 20).iter().all(Option::is_none), "{kind}: zeros kept");
+    }
+    let (n1, n2) = (d.join("whole-nosum1"), d.join("whole-nosum2"));
+    assert!(same_physical(&n1, 0, &n2, 0, 2 << 20), "{r:#}");
+}
+
+#[test]
+fn btrfs_files_without_checksums_are_shared_rewritten_and_punched_on_a_nodatasum_mount() {
+    both_kinds("nodatasum");
+}
+
+#[test]
+fn btrfs_files_without_checksums_are_shared_rewritten_and_punched_on_a_datasum_mount() {
+    both_kinds("datasum");
+}
