@@ -82,3 +82,34 @@ fn btrfs_files_without_checksums_are_shared_rewritten_and_punched_on_a_nodatasum
 fn btrfs_files_without_checksums_are_shared_rewritten_and_punched_on_a_datasum_mount() {
     both_kinds("datasum");
 }
+
+/// Fingerprints recorded without the salt (by a build before it, or by a
+/// run without `CAP_SYS_ADMIN`, which cannot tell the kinds apart: here a
+/// `scan` under `setpriv` without it) still pair a file with checksums and
+/// one without. The run that meets the refusal says why and marks the one
+/// without to be read again; the next run reads it, salts it apart, and
+/// nothing fails again.
+#[test]
+fn btrfs_pairs_of_both_kinds_recorded_before_are_read_again_once() {
+    let Some(vol) = Volume::new(Fs::Btrfs, 256) else { return };
+    let d = vol.path("d");
+    std::fs::create_dir_all(&d).unwrap();
+    let blob = Rng::new(4).bytes(1 << 20);
+    std::fs::write(d.join("sum"), &blob).unwrap();
+    free_bytes(&vol.mnt);
+    vol.remount_with("nodatasum");
+    std::fs::write(d.join("nosum"), &blob).unwrap();
+    free_bytes(&vol.mnt);
+    let before = Snapshot::take(&d);
+    let no_admin = ["setpriv", "--bounding-set=-sys_admin", "--inh-caps=-all"];
+    dedupscan().under(no_admin).args(["scan", s(&d)]).db(vol.db()).expect(0).run();
+
+    let first = dedupscan().args([s(&d), "--incremental"]).json().db(vol.db()).expect(1).run();
+    assert_eq!(num(&first.json, "errors"), 1, "{}", first.stderr);
+    assert!(first.stderr.contains("one keeps data checksums and the other not"), "{}", first.stderr);
+    assert_eq!(num(&first.json, "files_stale"), 1, "{:#}", first.json);
+    let next = dedupscan().args([s(&d), "--incremental"]).json().db(vol.db()).expect(0).run();
+    assert_eq!(num(&next.json, "files_hashed"), 1, "{:#}", next.json);
+    assert_eq!((num(&next.json, "errors"), num(&next.json, "ranges_planned")), (0, 0), "{:#}", next.json);
+    before.assert_same(&Snapshot::take(&d));
+}

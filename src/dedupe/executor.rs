@@ -435,6 +435,10 @@ impl<'a> Executor<'a> {
                     continue;
                 }
             }
+            if res.status == DedupeStatus::Error(Errno::EINVAL) && self.checksums_differ(source, &dests[k]) {
+                alive[k] = false;
+                continue;
+            }
             if res.status == DedupeStatus::Error(Errno::EIO) {
                 self.out.duplicate_bytes -= chunk;
                 failed.push((k, Errno::EIO.into()));
@@ -460,6 +464,29 @@ impl<'a> Executor<'a> {
             }
         }
         self.read_failures(source, (len, done, chunk), dests, failed, alive, "EIO");
+    }
+
+    /// After `EINVAL`: whether `src` and `dest` are btrfs files of which
+    /// one keeps data checksums and the other not, which btrfs refuses to
+    /// share. The plan no longer pairs them (`hash::checksum_salt`), but
+    /// fingerprints recorded before it was so still do: the one without is
+    /// then marked stale, read again next run and salted apart, and the
+    /// refusal counted and said as such.
+    fn checksums_differ(&mut self, src: &Target<'_>, dest: &Target<'_>) -> bool {
+        use sys::btrfs_tree::nodatasum;
+        let (Ok(a), Ok(b)) = (nodatasum(src.file.as_fd()), nodatasum(dest.file.as_fd())) else { return false };
+        if a == b {
+            return false;
+        }
+        self.out.stale.insert(if a { src.id } else { dest.id });
+        *self.out.status.errors.entry(format!("{:?}", Errno::EINVAL)).or_default() += 1;
+        self.progress.warn(&format!(
+            "{}: not shared with {}: one keeps data checksums and the other not, which btrfs refuses; the one \
+             without is read again next run and not paired again",
+            self.path_of(dest.id),
+            self.path_of(src.id)
+        ));
+        true
     }
 
     /// Re-issue the rest of a request the kernel shared only partly.
