@@ -87,7 +87,7 @@ impl Holes {
             (Ok(want), Ok(has)) if want != has => {
                 let other = self.other.get_or_insert_with(|| {
                     let t = tree.tmpfile().ok()?;
-                    crate::sys::inode::set_nocow(t.as_fd(), want).ok()?;
+                    crate::sys::btrfs_tree::match_checksums(t.as_fd(), f.as_fd()).ok()?;
                     t.set_len(crate::sys::dedupe::MAX_REQUEST_LEN).ok()?;
                     Some(t)
                 });
