@@ -203,6 +203,7 @@ fn crawl_and_hash(
         drop_cache: job.scan.drop_cache,
         fs: job.scan.fs.kind,
         by_owner: !job.scan.share_across_owners,
+        checksum_kinds: job.scan.paths.iter().any(|p| crate::sys::mounts::checksums_off(p)),
     };
     let sink = |h: Hashed| {
         let op = match h {

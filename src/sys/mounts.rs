@@ -57,7 +57,23 @@ pub fn compression_forced(p: &Path) -> bool {
 }
 
 fn forced_in(mounts: &[Mount], p: &Path) -> bool {
-    holding(mounts, p).is_some_and(|m| m.options.split(|&b| b == b',').any(|o| o.starts_with(b"compress-force")))
+    with_option(mounts, p, |o| o.starts_with(b"compress-force"))
+}
+
+/// Whether the btrfs filesystem holding the canonical path `p` is mounted
+/// `nodatasum` or `nodatacow`: files made there now keep no data checksums
+/// (see `sys::btrfs_tree`).
+pub fn checksums_off(p: &Path) -> bool {
+    checksums_off_in(&mounts(), p)
+}
+
+fn checksums_off_in(mounts: &[Mount], p: &Path) -> bool {
+    with_option(mounts, p, |o| o == b"nodatasum" || o == b"nodatacow")
+}
+
+/// Whether the mount holding `p` has an option `is` accepts.
+fn with_option(mounts: &[Mount], p: &Path, is: impl Fn(&[u8]) -> bool) -> bool {
+    holding(mounts, p).is_some_and(|m| m.options.split(|&b| b == b',').any(is))
 }
 
 /// The mount holding the canonical path `p`: the deepest mount point above
@@ -147,6 +163,7 @@ mod tests {
         assert!(forced_in(&m, Path::new("/srv/z/a/b")));
         assert!(!forced_in(&m, Path::new("/srv/c/a")));
         assert!(!forced_in(&m, Path::new("/home")));
+        assert!(!checksums_off_in(&m, Path::new("/srv/z/a/b")));
     }
 
     #[test]
