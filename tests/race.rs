@@ -268,14 +268,14 @@ fn outside_files(outside: &Path) -> Vec<PathBuf> {
 
 /// The race, tried again when the attacker came too late to run it: in
 /// the share race on a loaded machine, it may swap `sub` only after the
-/// share phase reached all of its files (exit 0, no error). Every promise
-/// is checked on every try.
+/// share phase reached all of its files (exit 0, no error), or not before
+/// the run ended. Every promise is checked on every try that raced.
 fn race(fs: Fs, target: Target, moment: Moment) {
     for attempt in 1..=3 {
         if race_once(fs, target, moment) {
             return;
         }
-        eprintln!("try {attempt}: the attacker swapped after the share phase was through sub; again");
+        eprintln!("try {attempt}: the attacker swapped after the run was through sub, or not at all; again");
     }
     panic!("{fs:?}, {target:?}, {moment:?}: the attacker came too late three times, the race never ran");
 }
@@ -294,11 +294,13 @@ fn race_once(fs: Fs, target: Target, moment: Moment) -> bool {
         "run",
         &[s.tree.as_os_str(), "--json".as_ref(), "--progress=never".as_ref(), "--db".as_ref(), db.as_os_str()],
     );
-    assert!(
-        attacker.swapped(),
-        "the attacker never swapped {}/sub: the race did not happen\n{stderr}",
-        s.user.display()
-    );
+    if !attacker.swapped() {
+        // Descheduled on a loaded machine (seen once in a full suite), the
+        // attacker had not acted on the open it waits for when the run
+        // ended: the race did not run, this try proves nothing.
+        eprintln!("the attacker never swapped {}/sub: the race did not happen\n{stderr}", s.user.display());
+        return false;
+    }
     let r: serde_json::Value =
         serde_json::from_str(&stdout).unwrap_or_else(|e| panic!("no JSON report ({e}), exit {code}: {stderr}"));
     validate_report(&r);
