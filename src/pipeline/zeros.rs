@@ -73,6 +73,8 @@ struct State {
 /// knows the run could.
 struct Holes {
     made: Option<File>,
+    /// Whether `made` keeps no checksums, asked once.
+    made_kind: Option<Result<bool, nix::errno::Errno>>,
     other: Option<Option<File>>,
 }
 
@@ -83,7 +85,8 @@ impl Holes {
         use crate::sys::btrfs_tree::nodatasum;
         use std::os::fd::AsFd;
         let made = self.made.as_ref()?;
-        match (nodatasum(f.as_fd()), nodatasum(made.as_fd())) {
+        let has = *self.made_kind.get_or_insert_with(|| nodatasum(made.as_fd()));
+        match (nodatasum(f.as_fd()), has) {
             (Ok(want), Ok(has)) if want != has => {
                 let other = self.other.get_or_insert_with(|| {
                     let t = tree.tmpfile().ok()?;
@@ -186,7 +189,7 @@ impl ZeroPass<'_> {
                     self.tree.tmpfile().and_then(|f| f.set_len(crate::sys::dedupe::MAX_REQUEST_LEN).map(|()| Some(f)))
                 }
             }
-            .map(|made| Holes { made, other: None });
+            .map(|made| Holes { made, made_kind: None, other: None });
             st.hole = Some(hole.map_err(|e| {
                 progress.warn(&match crate::sys::beneath::is_no_scratch(&e) {
                     true => format!("written zeros cannot be turned into holes: {e}"),
