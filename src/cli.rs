@@ -80,6 +80,11 @@ impl Cli {
 pub struct GlobalArgs {
     /// Database file [default: /var/lib/dedupscan/<filesystem-uuid>.sqlite as root,
     /// $XDG_STATE_HOME/dedupscan/<filesystem-uuid>.sqlite otherwise].
+    ///
+    /// A clone of the filesystem's device (dd, an LVM snapshot, a copied
+    /// image) mounted beside it has the same UUID: the one found with its
+    /// twin owning that file gets <filesystem-uuid>+<device>.sqlite, and
+    /// keeps it.
     #[arg(long, value_name = "FILE", global = true, env = "DEDUPSCAN_DB")]
     pub db: Option<PathBuf>,
 

@@ -4,6 +4,7 @@
 //! user, filesystem of the paths); nothing downstream sees clap.
 
 use std::io::IsTerminal;
+use std::os::fd::AsFd;
 use std::path::{Path, PathBuf};
 
 use anyhow::{bail, Context, Result};
@@ -73,6 +74,9 @@ pub struct ScanConfig {
     pub overlapping: Vec<(PathBuf, PathBuf)>,
     /// Filesystem of the paths.
     pub fs: FsInfo,
+    /// The stable name of its device (`sys::twins::device_name`), recorded
+    /// in the database to tell it from a clone with the same UUID.
+    pub device: Option<String>,
     /// Bytes per fingerprinted block (`--block-size`).
     pub block_size: u64,
     /// Hashing threads (`--threads`, or 8 per CPU).
@@ -137,6 +141,9 @@ pub struct Config {
     pub verbosity: Verbosity,
     /// Draw progress bars (else log lines).
     pub bars: bool,
+    /// Said once before a run whose filesystem has a twin (a clone of its
+    /// device, mounted with the same UUID) and a database of its own now.
+    pub db_note: Option<String>,
 }
 
 impl Config {
@@ -163,6 +170,7 @@ impl Config {
                     && verbosity > Verbosity::Quiet
             }
         };
+        let mut db_note = None;
         let (action, db_path) = match cli.command {
             None => {
                 let r = cli.run;
@@ -182,25 +190,27 @@ impl Config {
                     list: r.list,
                     full_plan_days: r.full_plan_days,
                 };
-                let db_path = db_path(g.db, &scan.fs)?;
+                let (db_path, note) = db_path(g.db, &scan)?;
+                db_note = note;
                 (Action::Run { scan, share }, db_path)
             }
             Some(Command::Scan(s)) => {
                 let scan = scan_config(s, false)?;
-                let db_path = db_path(g.db, &scan.fs)?;
+                let (db_path, note) = db_path(g.db, &scan)?;
+                db_note = note;
                 (Action::Scan(scan), db_path)
             }
             Some(Command::Report(r)) => {
                 let fs = r.path.as_deref().map(resolve_fs).transpose()?;
                 let db_path = match (g.db, &fs) {
                     (Some(db), _) => db,
-                    (None, Some((_, fs))) => default_db_path(&fs.uuid)?,
+                    (None, Some((at, fs))) => default_db(fs, at, device_of(fs, at).as_deref())?.0,
                     (None, None) => bail!("report needs a path on the filesystem, or --db FILE"),
                 };
                 (Action::Report(ReportConfig { html: r.html, list: r.list }), db_path)
             }
         };
-        Ok(Config { action, db_path, json: g.json, verbosity, bars })
+        Ok(Config { action, db_path, json: g.json, verbosity, bars, db_note })
     }
 
     /// How to scan, for the actions that scan.
@@ -212,12 +222,39 @@ impl Config {
     }
 }
 
-/// `--db`, or the default database of filesystem `fs`.
-fn db_path(db: Option<PathBuf>, fs: &FsInfo) -> Result<PathBuf> {
+/// `--db`, or the default database of the scan's filesystem, with a note
+/// when that is one kept apart from its twin's for the first time.
+fn db_path(db: Option<PathBuf>, scan: &ScanConfig) -> Result<(PathBuf, Option<String>)> {
     match db {
-        Some(db) => Ok(db),
-        None => default_db_path(&fs.uuid),
+        Some(db) => Ok((db, None)),
+        None => default_db(&scan.fs, &scan.paths[0], scan.device.as_deref()),
     }
+}
+
+/// The default database of the filesystem `fs` that `at` is on, on the
+/// device named `device` (see [`crate::db::owner`]), and what to say when
+/// it is a new one kept apart from a twin's.
+fn default_db(fs: &FsInfo, at: &Path, device: Option<&str>) -> Result<(PathBuf, Option<String>)> {
+    let usual = default_db_path(&fs.uuid)?;
+    let twins = sys::inode::open_path_readonly(at).map(|f| sys::twins::twins(fs, f.as_fd())).unwrap_or_default();
+    let (path, apart) = crate::db::owner::choose(&usual, &fs.uuid, device, &twins);
+    let note = (apart && !path.exists()).then(|| {
+        format!(
+            "{}: another mounted filesystem has its UUID {} (a clone of the device, or the original: {}); \
+             this one keeps its records apart, in {}",
+            display_path(at),
+            fs.uuid,
+            twins.join(", "),
+            display_path(&path)
+        )
+    });
+    Ok((path, note))
+}
+
+/// The stable name of the device under `at`, on filesystem `fs`.
+fn device_of(fs: &FsInfo, at: &Path) -> Option<String> {
+    let f = sys::inode::open_path_readonly(at).ok()?;
+    sys::twins::device_name(fs, f.as_fd())
 }
 
 /// Resolve the options of a scan: globs compiled, paths made canonical and
@@ -238,26 +275,7 @@ fn scan_config(scan: ScanArgs, shares: bool) -> Result<ScanConfig> {
         metrics_file,
     } = scan;
     let excludes = excludes(exclude, &exclude_from)?;
-    if paths.is_empty() {
-        bail!("no path given: name the directories to scan, e.g. `dedupscan /srv`");
-    }
-    let mut canon = Vec::new();
-    let mut fs: Option<FsInfo> = None;
-    for p in &paths {
-        let (c, info) = resolve_fs(p)?;
-        match &fs {
-            Some(f) if f.uuid != info.uuid => bail!(
-                "{} is on another filesystem ({}) than {} ({}); run dedupscan once per filesystem",
-                display_path(p),
-                info.uuid,
-                display_path(&paths[0]),
-                f.uuid
-            ),
-            _ => fs = Some(info),
-        }
-        canon.push(c);
-    }
-    let fs = fs.expect("at least one path");
+    let (canon, fs) = one_filesystem(&paths)?;
     let in_fs = sys::mounts::paths_in_fs(&canon);
     let (canon, overlapping) = drop_overlaps(canon, &in_fs);
     if shares {
@@ -285,10 +303,12 @@ fn scan_config(scan: ScanArgs, shares: bool) -> Result<ScanConfig> {
     // starts inside one is refused with EINVAL), so fingerprints are never
     // finer than those: XFS made with `-b size=65536` gets 64 KiB blocks.
     let block_size = fs_block_floor(block_size, fs.block_size);
+    let device = device_of(&fs, &canon[0]);
     Ok(ScanConfig {
         paths: canon,
         overlapping,
         fs,
+        device,
         block_size,
         threads: threads.max(1),
         excludes,
@@ -301,6 +321,36 @@ fn scan_config(scan: ScanArgs, shares: bool) -> Result<ScanConfig> {
         max_runtime,
         metrics_file,
     })
+}
+
+/// The starting paths made canonical ([`resolve_fs`]), and their
+/// filesystem: refused unless there is one and they are all on it.
+fn one_filesystem(paths: &[PathBuf]) -> Result<(Vec<PathBuf>, FsInfo)> {
+    if paths.is_empty() {
+        bail!("no path given: name the directories to scan, e.g. `dedupscan /srv`");
+    }
+    let mut canon = Vec::new();
+    let mut fs: Option<FsInfo> = None;
+    for p in paths {
+        let (c, info) = resolve_fs(p)?;
+        match &fs {
+            // By instance: a clone of the device mounted beside its
+            // original has the same UUID, and the kernel shares nothing
+            // between the two.
+            Some(f) if f.instance != info.instance => bail!(
+                "{} is on another filesystem ({}{}) than {} ({}); run dedupscan once per filesystem",
+                display_path(p),
+                info.uuid,
+                if f.uuid == info.uuid { ", a clone of the same device" } else { "" },
+                display_path(&paths[0]),
+                f.uuid
+            ),
+            _ => fs = Some(info),
+        }
+        canon.push(c);
+    }
+    let fs = fs.expect("at least one path");
+    Ok((canon, fs))
 }
 
 /// The fingerprint block size: the one asked for, or the filesystem's own

@@ -54,6 +54,9 @@ fn dispatch(cfg: &Config) -> ExitCode {
     }
     let progress: Box<dyn Progress> =
         if cfg.bars { Box::new(Bars::new(cfg.verbosity)) } else { Box::new(LogLines::new(cfg.verbosity)) };
+    if let Some(note) = &cfg.db_note {
+        progress.warn(note);
+    }
     // The run's report, when it finished: for the metrics file.
     let mut finished = None;
     let result = match &cfg.action {

@@ -125,7 +125,7 @@ fn run_inner(
     // would), and the policy, built once it is open (the globs were compiled
     // by Config), knows its directory, so its files are left out from the
     // first run on, those SQLite creates later included.
-    let db = Db::open(db_path, &scan.fs.uuid)?;
+    let db = Db::open(db_path, &scan.fs.uuid)?.on_device(scan.device.as_deref())?;
     let tree = Tree::open(&scan.paths).with_context(|| {
         format!("cannot open {}", scan.paths.iter().map(|p| display_path(p)).collect::<Vec<_>>().join(", "))
     })?;

@@ -14,6 +14,7 @@ pub mod explain;
 pub mod kept_out;
 pub mod maps;
 pub mod migrate;
+pub mod owner;
 pub mod place;
 pub mod reader;
 pub mod summary;
@@ -164,6 +165,15 @@ impl Db {
             return Err(DbError::TooOld { path: path.to_owned(), found: v, supported: migrate::CURRENT });
         }
         Ok(conn)
+    }
+
+    /// Record the stable name of the device the filesystem is on, which
+    /// tells it from a clone with the same UUID ([`owner`]).
+    pub fn on_device(self, device: Option<&str>) -> rusqlite::Result<Db> {
+        if let Some(device) = device {
+            self.set_meta(owner::DEVICE_KEY, device)?;
+        }
+        Ok(self)
     }
 
     /// A value of the `meta` table (filesystem, block size, ...).

@@ -51,9 +51,17 @@ pub struct FsInfo {
     pub kind: FsKind,
     /// Raw `f_type` magic, for messages about unsupported filesystems.
     pub magic: i64,
-    /// Filesystem UUID as lowercase hex with dashes, or the statfs fsid
-    /// where the filesystem does not report a UUID.
+    /// The filesystem's UUID as written on its device, lowercase hex with
+    /// dashes (the statfs fsid where the filesystem reports none): the same
+    /// on every mount, and the same on a clone of the device (`dd`, an LVM
+    /// snapshot, a copied image). The database is named and checked by it.
     pub uuid: String,
+    /// This mounted filesystem: btrfs's fsid as the kernel holds it (its
+    /// `/sys/fs/btrfs/` directory; a clone mounted beside its original gets
+    /// a temporary random one, Linux 6.7 and later), elsewhere the statfs
+    /// fsid (from the device number). Tells a clone from its original
+    /// while both are mounted, where [`FsInfo::uuid`] cannot.
+    pub instance: String,
     /// Fundamental block size (`f_frsize`).
     pub block_size: u64,
     /// Free bytes (`f_bfree * f_frsize`): what a run's "freed" is measured on.
@@ -88,40 +96,56 @@ nix::ioctl_read!(
     ioctl_btrfs_fs_info, 0x94, 31, BtrfsFsInfoArgs
 );
 
-/// The filesystem's own UUID: btrfs answers `BTRFS_IOC_FS_INFO` (its
-/// statfs fsid differs per subvolume), others `FS_IOC_GETFSUUID`.
-fn fs_uuid(fd: BorrowedFd<'_>, kind: FsKind) -> Option<String> {
+/// The filesystem's own UUID and its instance (see [`FsInfo`]): btrfs
+/// answers `BTRFS_IOC_FS_INFO` (its statfs fsid differs per subvolume),
+/// others `FS_IOC_GETFSUUID`, whose instance is the statfs fsid.
+fn fs_uuid(fd: BorrowedFd<'_>, kind: FsKind) -> Option<(String, Option<String>)> {
     if kind == FsKind::Btrfs {
         let mut a = BtrfsFsInfoArgs { max_id: 0, num_devices: 0, fsid: [0; 16], rest: [0; 1024 - 32] };
         // SAFETY: `a` is a valid, writable 1 KiB `btrfs_ioctl_fs_info_args`.
         if unsafe { ioctl_btrfs_fs_info(fd.as_raw_fd(), &mut a) }.is_ok() {
-            return Some(format_uuid(&a.fsid));
+            let live = format_uuid(&a.fsid);
+            return Some((on_disk_fsid(&live).unwrap_or_else(|| live.clone()), Some(live)));
         }
     }
     let mut raw = FsUuid2 { len: 0, uuid: [0; 16] };
     // SAFETY: `raw` is a valid, writable `struct fsuuid2`; the kernel writes
     // at most its 17 bytes.
     match unsafe { ioctl_getfsuuid(fd.as_raw_fd(), &mut raw) } {
-        Ok(_) if raw.len as usize <= 16 && raw.len > 0 => Some(format_uuid(&raw.uuid[..raw.len as usize])),
+        Ok(_) if raw.len as usize <= 16 && raw.len > 0 => Some((format_uuid(&raw.uuid[..raw.len as usize]), None)),
         _ => None,
     }
+}
+
+/// The fsid written on the devices of the btrfs filesystem the kernel
+/// holds as `live`, when that is a temporary one: a single-device btrfs
+/// mounted while another with the same fsid is (a clone of its device)
+/// gets a random fsid for that mount (Linux 6.7 and later, `temp_fsid` in
+/// sysfs), a new one each time; the one on disk stays in `metadata_uuid`.
+/// Named by the random one, the database would be new after every mount.
+pub(super) fn on_disk_fsid(live: &str) -> Option<String> {
+    let dir = Path::new("/sys/fs/btrfs").join(live);
+    let read = |name: &str| std::fs::read_to_string(dir.join(name)).ok().map(|s| s.trim().to_owned());
+    read("temp_fsid").filter(|t| t == "1")?;
+    read("metadata_uuid").filter(|u| u.len() == 36)
 }
 
 /// Facts about the filesystem `fd` lives on.
 pub fn fs_info(fd: BorrowedFd<'_>) -> Result<FsInfo, Errno> {
     let st = fstatfs(fd)?;
     let kind = FsKind::from_magic(st.filesystem_type());
-    let uuid = fs_uuid(fd, kind).unwrap_or_else(|| {
-        // Older kernels: the statfs fsid, stable for a filesystem.
-        // SAFETY: fsid_t is two ints of plain data.
-        let words: [i32; 2] = unsafe { std::mem::transmute(st.filesystem_id()) };
-        format!("fsid-{:08x}{:08x}", words[0] as u32, words[1] as u32)
-    });
+    // SAFETY: fsid_t is two ints of plain data.
+    let words: [i32; 2] = unsafe { std::mem::transmute(st.filesystem_id()) };
+    let fsid = format!("fsid-{:08x}{:08x}", words[0] as u32, words[1] as u32);
+    // Older kernels: the statfs fsid, stable for a filesystem.
+    let (uuid, live) = fs_uuid(fd, kind).unwrap_or_else(|| (fsid.clone(), None));
+    let instance = live.unwrap_or(fsid);
     let frsize = st.block_size() as u64;
     Ok(FsInfo {
         kind,
         magic: st.filesystem_type().0 as i64,
         uuid,
+        instance,
         block_size: frsize,
         free_bytes: st.blocks_free() * frsize,
         total_bytes: st.blocks() * frsize,

@@ -16,6 +16,7 @@ pub mod mounts;
 pub mod qgroup;
 pub mod resolve;
 pub mod spill;
+pub mod twins;
 
 pub use dedupe::{dedupe_range, DedupeStatus, DestResult};
 pub use fiemap::{fiemap, Extent};

@@ -26,6 +26,7 @@ struct Mount {
     dev: Vec<u8>,
     root: PathBuf,
     at: PathBuf,
+    fstype: Vec<u8>,
     options: Vec<u8>,
 }
 
@@ -40,9 +41,25 @@ fn parse_mountinfo(text: &[u8]) -> Vec<Mount> {
             let (dev, root, at) = (f.next()?, f.next()?, f.next()?);
             // Then the mount's options and optional fields up to "-", the
             // type, the source, and the filesystem's options.
-            let options = f.skip_while(|&x| x != b"-").nth(3).unwrap_or_default();
+            let mut tail = f.skip_while(|&x| x != b"-").skip(1);
+            let fstype = tail.next().unwrap_or_default().to_vec();
+            let options = tail.nth(1).unwrap_or_default().to_vec();
             let path = |p: &[u8]| PathBuf::from(OsStr::from_bytes(&unescape_octal(p)));
-            Some(Mount { dev: dev.to_vec(), root: path(root), at: path(at), options: options.to_vec() })
+            Some(Mount { dev: dev.to_vec(), root: path(root), at: path(at), fstype, options })
+        })
+        .collect()
+}
+
+/// Where each filesystem of type `fstype` is mounted, one mount point per
+/// device (`major:minor`), its first in the table.
+pub fn mounted(fstype: &str) -> Vec<((u32, u32), PathBuf)> {
+    let mut seen = HashSet::new();
+    mounts()
+        .into_iter()
+        .filter(|m| m.fstype == fstype.as_bytes() && seen.insert(m.dev.clone()))
+        .filter_map(|m| {
+            let (major, minor) = std::str::from_utf8(&m.dev).ok()?.split_once(':')?;
+            Some(((major.parse().ok()?, minor.parse().ok()?), m.at))
         })
         .collect()
 }
@@ -160,6 +177,7 @@ mod tests {
             41 29 0:41 / /srv/c rw - btrfs /dev/loop1 rw,compress=zstd:3\n";
         let m = parse_mountinfo(text);
         assert_eq!(m[1].options, b"rw,compress-force=zstd:3,space_cache=v2".to_vec());
+        assert_eq!((m[0].fstype.as_slice(), m[1].fstype.as_slice()), (&b"ext4"[..], &b"btrfs"[..]));
         assert!(forced_in(&m, Path::new("/srv/z/a/b")));
         assert!(!forced_in(&m, Path::new("/srv/c/a")));
         assert!(!forced_in(&m, Path::new("/home")));
@@ -183,6 +201,7 @@ mod tests {
             dev: dev.into(),
             root: root.into(),
             at: at.into(),
+            fstype: b"xfs".to_vec(),
             options: vec![],
         };
         let mounts = [

@@ -13,14 +13,14 @@ use super::fs::{fs_info, volume_key, FsKind};
 /// limit: `(room, limit)`, the tightest of the referenced and exclusive
 /// limits set on its qgroup and on every qgroup above it (a write counts
 /// against all of them: snapper's `1/0`, a group of subvolumes), read from
-/// `/sys/fs/btrfs/<uuid>/qgroups/<level>_<id>/` (Linux 5.9 and later).
+/// `/sys/fs/btrfs/<fsid>/qgroups/<level>_<id>/` (Linux 5.9 and later).
 /// `None` without quotas, without a limit, or elsewhere. `statfs` does not
 /// see them: a write past one fails with `EDQUOT` however much the volume
 /// has free. The qgroups above are found in the quota tree, which needs
 /// `CAP_SYS_ADMIN`; without it only the subvolume's own limit is read.
 pub fn qgroup_room(fd: BorrowedFd<'_>) -> Option<(u64, u64)> {
     let info = fs_info(fd).ok().filter(|i| i.kind == FsKind::Btrfs)?;
-    let qgroups = Path::new("/sys/fs/btrfs").join(&info.uuid).join("qgroups");
+    let qgroups = Path::new("/sys/fs/btrfs").join(&info.instance).join("qgroups");
     if !qgroups.is_dir() {
         return None; // quotas are off: nothing to search
     }

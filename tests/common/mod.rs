@@ -196,6 +196,29 @@ impl Volume {
     }
 }
 
+impl Volume {
+    /// A clone of this volume's device (its image copied while unmounted,
+    /// as `dd` or an LVM snapshot would), mounted beside it at the returned
+    /// path: the same UUID, another filesystem (XFS needs `nouuid`; btrfs
+    /// gives whichever is mounted second a temporary fsid). The guard
+    /// unmounts it.
+    pub fn clone_beside(&self) -> (PathBuf, Unmount) {
+        let clone = self.dir.path().join("clone.img");
+        self.remount_after(|img| sh(Command::new("cp").arg("--sparse=always").arg(img).arg(&clone)));
+        let mnt = self.dir.path().join("clone-mnt");
+        std::fs::create_dir_all(&mnt).unwrap();
+        self.mount_clone(&mnt);
+        (mnt.clone(), Unmount(mnt))
+    }
+
+    /// Mount the image of [`Volume::clone_beside`] at `mnt` again.
+    pub fn mount_clone(&self, mnt: &Path) {
+        let options = if self.fs == Fs::Btrfs { "loop" } else { "loop,nouuid" };
+        let img = self.dir.path().join("clone.img");
+        sh(Command::new("mount").args(["-o", options]).arg(img).arg(mnt));
+    }
+}
+
 /// Unmounts its path when dropped (lazily if busy: a panicking test may
 /// still hold a file).
 pub struct Unmount(pub PathBuf);
