@@ -172,9 +172,12 @@ pub fn hash_all(
                     sink(Hashed::File { id, file: now, hash: h });
                 }
                 Err(HashFail::Error(kind, e))
-                    if e.raw_os_error() == Some(libc::EIO) && stopped(tree, stop, progress) =>
+                    if e.raw_os_error() == Some(libc::EIO) && tree.stop_if_stopped(stop, |w| progress.warn(w)) =>
                 {
-                    // Counted, not warned about: said once for the run.
+                    // The whole filesystem stopped (XFS shut down after an
+                    // error answers `EIO` to every file): the files still
+                    // queued are not reached, the work done is kept. Counted,
+                    // not warned about: said once for the run.
                     let mut t = counters.tally.lock().unwrap();
                     *t.errors.entry(kind).or_default() += 1;
                     t.failed.insert(cand.key);
@@ -188,22 +191,6 @@ pub fn hash_all(
     out.bytes_read = counters.bytes.into_inner();
     out.bytes_reused = counters.reused.into_inner();
     Ok(out)
-}
-
-/// After an `EIO`: whether the whole filesystem stopped ([`Tree::stopped`]:
-/// XFS shut down after an error answers `EIO` to every file). If so the run
-/// stops as on a signal (`stop`: the files still queued are not reached,
-/// the work done is kept, the next run carries on), said by the one thread
-/// that stops it, instead of a warning for every file left.
-fn stopped(tree: &Tree, stop: &AtomicBool, progress: &dyn Progress) -> bool {
-    if stop.load(Ordering::Relaxed) {
-        return true;
-    }
-    let Some(why) = tree.stopped() else { return false };
-    if !stop.swap(true, Ordering::Relaxed) {
-        progress.warn(&why);
-    }
-    true
 }
 
 /// Count a file that was not hashed, and say why when it is news.

@@ -189,13 +189,20 @@ impl ZeroPass<'_> {
                     self.tree.tmpfile().and_then(|f| f.set_len(crate::sys::dedupe::MAX_REQUEST_LEN).map(|()| Some(f)))
                 }
             }
-            .map(|made| Holes { made, made_kind: None, other: None });
+            .map(|made| {
+                progress.info("3/3 share: written zeros to holes");
+                Holes { made, made_kind: None, other: None }
+            });
             st.hole = Some(hole.map_err(|e| {
+                *st.out.errors.entry(ErrorKind::Zeros).or_default() += 1;
+                let fs_wide = matches!(e.raw_os_error(), Some(libc::EIO | libc::EROFS));
+                if fs_wide && self.tree.stop_if_stopped(stop, |w| progress.warn(w)) {
+                    return;
+                }
                 progress.warn(&match crate::sys::beneath::is_no_scratch(&e) {
                     true => format!("written zeros cannot be turned into holes: {e}"),
                     false => format!("cannot make an unnamed file to turn written zeros into holes: {e}"),
                 });
-                *st.out.errors.entry(ErrorKind::Zeros).or_default() += 1;
             }));
         }
         let Some(Ok(holes)) = &mut st.hole else {
@@ -208,7 +215,7 @@ impl ZeroPass<'_> {
                 break;
             }
             let Some(c) = facts.get(&id) else { continue };
-            self.file(c, &runs, holes, &mut st.keys, &mut st.out, progress);
+            self.file(c, &runs, holes, &mut st.keys, &mut st.out, (progress, stop));
         }
         Ok(())
     }
@@ -221,17 +228,22 @@ impl ZeroPass<'_> {
         holes: &mut Holes,
         keys: &mut SubvolIds,
         out: &mut ZerosOutcome,
-        progress: &dyn Progress,
+        (progress, stop): (&dyn Progress, &AtomicBool),
     ) {
-        let mut fail = |kind: ErrorKind, why: String| {
-            progress.warn(&format!("{}: {why}", display_path(&c.path)));
+        let mut fail = |kind: ErrorKind, why: String, errno: Option<i32>| {
             *out.errors.entry(kind).or_default() += 1;
+            // A filesystem that stopped (remounted read-only, shut down)
+            // stops the run, said once, not once for every file left.
+            let fs_wide = matches!(errno, Some(libc::EIO | libc::EROFS));
+            if !(fs_wide && self.tree.stop_if_stopped(stop, |w| progress.warn(w))) {
+                progress.warn(&format!("{}: {why}", display_path(&c.path)));
+            }
         };
         let f = match self.tree.open_file(&c.path) {
             Ok(f) => f,
             Err(e) => {
                 let kind = ErrorKind::of_reopen(&e);
-                return fail(kind, format!("cannot open: {e}"));
+                return fail(kind, format!("cannot open: {e}"), e.raw_os_error());
             }
         };
         let mut same = || c.is_open_as_recorded(&f, keys);
@@ -254,7 +266,7 @@ impl ZeroPass<'_> {
                 let end = (at + WINDOW).min(off + len);
                 let extents = match crate::sys::fiemap::fiemap(std::os::fd::AsFd::as_fd(&f), at, end - at) {
                     Ok(e) => e,
-                    Err(e) => return fail(ErrorKind::Open, format!("cannot map its extents: {e}")),
+                    Err(e) => return fail(ErrorKind::Open, format!("cannot map its extents: {e}"), Some(e as i32)),
                 };
                 for e in &extents {
                     if e.logical < judged_to {
@@ -269,13 +281,16 @@ impl ZeroPass<'_> {
                     match self.rewrite_rest(c, &f, &w, &mut same, progress) {
                         Ok(true) => out.rewritten += w.rewrite.iter().map(|r| r.1).sum::<u64>(),
                         Ok(false) => continue,
-                        Err(e) => return fail(error_kind(e.raw_os_error()), format!("data not rewritten: {e}")),
+                        Err(e) => {
+                            let errno = e.raw_os_error();
+                            return fail(error_kind(errno), format!("data not rewritten: {e}"), errno);
+                        }
                     }
                     match zeros::punch(hole, &f, &w.punch, &mut same) {
                         Ok(p) => (done.bytes, done.differs) = (done.bytes + p.bytes, done.differs + p.differs),
                         Err(e) => {
                             let why = format!("written zero blocks not turned into holes: {e}");
-                            return fail(error_kind(Some(e as i32)), why);
+                            return fail(error_kind(Some(e as i32)), why, Some(e as i32));
                         }
                     }
                 }

@@ -400,6 +400,21 @@ impl Tree {
         ))
     }
 
+    /// After an `EIO` or `EROFS`: whether the filesystem stopped
+    /// ([`Tree::stopped`]). If so the run stops as on a signal (`stop`), and
+    /// the one caller that stops it is handed the message to say (`say`),
+    /// instead of a warning for every file left.
+    pub fn stop_if_stopped(&self, stop: &AtomicBool, say: impl FnOnce(&str)) -> bool {
+        if stop.load(Ordering::Relaxed) {
+            return true;
+        }
+        let Some(why) = self.stopped() else { return false };
+        if !stop.swap(true, Ordering::Relaxed) {
+            say(&why);
+        }
+        true
+    }
+
     /// An unnamed temporary file (`O_TMPFILE`, 0600) in the [`Tree::scratch`]
     /// directory: on the scanned filesystem, never visible, gone on close.
     pub fn tmpfile(&self) -> io::Result<File> {
