@@ -370,11 +370,13 @@ fn share_phase(
     rounds.share(batches, unshared)?;
     rounds.again(&|waiting| rounds::replan(job, cfg, db, allowed, waiting))?;
     let go_on = rounds.go_on();
-    let Rounds { out, pinned_by_reason, pending, .. } = rounds;
+    let Rounds { out, pinned_by_reason, mut pending, .. } = rounds;
     // The zero pass's copies see the room the sharing freed, however
     // recently a copy was refused.
     bookends.inspect(|b| b.room.measure_again());
-    let zeros = ZeroPass::of(job, cfg, bookends).filter(|_| go_on).map(|z| z.run(db, allowed, fresh, progress, stop));
+    let zeros = ZeroPass::of(job, cfg, bookends)
+        .filter(|_| go_on)
+        .map(|z| z.run(db, (allowed, fresh), &mut pending, progress, stop));
     if let Some(r) = &out.refused {
         progress.warn(r);
     }

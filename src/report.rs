@@ -176,8 +176,10 @@ pub struct Report {
     /// keeps; `referenced_outside_run`: a read-only snapshot or another
     /// file not in the run keeps the destination's extent, so sharing would
     /// free nothing; `rewrite_not_allowed`: the run may create no file for
-    /// a rewrite's copy, see `dedupe::Pending::RewriteNotAllowed`): the
-    /// next run, incremental or not, tries them again.
+    /// a rewrite's copy, see `dedupe::Pending::RewriteNotAllowed`;
+    /// `zeros_keep_free`: bytes of written zeros not turned into holes, the
+    /// copy of the data sharing their extent having no room above
+    /// `--keep-free`): the next run, incremental or not, tries them again.
     /// In a dry run, what the run would leave.
     pub pending: BTreeMap<String, PendingWork>,
     /// Sum of `pending` bytes.

@@ -125,7 +125,9 @@ fn btrfs_written_zeros_become_holes() {
 /// data is rewritten elsewhere: a copy, within `--keep-free`
 /// (`dedupe/headroom.rs`). With no room above the reserve the zeros stay
 /// and say so once, not as an error, while zeros in extents of their own
-/// still become holes; with room, a later run frees them.
+/// still become holes; they are left pending (`zeros_keep_free`), so the
+/// next run frees them once there is room, an incremental one included
+/// (which used to find nothing new, leaving them to the weekly full plan).
 #[test]
 fn btrfs_zeros_that_need_a_rewrite_wait_for_room_above_keep_free() {
     let Some(vol) = Volume::new(Fs::Btrfs, 512) else { return };
@@ -155,10 +157,20 @@ fn btrfs_zeros_that_need_a_rewrite_wait_for_room_above_keep_free() {
     assert_eq!(full.stderr.matches("--keep-free").count(), 1, "{}", full.stderr);
     assert!(allocated(&d.join("onepass")) > 2 * MIB, "onepass: its header's extent was freed without a copy");
     before.assert_same(&Snapshot::take(&d));
+    let waiting = &r["pending"]["zeros_keep_free"];
+    assert_eq!(waiting["files"].as_u64(), Some(1), "{r:#}");
+    assert_eq!(num(waiting, "bytes"), thick_zeros + 15 * MIB - first, "{r:#}");
+    assert_eq!(preview.json["pending"], r["pending"], "{:#}", preview.json);
 
-    let r = run_json(&vol, &[s(&d), "--rehash"]);
+    // Still no room: tried again, still waiting, said once.
+    let again = dedupscan().args([s(&d), "--keep-free", "100%", "--incremental"]).json().db(vol.db()).expect(0).run();
+    assert_eq!(num(&again.json, "zeros_to_holes_bytes"), 0, "{:#}", again.json);
+    assert_eq!(again.json["pending"], r["pending"], "{:#}", again.json);
+    // Room: the next incremental run frees them and leaves nothing pending.
+    let r = run_json(&vol, &[s(&d), "--incremental"]);
     assert_eq!(first + num(&r, "zeros_to_holes_bytes"), thick_zeros + 15 * MIB, "{r:#}");
     assert!(num(&r, "rewritten_bytes") >= MIB, "{r:#}");
+    assert_eq!(num(&r, "pending_bytes"), 0, "{r:#}");
     assert!(allocated(&d.join("onepass")) <= 2 * MIB);
     before.assert_same(&Snapshot::take(&d));
 }

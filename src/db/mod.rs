@@ -15,6 +15,7 @@ pub mod kept_out;
 pub mod maps;
 pub mod migrate;
 pub mod owner;
+pub mod pending;
 pub mod place;
 pub mod reader;
 pub mod summary;
@@ -23,7 +24,7 @@ pub mod writer;
 pub use maps::{MapRow, Snapshot};
 
 use std::borrow::Cow;
-use std::collections::{BTreeSet, HashMap, HashSet};
+use std::collections::{BTreeSet, HashMap};
 use std::fs::File;
 use std::os::unix::ffi::OsStrExt;
 use std::path::{Path, PathBuf};
@@ -184,40 +185,6 @@ impl Db {
     /// Set a value of the `meta` table.
     pub fn set_meta(&self, key: &str, value: &str) -> rusqlite::Result<()> {
         self.conn.execute("INSERT OR REPLACE INTO meta (key, value) VALUES (?1, ?2)", [key, value]).map(drop)
-    }
-
-    /// Destinations left for a later run (out of space, or extents pinned
-    /// by a file outside the run), with why and how many planned bytes (see
-    /// [`crate::dedupe::Pending`]).
-    pub fn pending(&self) -> rusqlite::Result<Vec<(FileId, String, u64)>> {
-        let mut st = self.conn.prepare("SELECT file_id, reason, bytes FROM pending ORDER BY file_id")?;
-        let rows = st.query_map([], |r| Ok((r.get(0)?, r.get(1)?, r.get::<_, i64>(2)? as u64)))?;
-        rows.collect()
-    }
-
-    /// Record what a run left pending: rows of the destinations it went
-    /// through (`handled`) are replaced by `now`; rows of files no longer
-    /// known are dropped.
-    pub fn save_pending(
-        &self,
-        handled: &HashSet<FileId>,
-        now: &[(FileId, &str, u64)],
-        run: i64,
-    ) -> rusqlite::Result<()> {
-        let tx = self.conn.unchecked_transaction()?;
-        {
-            let mut del = tx.prepare("DELETE FROM pending WHERE file_id = ?1")?;
-            for id in handled {
-                del.execute([id])?;
-            }
-            let mut ins =
-                tx.prepare("INSERT OR REPLACE INTO pending (file_id, reason, bytes, run) VALUES (?1, ?2, ?3, ?4)")?;
-            for (id, why, bytes) in now {
-                ins.execute(params![id, why, *bytes as i64, run])?;
-            }
-            tx.execute("DELETE FROM pending WHERE file_id NOT IN (SELECT id FROM files)", [])?;
-        }
-        tx.commit()
     }
 
     /// Have the next run read files `ids` again whatever their size and

@@ -160,16 +160,22 @@ pub enum Pending {
     /// [`crate::sys::beneath::NoScratch`]). As for
     /// [`Pending::NoSpaceRewrite`], its ranges wait too, for a run that may.
     RewriteNotAllowed,
+    /// Its written zeros were not turned into holes: they share an extent
+    /// with its data, whose copy would have taken the free space
+    /// `--keep-free` keeps (`pipeline::zeros`). Tried again by every run,
+    /// not only the weekly full plan, until there is room.
+    ZerosKeepFree,
 }
 
 impl Pending {
     /// Every reason (for label sets that must not lose a series).
-    pub const ALL: [Pending; 5] = [
+    pub const ALL: [Pending; 6] = [
         Pending::NoSpaceRewrite,
         Pending::NoSpaceShare,
         Pending::Pinned,
         Pending::KeepFree,
         Pending::RewriteNotAllowed,
+        Pending::ZerosKeepFree,
     ];
 
     /// Name in the database and in reports.
@@ -180,6 +186,7 @@ impl Pending {
             Pending::Pinned => "referenced_outside_run",
             Pending::KeepFree => "keep_free",
             Pending::RewriteNotAllowed => "rewrite_not_allowed",
+            Pending::ZerosKeepFree => "zeros_keep_free",
         }
     }
 

@@ -63,6 +63,27 @@ impl<'a> Pending<'a> {
         Ok(())
     }
 
+    /// Record what the zero pass left: rows of its reason for the files it
+    /// went through (`handled`) dropped, those `waiting` for room added
+    /// where the file has no row ([`Db::save_zeros_pending`]).
+    pub(super) fn zeros(&mut self, handled: &[FileId], waiting: &[(FileId, u64)]) -> Result<()> {
+        let why = dedupe::Pending::ZerosKeepFree.name();
+        match self {
+            Pending::Db(db, run_id) => db.save_zeros_pending(handled, waiting, why, *run_id)?,
+            Pending::Preview(rows) => {
+                for id in handled {
+                    if rows.get(id).is_some_and(|(w, _)| w == why) {
+                        rows.remove(id);
+                    }
+                }
+                for &(id, bytes) in waiting {
+                    rows.entry(id).or_insert((why.to_owned(), bytes));
+                }
+            }
+        }
+        Ok(())
+    }
+
     /// The rows after the run (or, in a dry run, as they would be).
     pub(super) fn rows(self) -> Result<Vec<PendingRow>> {
         Ok(match self {

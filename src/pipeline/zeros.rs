@@ -24,6 +24,8 @@ use crate::errors::ErrorKind;
 use crate::file::{FileFacts, FileId, IdSet};
 use crate::progress::Progress;
 use crate::sys::beneath::Tree;
+
+use super::pending::Pending;
 use crate::sys::SubvolIds;
 
 /// Files with zero runs looked up and punched at a time.
@@ -54,6 +56,24 @@ pub struct ZerosOutcome {
     /// Files that could not be opened or mapped, or that the kernel
     /// refused, by kind.
     pub errors: BTreeMap<ErrorKind, u64>,
+}
+
+/// What one file's pass left: whether it went through (opened, checked,
+/// every extent judged), and the zero bytes that wait for room.
+#[derive(Default)]
+struct Left {
+    handled: bool,
+    waiting: u64,
+}
+
+/// How an extent's data was rewritten before its zeros are punched.
+enum Moved {
+    /// Rewritten (or nothing to rewrite): punch.
+    Yes,
+    /// Not all of it (the file changed, the kernel refused): leave it.
+    No,
+    /// No room above `--keep-free`: leave it, for a later run.
+    NoRoom,
 }
 
 /// What the pass carries from batch to batch.
@@ -129,11 +149,15 @@ impl ZeroPass<'_> {
 
     /// Turn the written zero runs of the files `allowed` (and in `fresh`,
     /// when given) into holes.
+    ///
+    /// The files whose zeros wait for room above `--keep-free` are left
+    /// pending (`zeros_keep_free`), so the next run, incremental or not,
+    /// tries them again; the rows of those it went through are dropped.
     pub fn run(
         &self,
         db: &Db,
-        allowed: &IdSet,
-        fresh: Option<&HashSet<FileId>>,
+        (allowed, fresh): (&IdSet, Option<&HashSet<FileId>>),
+        pending: &mut Pending,
         progress: &dyn Progress,
         stop: &AtomicBool,
     ) -> Result<ZerosOutcome> {
@@ -155,7 +179,7 @@ impl ZeroPass<'_> {
                 batch.push((id, runs));
             }
             if batch.len() >= BATCH {
-                if let Err(e) = self.batch(db, &mut batch, &mut st, progress, stop) {
+                if let Err(e) = self.batch(db, &mut batch, &mut st, pending, (progress, stop)) {
                     failed = Some(e);
                 }
             }
@@ -163,7 +187,7 @@ impl ZeroPass<'_> {
         if let Some(e) = failed {
             return Err(e);
         }
-        self.batch(db, &mut batch, &mut st, progress, stop)?;
+        self.batch(db, &mut batch, &mut st, pending, (progress, stop))?;
         Ok(st.out)
     }
 
@@ -173,8 +197,8 @@ impl ZeroPass<'_> {
         db: &Db,
         batch: &mut Vec<(FileId, Vec<(u64, u64)>)>,
         st: &mut State,
-        progress: &dyn Progress,
-        stop: &AtomicBool,
+        pending: &mut Pending,
+        (progress, stop): (&dyn Progress, &AtomicBool),
     ) -> Result<()> {
         if batch.is_empty() {
             return Ok(());
@@ -210,14 +234,21 @@ impl ZeroPass<'_> {
             return Ok(());
         };
         let facts = db.file_facts(batch.iter().map(|b| b.0))?;
+        let (mut handled, mut waiting) = (Vec::new(), Vec::new());
         for (id, runs) in batch.drain(..) {
             if stop.load(Ordering::Relaxed) {
                 break;
             }
             let Some(c) = facts.get(&id) else { continue };
-            self.file(c, &runs, holes, &mut st.keys, &mut st.out, (progress, stop));
+            let left = self.file(c, &runs, holes, &mut st.keys, &mut st.out, (progress, stop));
+            if left.handled {
+                handled.push(id);
+            }
+            if left.waiting > 0 {
+                waiting.push((id, left.waiting));
+            }
         }
-        Ok(())
+        pending.zeros(&handled, &waiting)
     }
 
     /// One file: open, check, map, punch.
@@ -229,7 +260,8 @@ impl ZeroPass<'_> {
         keys: &mut SubvolIds,
         out: &mut ZerosOutcome,
         (progress, stop): (&dyn Progress, &AtomicBool),
-    ) {
+    ) -> Left {
+        let mut left = Left::default();
         let mut fail = |kind: ErrorKind, why: String, errno: Option<i32>| {
             *out.errors.entry(kind).or_default() += 1;
             // A filesystem that stopped (remounted read-only, shut down)
@@ -238,6 +270,7 @@ impl ZeroPass<'_> {
             if !(fs_wide && self.tree.stop_if_stopped(stop, |w| progress.warn(w))) {
                 progress.warn(&format!("{}: {why}", display_path(&c.path)));
             }
+            Left::default()
         };
         let f = match self.tree.open_file(&c.path) {
             Ok(f) => f,
@@ -253,7 +286,7 @@ impl ZeroPass<'_> {
                 display_path(&c.path)
             ));
             out.changed += 1;
-            return;
+            return left;
         }
         let hole = holes.for_file(&f, self.tree);
         // Mapped a window at a time, so a file of millions of extents costs
@@ -278,20 +311,13 @@ impl ZeroPass<'_> {
                     if w.punch.is_empty() {
                         continue;
                     }
-                    match self.rewrite_rest(c, &f, &w, &mut same, progress) {
-                        Ok(true) => out.rewritten += w.rewrite.iter().map(|r| r.1).sum::<u64>(),
-                        Ok(false) => continue,
-                        Err(e) => {
-                            let errno = e.raw_os_error();
-                            return fail(error_kind(errno), format!("data not rewritten: {e}"), errno);
+                    match self.extent((c, &f), &w, hole, &mut same, &mut out.rewritten, progress) {
+                        Ok((Moved::Yes, p)) => {
+                            (done.bytes, done.differs) = (done.bytes + p.bytes, done.differs + p.differs);
                         }
-                    }
-                    match zeros::punch(hole, &f, &w.punch, &mut same) {
-                        Ok(p) => (done.bytes, done.differs) = (done.bytes + p.bytes, done.differs + p.differs),
-                        Err(e) => {
-                            let why = format!("written zero blocks not turned into holes: {e}");
-                            return fail(error_kind(Some(e as i32)), why, Some(e as i32));
-                        }
+                        Ok((Moved::No, _)) => {}
+                        Ok((Moved::NoRoom, _)) => left.waiting += w.punch.iter().map(|p| p.1).sum::<u64>(),
+                        Err((why, errno)) => return fail(error_kind(errno), why, errno),
                     }
                 }
                 at = end;
@@ -299,11 +325,37 @@ impl ZeroPass<'_> {
         }
         out.files += u64::from(done.bytes > 0);
         out.bytes += done.bytes;
+        left.handled = true;
+        left
+    }
+
+    /// One extent of the open file `f`: the data in it rewritten (see
+    /// [`ZeroPass::rewrite_rest`]), then its zeros punched, unless that
+    /// left it as it is. The bytes rewritten are added to `rewritten`;
+    /// failures come as why and `errno`.
+    fn extent(
+        &self,
+        (c, f): (&FileFacts, &File),
+        w: &zeros::ExtentWork,
+        hole: Option<&File>,
+        same: &mut impl FnMut() -> bool,
+        rewritten: &mut u64,
+        progress: &dyn Progress,
+    ) -> Result<(Moved, zeros::Punched), (String, Option<i32>)> {
+        match self.rewrite_rest(c, f, w, &mut *same, progress) {
+            Ok(Moved::Yes) => *rewritten += w.rewrite.iter().map(|r| r.1).sum::<u64>(),
+            Ok(other) => return Ok((other, zeros::Punched::default())),
+            Err(e) => return Err((format!("data not rewritten: {e}"), e.raw_os_error())),
+        }
+        match zeros::punch(hole, f, &w.punch, same) {
+            Ok(p) => Ok((Moved::Yes, p)),
+            Err(e) => Err((format!("written zero blocks not turned into holes: {e}"), Some(e as i32))),
+        }
     }
 
     /// Rewrite the data of an extent to be punched (btrfs: `w.rewrite`,
-    /// if any) into fresh extents. `Ok(false)`: leave the extent as it is
-    /// (not all moved, or no room above `--keep-free`, said once a run).
+    /// if any) into fresh extents; or say why the extent stays as it is:
+    /// not all moved, or no room above `--keep-free` (said once a run).
     fn rewrite_rest(
         &self,
         c: &FileFacts,
@@ -311,17 +363,17 @@ impl ZeroPass<'_> {
         w: &zeros::ExtentWork,
         same: impl FnMut() -> bool,
         progress: &dyn Progress,
-    ) -> std::io::Result<bool> {
-        let Some(b) = self.bookends.filter(|_| !w.rewrite.is_empty()) else { return Ok(true) };
+    ) -> std::io::Result<Moved> {
+        let Some(b) = self.bookends.filter(|_| !w.rewrite.is_empty()) else { return Ok(Moved::Yes) };
         match zeros::rewrite(&b.room, || self.tree.tmpfile(), f, c.size, &w.rewrite, self.dry_run, same) {
             Err(e) if kept_free(&e) => {
                 if b.room.first_refusal() {
                     let not = if self.dry_run { "would not be" } else { "not" };
                     progress.warn(&format!("{}: written zeros {not} turned into holes: {e}", display_path(&c.path)));
                 }
-                Ok(false)
+                Ok(Moved::NoRoom)
             }
-            done => done,
+            done => done.map(|all| if all { Moved::Yes } else { Moved::No }),
         }
     }
 }

@@ -1,0 +1,73 @@
+//! The `pending` table: destinations a run left for a later one, and the
+//! files whose written zeros wait for room (`pipeline::pending` decides
+//! what goes in).
+
+use std::collections::HashSet;
+
+use rusqlite::params;
+
+use super::Db;
+use crate::file::FileId;
+
+impl Db {
+    /// Destinations left for a later run (out of space, or extents pinned
+    /// by a file outside the run), with why and how many planned bytes (see
+    /// [`crate::dedupe::Pending`]).
+    pub fn pending(&self) -> rusqlite::Result<Vec<(FileId, String, u64)>> {
+        let mut st = self.conn.prepare("SELECT file_id, reason, bytes FROM pending ORDER BY file_id")?;
+        let rows = st.query_map([], |r| Ok((r.get(0)?, r.get(1)?, r.get::<_, i64>(2)? as u64)))?;
+        rows.collect()
+    }
+
+    /// Record what a run left pending: rows of the destinations it went
+    /// through (`handled`) are replaced by `now`; rows of files no longer
+    /// known are dropped.
+    pub fn save_pending(
+        &self,
+        handled: &HashSet<FileId>,
+        now: &[(FileId, &str, u64)],
+        run: i64,
+    ) -> rusqlite::Result<()> {
+        let tx = self.conn.unchecked_transaction()?;
+        {
+            let mut del = tx.prepare("DELETE FROM pending WHERE file_id = ?1")?;
+            for id in handled {
+                del.execute([id])?;
+            }
+            let mut ins =
+                tx.prepare("INSERT OR REPLACE INTO pending (file_id, reason, bytes, run) VALUES (?1, ?2, ?3, ?4)")?;
+            for (id, why, bytes) in now {
+                ins.execute(params![id, why, *bytes as i64, run])?;
+            }
+            tx.execute("DELETE FROM pending WHERE file_id NOT IN (SELECT id FROM files)", [])?;
+        }
+        tx.commit()
+    }
+
+    /// Record what the pass turning written zeros into holes left for a
+    /// later run: rows of reason `why` of the files it went through
+    /// (`handled`) are dropped, then `waiting` added, unless the file has
+    /// a row already (the sharing's: its group is planned again anyway,
+    /// and the pass with it).
+    pub fn save_zeros_pending(
+        &self,
+        handled: &[FileId],
+        waiting: &[(FileId, u64)],
+        why: &str,
+        run: i64,
+    ) -> rusqlite::Result<()> {
+        let tx = self.conn.unchecked_transaction()?;
+        {
+            let mut del = tx.prepare("DELETE FROM pending WHERE file_id = ?1 AND reason = ?2")?;
+            for id in handled {
+                del.execute(params![id, why])?;
+            }
+            let mut ins =
+                tx.prepare("INSERT OR IGNORE INTO pending (file_id, reason, bytes, run) VALUES (?1, ?2, ?3, ?4)")?;
+            for (id, bytes) in waiting {
+                ins.execute(params![id, why, *bytes as i64, run])?;
+            }
+        }
+        tx.commit()
+    }
+}
