@@ -144,6 +144,17 @@ mod tests {
         assert_eq!(p.rows().unwrap(), vec![row(7, "keep_free", 100), row(9, "keep_free", 30)]);
     }
 
+    /// The zero pass drops its own rows of the files it went through
+    /// (7: freed now), keeps the sharing's (8), adds what waits (9), and
+    /// does not overwrite a sharing row with its own (8 again).
+    #[test]
+    fn the_zero_pass_replaces_only_its_own_rows() {
+        let z = "zeros_keep_free";
+        let mut p = preview(&[row(7, z, 100), row(8, "no_space_share", 50), row(10, z, 5)]);
+        p.zeros(&[FileId(7), FileId(8), FileId(9)], &[(FileId(8), 20), (FileId(9), 30)]).unwrap();
+        assert_eq!(p.rows().unwrap(), vec![row(8, "no_space_share", 50), row(9, z, 30), row(10, z, 5)]);
+    }
+
     #[test]
     fn the_report_sums_by_reason() {
         let mut r = Report::default();
