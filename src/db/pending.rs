@@ -14,7 +14,11 @@ impl Db {
     /// by a file outside the run), with why and how many planned bytes (see
     /// [`crate::dedupe::Pending`]).
     pub fn pending(&self) -> rusqlite::Result<Vec<(FileId, String, u64)>> {
-        let mut st = self.conn.prepare("SELECT file_id, reason, bytes FROM pending ORDER BY file_id")?;
+        // Not the rows of files removed since (a run that plans nothing
+        // does not get to drop them).
+        let mut st = self.conn.prepare(
+            "SELECT file_id, reason, bytes FROM pending WHERE file_id IN (SELECT id FROM files) ORDER BY file_id",
+        )?;
         let rows = st.query_map([], |r| Ok((r.get(0)?, r.get(1)?, r.get::<_, i64>(2)? as u64)))?;
         rows.collect()
     }
@@ -67,6 +71,9 @@ impl Db {
             for (id, bytes) in waiting {
                 ins.execute(params![id, why, *bytes as i64, run])?;
             }
+            // As `save_pending` does: a run that shared nothing may still
+            // punch, and must not leave rows of files since removed.
+            tx.execute("DELETE FROM pending WHERE file_id NOT IN (SELECT id FROM files)", [])?;
         }
         tx.commit()
     }

@@ -85,9 +85,11 @@ impl Db {
     /// Pending destinations grouped by reason, in reason order. A database
     /// from before schema v5 has no pending table: nothing pending.
     pub fn pending_by_reason(&self) -> rusqlite::Result<Vec<PendingRow>> {
-        let Ok(mut st) =
-            self.conn.prepare("SELECT reason, count(*), sum(bytes) FROM pending GROUP BY reason ORDER BY reason")
-        else {
+        // Not the rows of files removed since (see `Db::pending`).
+        let Ok(mut st) = self.conn.prepare(
+            "SELECT reason, count(*), sum(bytes) FROM pending WHERE file_id IN (SELECT id FROM files) \
+             GROUP BY reason ORDER BY reason",
+        ) else {
             return Ok(Vec::new());
         };
         let rows = st.query_map([], |r| {
