@@ -58,7 +58,10 @@ pub enum SkipReason {
     Immutable,
     /// `chattr +a`: the kernel refuses to share it.
     AppendOnly,
-    /// btrfs `chattr +C`: extents cannot be shared.
+    /// btrfs `chattr +C` (NOCOW): left alone as unwise, not impossible
+    /// (btrfs shares between two such files): a shared extent is copied on
+    /// its next write, the very rewriting NOCOW was set to avoid (VM
+    /// images, databases), and the file would fragment as it is written.
     Nocow,
     /// An active swap file.
     Swapfile,
