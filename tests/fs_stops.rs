@@ -130,7 +130,7 @@ fn stops_while_turning_zeros_into_holes(fs: Fs, stop: fn(&Volume), restore: fn(&
     }
     let before = Snapshot::take(&d);
 
-    let (code, r, err) = stopped_at(&vol, &d, "written zeros to holes", || stop(&vol));
+    let (code, r, err) = stopped_at(&vol, &d, "zeros to holes: started", || stop(&vol));
     assert_eq!(code, 5, "{err}");
     assert_eq!(err.matches("the filesystem stopped during the run").count(), 1, "{err}");
     assert!(err.lines().filter(|l| l.contains("warning")).count() <= 3, "one warning a file: {err}");

@@ -214,7 +214,11 @@ impl ZeroPass<'_> {
                 }
             }
             .map(|made| {
-                progress.info("3/3 share: written zeros to holes");
+                // A phase of its own: the share phase's bar stays full
+                // meanwhile, and on thick images the pass takes a while.
+                progress.finish_phase("");
+                let label = if self.dry_run { "3/3 verify: zeros to holes" } else { "3/3 share: zeros to holes" };
+                progress.phase(label, None, true);
                 Holes { made, made_kind: None, other: None }
             });
             st.hole = Some(hole.map_err(|e| {
@@ -240,7 +244,10 @@ impl ZeroPass<'_> {
                 break;
             }
             let Some(c) = facts.get(&id) else { continue };
+            let was = st.out.bytes;
             let left = self.file(c, &runs, holes, &mut st.keys, &mut st.out, (progress, stop));
+            progress.inc_files(1);
+            progress.inc(st.out.bytes - was);
             if left.handled {
                 handled.push(id);
             }
