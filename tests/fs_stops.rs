@@ -72,6 +72,29 @@ fn stopped_at(vol: &Volume, d: &Path, phase: &str, act: impl FnOnce()) -> (i32, 
     (code, json, err)
 }
 
+/// Run on `d` and stop the filesystem (`stop`) at `phase`: the run says
+/// so once and stops as on a signal (exit 5, interrupted), counting the
+/// requests and files in flight when it stopped, not every one left.
+fn stops_once(vol: &Volume, d: &Path, phase: &str, stop: fn(&Volume)) {
+    let (code, r, err) = stopped_at(vol, d, phase, || stop(vol));
+    assert_eq!(code, 5, "{err}");
+    assert_eq!(err.matches("the filesystem stopped during the run").count(), 1, "{err}");
+    assert!(err.lines().filter(|l| l.contains("warning")).count() <= 3, "one warning a file: {err}");
+    assert!(r["interrupted"].as_bool().unwrap(), "{r:#}");
+    assert!((1..=32).contains(&num(&r, "errors")), "{r:#}");
+}
+
+/// Put the filesystem back in order (`restore`): nothing of `d` changed
+/// (`before`), and the next run goes through without an error. Its report.
+fn carries_on(vol: &Volume, d: &Path, before: &Snapshot, restore: fn(&Volume)) -> serde_json::Value {
+    restore(vol);
+    before.assert_same(&Snapshot::take(d));
+    let r = run_json(vol, &[s(d), "--incremental"]);
+    assert_eq!(num(&r, "errors"), 0, "{r:#}");
+    before.assert_same(&Snapshot::take(d));
+    r
+}
+
 /// The filesystem stops at `phase` (`stop`), is put back in order
 /// (`restore`); then the next run shares what was left.
 fn stops_once_and_the_next_run_carries_on(fs: Fs, phase: &str, stop: fn(&Volume), restore: fn(&Volume)) {
@@ -82,20 +105,8 @@ fn stops_once_and_the_next_run_carries_on(fs: Fs, phase: &str, stop: fn(&Volume)
     let before = Snapshot::take(&d);
     let free_before = free_bytes(&vol.mnt);
 
-    let (code, r, err) = stopped_at(&vol, &d, phase, || stop(&vol));
-    assert_eq!(code, 5, "{err}");
-    assert_eq!(err.matches("the filesystem stopped during the run").count(), 1, "{err}");
-    assert!(err.lines().filter(|l| l.contains("warning")).count() <= 3, "one warning a file: {err}");
-    assert!(r["interrupted"].as_bool().unwrap(), "{r:#}");
-    // Counted: the requests and files in flight when it stopped, not
-    // every one left.
-    assert!((1..=32).contains(&num(&r, "errors")), "{r:#}");
-
-    restore(&vol);
-    before.assert_same(&Snapshot::take(&d));
-    let r = run_json(&vol, &[s(&d), "--incremental"]);
-    assert_eq!(num(&r, "errors"), 0, "{r:#}");
-    before.assert_same(&Snapshot::take(&d));
+    stops_once(&vol, &d, phase, stop);
+    let r = carries_on(&vol, &d, &before, restore);
     for i in 0..PAIRS {
         let (a, b) = (d.join(format!("{i}a")), d.join(format!("{i}b")));
         assert!(same_physical(&a, 0, &b, 0, 32 << 10), "pair {i} not shared: {r:#}");
@@ -130,18 +141,8 @@ fn stops_while_turning_zeros_into_holes(fs: Fs, stop: fn(&Volume), restore: fn(&
     }
     let before = Snapshot::take(&d);
 
-    let (code, r, err) = stopped_at(&vol, &d, "zeros to holes: started", || stop(&vol));
-    assert_eq!(code, 5, "{err}");
-    assert_eq!(err.matches("the filesystem stopped during the run").count(), 1, "{err}");
-    assert!(err.lines().filter(|l| l.contains("warning")).count() <= 3, "one warning a file: {err}");
-    assert!(r["interrupted"].as_bool().unwrap(), "{r:#}");
-    assert!((1..=32).contains(&num(&r, "errors")), "{r:#}");
-
-    restore(&vol);
-    before.assert_same(&Snapshot::take(&d));
-    let r = run_json(&vol, &[s(&d), "--incremental"]);
-    assert_eq!(num(&r, "errors"), 0, "{r:#}");
-    before.assert_same(&Snapshot::take(&d));
+    stops_once(&vol, &d, "zeros to holes: started", stop);
+    let r = carries_on(&vol, &d, &before, restore);
     for i in 0..PAIRS {
         // The zeros are a hole now: nothing mapped past the data block.
         let blocks = physical_blocks(&zeros(i), 8 << 10, 64 << 10);

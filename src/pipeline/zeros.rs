@@ -24,9 +24,9 @@ use crate::errors::ErrorKind;
 use crate::file::{FileFacts, FileId, IdSet};
 use crate::progress::Progress;
 use crate::sys::beneath::Tree;
+use crate::sys::SubvolIds;
 
 use super::pending::Pending;
-use crate::sys::SubvolIds;
 
 /// Files with zero runs looked up and punched at a time.
 const BATCH: usize = 1024;
