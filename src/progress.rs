@@ -471,15 +471,17 @@ impl Progress for LogLines {
     }
 
     fn inc(&self, n: u64) {
-        let done = self.done.fetch_add(n, Ordering::Relaxed) + n;
+        self.done.fetch_add(n, Ordering::Relaxed);
         if self.verbosity < Verbosity::Normal {
             return;
         }
         let mut last = self.last.lock().unwrap();
         if last.elapsed() >= self.every {
             *last = Instant::now();
-            drop(last);
-            emit(Level::Info, &self.status_line(done));
+            // Counted and said under the lock: hashing threads passing here
+            // together (a short DEDUPSCAN_PROGRESS_INTERVAL) print in order,
+            // the latest count last, not an older one after a newer.
+            emit(Level::Info, &self.status_line(self.done.load(Ordering::Relaxed)));
         }
     }
 
