@@ -143,6 +143,7 @@ pub fn render(out: &Outcome, history: &[PastRun], now: SystemTime) -> String {
 
     lifetime(&mut m, history);
     last_run(&mut m, &last, this.as_ref(), history);
+    freed_others(&mut m, &last);
     labelled(&mut m, &last, history);
     m.out
 }
@@ -176,6 +177,20 @@ fn lifetime(m: &mut Metrics, history: &[PastRun]) {
     );
     m.single("hashed_bytes_total", "counter", "Bytes read and hashed, over all runs.", sum("bytes_hashed"));
     m.single("errors_total", "counter", "Problems with individual paths or ranges, over all runs.", sum("errors"));
+}
+
+/// Other processes seen changing the filesystem while the last run
+/// measured what it freed. -1 where it could not watch (see `sys::watch`),
+/// or a dry run: 0 would claim nobody else wrote, and a series must not
+/// vanish.
+fn freed_others(m: &mut Metrics, last: &Value) {
+    m.single(
+        "freed_other_processes",
+        "gauge",
+        "Other processes seen changing the filesystem while the last run measured freed_bytes (then included); \
+         -1: not watched.",
+        last["freed_others"].as_u64().map_or(-1.0, |n| n as f64),
+    );
 }
 
 /// Gauges of the last finished run (`last`), and the current state as the

@@ -42,7 +42,7 @@ use crate::sys::{self, FsKind};
 use batches::Batches;
 use complete::Complete;
 use fingerprints::check_fingerprints;
-use freespace::{free_bytes, FreeSpace};
+use freespace::{Before, FreeSpace, Freed};
 use pending::{set_pending, Pending, PendingRow};
 use rounds::Rounds;
 use scan::{scan_phase, ScanOutcome};
@@ -306,8 +306,9 @@ struct Executed {
     out: dedupe::Outcome,
     /// Bytes shared but pinned (btrfs), by reason.
     pinned_by_reason: BTreeMap<dedupe::PinReason, u64>,
-    /// Free space after minus before (real runs).
-    freed_bytes: Option<i64>,
+    /// Free space after minus before, and who else changed the volume
+    /// meanwhile (real runs).
+    freed: Option<Freed>,
     /// Pending work after this run (in a dry run, as it would be).
     pending: Vec<PendingRow>,
     /// Stopped while sharing.
@@ -380,19 +381,7 @@ fn share_phase(
     if let Some(r) = &out.refused {
         progress.warn(r);
     }
-    let mut freed_bytes = None;
-    if let Some(before) = before {
-        // Flushing the volume can take seconds after much sharing: say so
-        // instead of leaving a full bar at "eta 0s".
-        progress.finish_phase("");
-        progress.phase("3/3 share: measuring freed space", None, false);
-        // A volume that stopped taking writes (read-only since, or shut
-        // down) may not answer: the report goes out without the figure.
-        match free_bytes(root) {
-            Ok(after) => freed_bytes = Some(after as i64 - before as i64),
-            Err(e) => progress.warn(&format!("cannot measure the space freed: {e:#}")),
-        }
-    }
+    let freed = before.and_then(|b| measure_freed(b, root, progress));
     progress.finish_phase(&format!(
         "3/3 {}: {} {}",
         if cfg.dry_run { "verify" } else { "share" },
@@ -402,7 +391,7 @@ fn share_phase(
     Ok(ShareOutcome::Executed(Box::new(Executed {
         out,
         pinned_by_reason,
-        freed_bytes,
+        freed,
         pending: pending.rows()?,
         interrupted: stop.load(Ordering::Relaxed),
         zeros: zeros.transpose()?,
@@ -496,10 +485,35 @@ fn report(
     r
 }
 
+/// Measure free space again after sharing: what the share phase freed,
+/// and who else changed the filesystem meanwhile. `None`: the volume did
+/// not answer (read-only since, or shut down); the report goes out
+/// without the figure.
+fn measure_freed(before: Before, root: &Path, progress: &dyn Progress) -> Option<Freed> {
+    // Flushing the volume can take seconds after much sharing: say so
+    // instead of leaving a full bar at "eta 0s".
+    progress.finish_phase("");
+    progress.phase("3/3 share: measuring freed space", None, false);
+    let freed =
+        before.after(root).map_err(|e| progress.warn(&format!("cannot measure the space freed: {e:#}"))).ok()?;
+    // Not a warning: nothing went wrong, and on a root filesystem the
+    // journal alone writes every night. The report's freed row says it too.
+    if let Some(n @ 1..) = freed.others {
+        progress.info(&format!(
+            "{} changed the filesystem of {} while this run measured the space it freed: the freed figure \
+             includes their writes and deletions",
+            crate::report::others(n),
+            display_path(root)
+        ));
+    }
+    Some(freed)
+}
+
 /// The share phase's part of the report.
 fn add_sharing(r: &mut Report, e: &Executed) {
     let out = &e.out;
-    r.freed_bytes = e.freed_bytes.unwrap_or(0);
+    r.freed_bytes = e.freed.map_or(0, |f| f.bytes);
+    r.freed_others = e.freed.and_then(|f| f.others);
     set_pending(r, &e.pending);
     r.duplicate_bytes = out.duplicate_bytes;
     r.deduped_bytes = out.deduped_bytes;

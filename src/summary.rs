@@ -533,11 +533,18 @@ impl Summary {
                 format!("shared, not freed: the rest of the extent is in use ({})", self.pinned.reasons()),
             ]);
         }
-        t.row([
-            "freed so far".to_owned(),
-            human_signed(self.freed_bytes_total),
-            format!("measured with statfs over {} run{}", self.runs.len(), if self.runs.len() == 1 { "" } else { "s" }),
-        ]);
+        let runs = self.runs.len();
+        let mut how = format!("measured with statfs over {runs} run{}", if runs == 1 { "" } else { "s" });
+        // Runs whose figure holds others' writes and deletions too.
+        let disturbed = self
+            .runs
+            .iter()
+            .filter(|r| r.report.as_ref().and_then(|j| j.get("freed_others")?.as_u64()).is_some_and(|n| n > 0))
+            .count();
+        if disturbed > 0 {
+            how += &format!(", {disturbed} of them with changes by other processes");
+        }
+        t.row(["freed so far".to_owned(), human_signed(self.freed_bytes_total), how]);
         t
     }
 

@@ -170,6 +170,9 @@ fn service_unit_settings() {
     ] {
         assert_eq!(get(&s, key), Some(want), "dedupscan@.service: {key}");
     }
+    // @privileged is denied, fanotify given back after it (order matters).
+    let filters: Vec<&str> = s.iter().filter(|(k, _)| k == "SystemCallFilter").map(|(_, v)| v.as_str()).collect();
+    assert_eq!(filters, ["@system-service", "~@privileged @resources", "fanotify_init fanotify_mark"]);
     // ProtectHome=yes/tmpfs would hide a volume under /home, read-only would
     // make sharing fail there with EROFS.
     assert_eq!(get(&s, "ProtectHome"), None, "dedupscan@.service must not set ProtectHome=");

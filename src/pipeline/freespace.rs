@@ -1,4 +1,7 @@
-//! Free space, measured, never inferred: `syncfs` twice, then `statfs`.
+//! Free space, measured, never inferred: `syncfs` twice, then `statfs`,
+//! before the share phase and after it, while the filesystem is watched
+//! for other processes changing it meanwhile (`sys::watch`): their writes
+//! and deletions are in the difference too, and the report says so.
 
 use std::os::fd::AsFd;
 use std::path::{Path, PathBuf};
@@ -8,19 +11,51 @@ use anyhow::{Context, Result};
 
 use crate::display::display_path;
 use crate::sys;
+use crate::sys::watch::Watch;
 
-/// Free space being measured on another thread.
-pub(super) struct FreeSpace(JoinHandle<Result<u64>>);
+/// Free space being measured on another thread, the filesystem watched
+/// from just before.
+pub(super) struct FreeSpace {
+    before: JoinHandle<Result<u64>>,
+    watch: Option<Watch>,
+}
+
+/// Free space measured before sharing; the watch still running.
+pub(super) struct Before {
+    bytes: u64,
+    watch: Option<Watch>,
+}
+
+/// What the share phase freed, and who else changed the filesystem.
+#[derive(Debug, Clone, Copy)]
+pub(super) struct Freed {
+    /// Free space after minus before.
+    pub bytes: i64,
+    /// Other processes seen changing the filesystem between the two
+    /// measurements; `None`: it could not be watched.
+    pub others: Option<u64>,
+}
 
 impl FreeSpace {
-    /// Start measuring the free bytes of the filesystem of `path`.
+    /// Start watching the filesystem of `path` and measuring its free bytes.
     pub(super) fn start(path: PathBuf) -> FreeSpace {
-        FreeSpace(std::thread::spawn(move || free_bytes(&path)))
+        let watch = Watch::of_path(&path);
+        FreeSpace { before: std::thread::spawn(move || free_bytes(&path)), watch }
     }
 
     /// The measurement.
-    pub(super) fn wait(self) -> Result<u64> {
-        self.0.join().map_err(|_| anyhow::anyhow!("free space measurement panicked")).and_then(|r| r)
+    pub(super) fn wait(self) -> Result<Before> {
+        let bytes = self.before.join().map_err(|_| anyhow::anyhow!("free space measurement panicked"))??;
+        Ok(Before { bytes, watch: self.watch })
+    }
+}
+
+impl Before {
+    /// Measure again at `path` and stop watching.
+    pub(super) fn after(self, path: &Path) -> Result<Freed> {
+        let after = free_bytes(path);
+        let others = self.watch.map(Watch::stop);
+        Ok(Freed { bytes: after? as i64 - self.bytes as i64, others })
     }
 }
 

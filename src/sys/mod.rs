@@ -17,6 +17,7 @@ pub mod qgroup;
 pub mod resolve;
 pub mod spill;
 pub mod twins;
+pub mod watch;
 
 pub use dedupe::{dedupe_range, DedupeStatus, DestResult};
 pub use fiemap::{fiemap, Extent};

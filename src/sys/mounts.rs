@@ -64,6 +64,16 @@ pub fn mounted(fstype: &str) -> Vec<((u32, u32), PathBuf)> {
         .collect()
 }
 
+/// Other mounts of the filesystem holding the canonical path `p` that show
+/// its root (`/`): on btrfs, where the top-level subvolume is mounted while
+/// `p` is in a subvolume mounted on its own (`subvol=@`). The caller checks
+/// what it opens there is the same filesystem.
+pub fn roots_of_fs(p: &Path) -> Vec<PathBuf> {
+    let all = mounts();
+    let Some(here) = holding(&all, p) else { return Vec::new() };
+    all.iter().filter(|m| m.dev == here.dev && m.root == Path::new("/")).map(|m| m.at.clone()).collect()
+}
+
 /// Whether the btrfs filesystem holding the canonical path `p` is mounted
 /// with `compress-force`: then every write of more than one block is
 /// compressed, a copy of compressed data included. (With `compress` a

@@ -1,0 +1,122 @@
+//! A volume other processes write to while the run measures what it
+//! freed (`sys::watch`): `freed_bytes` is free space after minus before,
+//! so their writes are in it. The report says how many other processes
+//! changed the filesystem meanwhile (`freed_others`), and 0 when only the
+//! run itself wrote: its database on the volume, the copies of the bookend
+//! pass, the zero pass's unnamed file. A subvolume mounted on its own
+//! cannot be watched: `null`, not 0.
+
+mod common;
+
+use std::path::Path;
+use std::process::{Child, Command};
+
+use common::*;
+use dedupscan::corpus::Rng;
+
+const KIB: usize = 1024;
+
+/// Pairs, a near-copy whose last quarter the bookend pass rewrites (one
+/// extent each: written at once), and a file with 1 MiB of written zeros.
+fn corpus(dir: &Path) {
+    std::fs::create_dir_all(dir).unwrap();
+    for i in 0..8 {
+        let data = Rng::new(40 + i).bytes(256 * KIB);
+        std::fs::write(dir.join(format!("p{i}a")), &data).unwrap();
+        std::fs::write(dir.join(format!("p{i}b")), &data).unwrap();
+    }
+    let head = Rng::new(50).bytes(768 * KIB);
+    std::fs::write(dir.join("x"), [&head[..], &Rng::new(51).bytes(256 * KIB)].concat()).unwrap();
+    std::fs::write(dir.join("y"), [&head[..], &Rng::new(52).bytes(256 * KIB)].concat()).unwrap();
+    std::fs::write(dir.join("z"), [Rng::new(53).bytes(64 * KIB), vec![0; 1024 * KIB]].concat()).unwrap();
+    sh(&mut Command::new("sync"));
+}
+
+/// Another process writing to a file in `dir` without pause until killed:
+/// one shell appending a byte at a time (a builtin: no other process), so
+/// however short the run, it writes while the run measures.
+fn writer(dir: &Path) -> Child {
+    std::fs::create_dir_all(dir).unwrap();
+    let script = "while :; do printf x >> \"$1\"/f; done";
+    Command::new("sh").arg("-c").arg(script).arg("sh").arg(dir).spawn().unwrap()
+}
+
+fn run(tree: &Path, db: &Path) -> serde_json::Value {
+    let r = dedupscan().arg(tree).db(db).json().expect(0).run().json;
+    validate_report(&r);
+    r
+}
+
+fn measured_alone_or_with_others(fs: Fs) {
+    let Some(vol) = Volume::new(fs, 320) else { return };
+    corpus(&vol.path("quiet"));
+    let before = Snapshot::take(&vol.path("quiet"));
+    // The database on the volume too: its writes are this run's own.
+    let r = run(&vol.path("quiet"), &vol.path("state.sqlite"));
+    assert!(num(&r, "zeros_to_holes_bytes") >= 1 << 20, "{r:#}");
+    if fs == Fs::Btrfs {
+        assert!(num(&r, "rewritten_bytes") >= 256 * KIB as u64, "the bookend pass wrote: {r:#}");
+    }
+    assert_eq!(r["freed_others"].as_u64(), Some(0), "only the run wrote: {r:#}");
+    before.assert_same(&Snapshot::take(&vol.path("quiet")));
+
+    corpus(&vol.path("busy"));
+    let mut w = writer(&vol.path("other"));
+    let r = run(&vol.path("busy"), &vol.db());
+    w.kill().unwrap();
+    w.wait().unwrap();
+    assert_eq!(r["freed_others"].as_u64(), Some(1), "another process wrote: {r:#}");
+    assert!(num(&r, "deduped_bytes") >= 8 * 256 * KIB as u64, "{r:#}");
+
+    // The text report says it on the freed row.
+    corpus(&vol.path("busy2"));
+    let mut w = writer(&vol.path("other2"));
+    let out = dedupscan().arg(vol.path("busy2")).db(vol.db()).expect(0).run();
+    w.kill().unwrap();
+    w.wait().unwrap();
+    let row = out.stdout.lines().find(|l| l.trim_start().starts_with("freed ")).expect("a freed row");
+    assert!(row.contains("with changes by 1 other process"), "{row:?}");
+    // And `report`, over the runs of that database.
+    let out = dedupscan().arg("report").db(vol.db()).expect(0).run();
+    assert!(out.stdout.contains("over 2 runs, 2 of them with changes by other processes"), "{}", out.stdout);
+}
+
+#[test]
+fn xfs_freed_is_measured_alone_or_with_others() {
+    measured_alone_or_with_others(Fs::Xfs);
+}
+
+#[test]
+fn btrfs_freed_is_measured_alone_or_with_others() {
+    measured_alone_or_with_others(Fs::Btrfs);
+}
+
+/// A btrfs subvolume mounted on its own: fanotify cannot report file
+/// handles through it (`EXDEV`), so the run watches through the top level
+/// while that is mounted somewhere, and says it did not watch once it is
+/// not.
+#[test]
+fn btrfs_subvolume_mounted_on_its_own() {
+    let Some(vol) = Volume::new(Fs::Btrfs, 256) else { return };
+    btrfs(&["subvolume", "create"], &vol.path("sv"));
+    let mnt = vol.mnt.parent().unwrap().join("sv-mnt");
+    std::fs::create_dir(&mnt).unwrap();
+    let source = Command::new("findmnt").args(["-nvo", "SOURCE"]).arg(&vol.mnt).output().unwrap().stdout;
+    let dev = String::from_utf8(source).unwrap().trim().to_owned();
+    sh(Command::new("mount").args(["-o", "subvol=sv", &dev]).arg(&mnt));
+    let _guard = Unmount(mnt.clone());
+
+    corpus(&mnt.join("t"));
+    let mut w = writer(&mnt.join("other"));
+    let r = run(&mnt.join("t"), &vol.db());
+    w.kill().unwrap();
+    w.wait().unwrap();
+    assert_eq!(r["freed_others"].as_u64(), Some(1), "watched through the top level: {r:#}");
+
+    sh(Command::new("umount").arg(&vol.mnt));
+    corpus(&mnt.join("t2"));
+    let r = run(&mnt.join("t2"), &vol.db());
+    sh(Command::new("mount").arg(&dev).arg(&vol.mnt));
+    assert!(r["freed_others"].is_null(), "nothing to watch through: {r:#}");
+    assert!(num(&r, "deduped_bytes") >= 8 * 256 * KIB as u64, "{r:#}");
+}
