@@ -194,9 +194,12 @@ fn savings(b: &mut String, s: &Value, runs: &[Run]) {
         let x = c.cx(i) - c.bar_w / 2.0;
         let (y0, y1) = (c.y((*f).max(0)), c.y((*f).min(0)));
         let class = if *f < 0 { "lost" } else { "freed" };
+        // Others' writes and deletions are in that figure too.
+        let others = r.report["freed_others"].as_u64().filter(|&n| n > 0);
+        let others = others.map(|n| format!(" with changes by {}", crate::report::others(n))).unwrap_or_default();
         let _ = writeln!(
             b,
-            "<rect class=\"{class}\" data-run=\"{}\" data-freed=\"{f}\" data-cumulative=\"{cum}\" x=\"{x:.1}\" y=\"{y0:.1}\" width=\"{:.1}\" height=\"{:.1}\"><title>run {} on {}{}: freed {}, {} in all</title></rect>",
+            "<rect class=\"{class}\" data-run=\"{}\" data-freed=\"{f}\" data-cumulative=\"{cum}\" x=\"{x:.1}\" y=\"{y0:.1}\" width=\"{:.1}\" height=\"{:.1}\"><title>run {} on {}{}: freed {}{others}, {} in all</title></rect>",
             r.id,
             c.bar_w,
             (y1 - y0).max(0.5),

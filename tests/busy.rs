@@ -79,6 +79,11 @@ fn measured_alone_or_with_others(fs: Fs) {
     // And `report`, over the runs of that database.
     let out = dedupscan().arg("report").db(vol.db()).expect(0).run();
     assert!(out.stdout.contains("over 2 runs, 2 of them with changes by other processes"), "{}", out.stdout);
+    // And the history chart's bars.
+    let html = vol.mnt.parent().unwrap().join("report.html");
+    dedupscan().args(["report", "--html"]).arg(&html).db(vol.db()).expect(0).run();
+    let page = std::fs::read_to_string(&html).unwrap();
+    assert_eq!(page.matches("with changes by 1 other process, ").count(), 2, "{page}");
 }
 
 #[test]
