@@ -195,8 +195,7 @@ fn savings(b: &mut String, s: &Value, runs: &[Run]) {
         let (y0, y1) = (c.y((*f).max(0)), c.y((*f).min(0)));
         let class = if *f < 0 { "lost" } else { "freed" };
         // Others' writes and deletions are in that figure too.
-        let others = r.report["freed_others"].as_u64().filter(|&n| n > 0);
-        let others = others.map(|n| format!(" with changes by {}", crate::report::others(n))).unwrap_or_default();
+        let others = if r.report["freed_includes_others"] == true { " with changes by other processes" } else { "" };
         let _ = writeln!(
             b,
             "<rect class=\"{class}\" data-run=\"{}\" data-freed=\"{f}\" data-cumulative=\"{cum}\" x=\"{x:.1}\" y=\"{y0:.1}\" width=\"{:.1}\" height=\"{:.1}\"><title>run {} on {}{}: freed {}{others}, {} in all</title></rect>",

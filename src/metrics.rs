@@ -143,7 +143,7 @@ pub fn render(out: &Outcome, history: &[PastRun], now: SystemTime) -> String {
 
     lifetime(&mut m, history);
     last_run(&mut m, &last, this.as_ref(), history);
-    freed_others(&mut m, &last);
+    freed_includes_others(&mut m, &last);
     labelled(&mut m, &last, history);
     m.out
 }
@@ -179,17 +179,17 @@ fn lifetime(m: &mut Metrics, history: &[PastRun]) {
     m.single("errors_total", "counter", "Problems with individual paths or ranges, over all runs.", sum("errors"));
 }
 
-/// Other processes seen changing the filesystem while the last run
+/// Whether another process changed the filesystem while the last run
 /// measured what it freed. -1 where it could not watch (see `sys::watch`),
 /// or a dry run: 0 would claim nobody else wrote, and a series must not
 /// vanish.
-fn freed_others(m: &mut Metrics, last: &Value) {
+fn freed_includes_others(m: &mut Metrics, last: &Value) {
     m.single(
-        "freed_other_processes",
+        "freed_includes_others",
         "gauge",
-        "Other processes seen changing the filesystem while the last run measured freed_bytes (then included); \
-         -1: not watched.",
-        last["freed_others"].as_u64().map_or(-1.0, |n| n as f64),
+        "1 if another process changed the filesystem while the last run measured freed_bytes (then included), \
+         0 if not, -1 if not watched.",
+        last["freed_includes_others"].as_bool().map_or(-1.0, |b| if b { 1.0 } else { 0.0 }),
     );
 }
 

@@ -498,11 +498,10 @@ fn measure_freed(before: Before, root: &Path, progress: &dyn Progress) -> Option
         before.after(root).map_err(|e| progress.warn(&format!("cannot measure the space freed: {e:#}"))).ok()?;
     // Not a warning: nothing went wrong, and on a root filesystem the
     // journal alone writes every night. The report's freed row says it too.
-    if let Some(n @ 1..) = freed.others {
+    if freed.others == Some(true) {
         progress.info(&format!(
-            "{} changed the filesystem of {} while this run measured the space it freed: the freed figure \
-             includes their writes and deletions",
-            crate::report::others(n),
+            "other processes changed the filesystem of {} while this run measured the space it freed: the \
+             freed figure includes their writes and deletions",
             display_path(root)
         ));
     }
@@ -513,7 +512,7 @@ fn measure_freed(before: Before, root: &Path, progress: &dyn Progress) -> Option
 fn add_sharing(r: &mut Report, e: &Executed) {
     let out = &e.out;
     r.freed_bytes = e.freed.map_or(0, |f| f.bytes);
-    r.freed_others = e.freed.and_then(|f| f.others);
+    r.freed_includes_others = e.freed.and_then(|f| f.others);
     set_pending(r, &e.pending);
     r.duplicate_bytes = out.duplicate_bytes;
     r.deduped_bytes = out.deduped_bytes;

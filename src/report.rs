@@ -4,8 +4,8 @@
 //!
 //! Every figure called "freed" is measured with `statfs` before and after
 //! sharing; nothing here is estimated. Other processes changing the
-//! filesystem meanwhile are in that difference, and `freed_others` says
-//! how many were seen (`sys::watch`).
+//! filesystem meanwhile are in that difference, and `freed_includes_others`
+//! says whether any was seen (`sys::watch`).
 
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
@@ -157,12 +157,12 @@ pub struct Report {
     pub sources_swapped: u64,
     /// Free space after minus free space before, from statfs (0 in a dry run).
     pub freed_bytes: i64,
-    /// Other processes seen changing the filesystem between the two
-    /// measurements of `freed_bytes` (`sys::watch`): when not 0, the figure
-    /// includes their writes and deletions. `None`: a dry run, or the
-    /// filesystem could not be watched (a btrfs subvolume mounted on its
-    /// own, no `CAP_SYS_ADMIN`).
-    pub freed_others: Option<u64>,
+    /// Whether another process was seen changing the filesystem between
+    /// the two measurements of `freed_bytes` (`sys::watch`): then the
+    /// figure includes its writes and deletions. `None`: a dry run, or the
+    /// filesystem could not be watched (a btrfs subvolume mounted without
+    /// its top level, no `CAP_SYS_ADMIN`).
+    pub freed_includes_others: Option<bool>,
     /// How each destination's sharing request was answered.
     pub dedupe_status: DedupeStatuses,
     /// Files left out, by reason, one per file. Most were never considered;
@@ -439,11 +439,11 @@ impl Report {
             t.row([what.to_owned(), human(self.zeros_to_holes_bytes), files]);
         }
         if !self.dry_run {
-            let how = match self.freed_others {
-                Some(n @ 1..) => format!("measured with statfs, with changes by {}", others(n)),
-                _ => "measured with statfs".to_owned(),
+            let how = match self.freed_includes_others {
+                Some(true) => "measured with statfs, with changes by other processes",
+                _ => "measured with statfs",
             };
-            t.row(["freed".to_owned(), human_signed(self.freed_bytes), how]);
+            t.row(["freed".to_owned(), human_signed(self.freed_bytes), how.to_owned()]);
         }
         t.left(2)
     }
@@ -474,16 +474,6 @@ impl Report {
             t.row([k.to_owned(), human_duration_ms(v)]);
         }
         t
-    }
-}
-
-/// "1 other process", "3 other processes", "many other processes" (the
-/// watch's queue overflowed).
-pub fn others(n: u64) -> String {
-    match n {
-        1 => "1 other process".to_owned(),
-        n if n >= crate::sys::watch::MAX_PIDS as u64 => "many other processes".to_owned(),
-        n => format!("{n} other processes"),
     }
 }
 

@@ -536,11 +536,8 @@ impl Summary {
         let runs = self.runs.len();
         let mut how = format!("measured with statfs over {runs} run{}", if runs == 1 { "" } else { "s" });
         // Runs whose figure holds others' writes and deletions too.
-        let disturbed = self
-            .runs
-            .iter()
-            .filter(|r| r.report.as_ref().and_then(|j| j.get("freed_others")?.as_u64()).is_some_and(|n| n > 0))
-            .count();
+        let disturbed =
+            self.runs.iter().filter(|r| r.report.as_ref().is_some_and(|j| j["freed_includes_others"] == true)).count();
         if disturbed > 0 {
             how += &format!(", {disturbed} of them with changes by other processes");
         }

@@ -17,7 +17,7 @@ fn sample_report() -> Report {
         duplicate_bytes: 4096,
         deduped_bytes: 4096,
         freed_bytes: -8192,
-        freed_others: Some(2),
+        freed_includes_others: Some(true),
         rewritten_bytes: 16384,
         pinned_bytes: 20480,
         errors: 3,
@@ -196,11 +196,11 @@ fn figures_and_labels_round_trip() {
     assert_eq!(value(&s, "dedupscan_duplicate_bytes", None), 4096.0);
     assert_eq!(value(&s, "dedupscan_deduped_bytes", None), 4096.0);
     assert_eq!(value(&s, "dedupscan_freed_bytes", None), -8192.0);
-    assert_eq!(value(&s, "dedupscan_freed_other_processes", None), 2.0);
+    assert_eq!(value(&s, "dedupscan_freed_includes_others", None), 1.0);
     // Not watched: -1, rather than a 0 that says nobody wrote.
-    let unwatched = Report { freed_others: None, ..r.clone() };
+    let unwatched = Report { freed_includes_others: None, ..r.clone() };
     let u = parse_all(&render(&outcome(Some(&unwatched)), &h, UNIX_EPOCH + Duration::from_millis(WHEN)));
-    assert_eq!(value(&u, "dedupscan_freed_other_processes", None), -1.0);
+    assert_eq!(value(&u, "dedupscan_freed_includes_others", None), -1.0);
     assert_eq!(value(&s, "dedupscan_pending_bytes", Some(("reason", "keep_free"))), 12288.0);
     assert_eq!(value(&s, "dedupscan_pending_bytes", Some(("reason", "no_space_share"))), 0.0);
     assert_eq!(value(&s, "dedupscan_rewritten_bytes", None), 16384.0);

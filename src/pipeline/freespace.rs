@@ -31,9 +31,9 @@ pub(super) struct Before {
 pub(super) struct Freed {
     /// Free space after minus before.
     pub bytes: i64,
-    /// Other processes seen changing the filesystem between the two
-    /// measurements; `None`: it could not be watched.
-    pub others: Option<u64>,
+    /// Whether another process was seen changing the filesystem between
+    /// the two measurements; `None`: it could not be watched.
+    pub others: Option<bool>,
 }
 
 impl FreeSpace {
