@@ -41,6 +41,15 @@ fn writer(dir: &Path) -> Child {
     Command::new("sh").arg("-c").arg(script).arg("sh").arg(dir).spawn().unwrap()
 }
 
+/// `f()` while a [`writer`] writes in `dir`.
+fn while_another_writes<T>(dir: &Path, f: impl FnOnce() -> T) -> T {
+    let mut w = writer(dir);
+    let out = f();
+    w.kill().unwrap();
+    w.wait().unwrap();
+    out
+}
+
 fn run(tree: &Path, db: &Path) -> serde_json::Value {
     let r = dedupscan().arg(tree).db(db).json().expect(0).run().json;
     validate_report(&r);
@@ -61,19 +70,14 @@ fn measured_alone_or_with_others(fs: Fs) {
     before.assert_same(&Snapshot::take(&vol.path("quiet")));
 
     corpus(&vol.path("busy"));
-    let mut w = writer(&vol.path("other"));
-    let r = run(&vol.path("busy"), &vol.db());
-    w.kill().unwrap();
-    w.wait().unwrap();
+    let r = while_another_writes(&vol.path("other"), || run(&vol.path("busy"), &vol.db()));
     assert_eq!(r["freed_includes_others"], true, "another process wrote: {r:#}");
     assert!(num(&r, "deduped_bytes") >= 8 * 256 * KIB as u64, "{r:#}");
 
     // The text report says it on the freed row.
     corpus(&vol.path("busy2"));
-    let mut w = writer(&vol.path("other2"));
-    let out = dedupscan().arg(vol.path("busy2")).db(vol.db()).expect(0).run();
-    w.kill().unwrap();
-    w.wait().unwrap();
+    let out =
+        while_another_writes(&vol.path("other2"), || dedupscan().arg(vol.path("busy2")).db(vol.db()).expect(0).run());
     let row = out.stdout.lines().find(|l| l.trim_start().starts_with("freed ")).expect("a freed row");
     assert!(row.contains("with changes by other processes"), "{row:?}");
     // And `report`, over the runs of that database.
@@ -112,10 +116,7 @@ fn btrfs_subvolume_mounted_on_its_own() {
     let _guard = Unmount(mnt.clone());
 
     corpus(&mnt.join("t"));
-    let mut w = writer(&mnt.join("other"));
-    let r = run(&mnt.join("t"), &vol.db());
-    w.kill().unwrap();
-    w.wait().unwrap();
+    let r = while_another_writes(&mnt.join("other"), || run(&mnt.join("t"), &vol.db()));
     assert_eq!(r["freed_includes_others"], true, "watched through the top level: {r:#}");
 
     sh(Command::new("umount").arg(&vol.mnt));
