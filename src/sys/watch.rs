@@ -25,9 +25,8 @@
 //! watches through a mount of the top level where there is one
 //! ([`Watch::of_path`]). Where there is none, and without `CAP_SYS_ADMIN`
 //! or on kernels before 5.1, nothing is watched and the report says so
-//! (`None`). Writes
-//! through a shared `mmap` are never reported by fanotify: a watch that saw
-//! nobody is not proof that nobody wrote.
+//! (`None`). Writes through a shared `mmap` are never reported by
+//! fanotify: a watch that saw nobody is not proof that nobody wrote.
 
 use std::os::fd::{AsFd, BorrowedFd};
 use std::path::Path;
