@@ -158,8 +158,9 @@ pub struct Report {
     /// Free space after minus free space before, from statfs (0 in a dry run).
     pub freed_bytes: i64,
     /// Whether another process was seen changing the filesystem between
-    /// the two measurements of `freed_bytes` (`sys::watch`): then the
-    /// figure includes its writes and deletions. `None`: a dry run, or the
+    /// the two measurements of `freed_bytes` (`sys::watch`), or deleted
+    /// btrfs subvolumes were still being cleaned up: then the figure
+    /// includes their writes and deletions. `None`: a dry run, or the
     /// filesystem could not be watched (a btrfs subvolume mounted without
     /// its top level, no `CAP_SYS_ADMIN`).
     pub freed_includes_others: Option<bool>,

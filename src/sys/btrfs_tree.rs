@@ -1,6 +1,7 @@
 //! Reading btrfs's own trees (`BTRFS_IOC_TREE_SEARCH`, which needs
 //! `CAP_SYS_ADMIN`): what no other interface tells — the groups a qgroup
-//! is a member of (`sys::qgroup`), and whether a file keeps data checksums.
+//! is a member of (`sys::qgroup`), whether a file keeps data checksums,
+//! and whether deleted subvolumes are still being cleaned up.
 //!
 //! Whether a file keeps checksums matters to every unnamed file the run
 //! shares into a file (a rewrite's copy, the hole written zeros are shared
@@ -126,6 +127,23 @@ pub fn nodatasum(fd: BorrowedFd<'_>) -> Result<bool, Errno> {
     let items = search(fd, 0, ino, INODE_ITEM_KEY, 0..=0)?;
     let flags = items.first().and_then(|i| i.data.get(INODE_FLAGS_AT..INODE_FLAGS_AT + 8)).ok_or(Errno::ENOENT)?;
     Ok(u64::from_ne_bytes(flags.try_into().unwrap()) & NODATASUM != 0)
+}
+
+/// The root tree (`BTRFS_ROOT_TREE_OBJECTID`).
+const ROOT_TREE: u64 = 1;
+/// `BTRFS_ORPHAN_OBJECTID` (-5): the objectid of the orphan items that
+/// stand in the root tree for deleted subvolumes not yet cleaned up.
+const ORPHAN_OBJECTID: u64 = -5i64 as u64;
+/// `BTRFS_ORPHAN_ITEM_KEY`.
+const ORPHAN_ITEM_KEY: u32 = 48;
+
+/// Whether subvolumes or snapshots deleted on the filesystem of `fd` are
+/// still waiting for, or under, the kernel's cleaner: it gives their space
+/// back on its own schedule, seconds to minutes after the deletion (a
+/// snapshot of 800 MB of data deleted, then synced: its space came back
+/// 5–10 s later), with no call any process makes then.
+pub fn deleted_subvolumes_pending(fd: BorrowedFd<'_>) -> Result<bool, Errno> {
+    Ok(!search(fd, ROOT_TREE, ORPHAN_OBJECTID, ORPHAN_ITEM_KEY, 0..=u64::MAX)?.is_empty())
 }
 
 /// Make the empty unnamed file `tmp` keep data checksums exactly when
