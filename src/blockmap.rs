@@ -70,6 +70,20 @@ pub fn short_fp(fp64: u64) -> Fp {
 /// in the writer; a file past this is reported and skipped instead.
 pub const MAX_MAP_BYTES: usize = 960_000_000;
 
+/// The bound in force: [`MAX_MAP_BYTES`], or less when the tests ask
+/// (`DEDUPSCAN_TEST_MAX_MAP_BYTES`, so that a file "too large" fits on a
+/// test volume). It can only lower the bound, never raise it past what
+/// SQLite stores.
+pub fn max_map_bytes() -> usize {
+    static BOUND: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
+    *BOUND.get_or_init(|| {
+        std::env::var("DEDUPSCAN_TEST_MAX_MAP_BYTES")
+            .ok()
+            .and_then(|v| v.parse().ok())
+            .map_or(MAX_MAP_BYTES, |v: usize| v.min(MAX_MAP_BYTES))
+    })
+}
+
 /// Why a block map could not be built or expanded.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum MapError {
@@ -238,12 +252,13 @@ impl BlockMap {
     }
 
     fn grow(&mut self, extra: usize) -> Result<(), MapError> {
-        if self.enc.len() + extra > MAX_MAP_BYTES {
-            return Err(MapError::TooLarge { blocks: self.blocks, limit: MAX_MAP_BYTES });
+        let max = max_map_bytes();
+        if self.enc.len() + extra > max {
+            return Err(MapError::TooLarge { blocks: self.blocks, limit: max });
         }
         if self.enc.capacity() - self.enc.len() < extra {
             // Amortised doubling, but fallible: a map is sized by file data.
-            let want = self.enc.len().max(64).min(MAX_MAP_BYTES - self.enc.len()).max(extra);
+            let want = self.enc.len().max(64).min(max - self.enc.len()).max(extra);
             self.enc.try_reserve(want).map_err(MapError::oom(self.blocks))?;
         }
         Ok(())

@@ -383,7 +383,7 @@ impl Report {
         s
     }
 
-    /// Files considered, hashed, unchanged, moved, unreadable, removed.
+    /// Files considered, hashed, unchanged, moved, failed, removed.
     fn files_table(&self) -> Table {
         let mut t = Table::new(&["files", "count", "size"]);
         t.row(["considered".to_owned(), self.files_scanned.to_string(), human(self.logical_bytes)]);
@@ -399,7 +399,7 @@ impl Report {
         t.row(["  unchanged".to_owned(), self.files_unchanged.to_string(), String::new()]);
         t.row(["  moved".to_owned(), self.files_renamed.to_string(), String::new()]);
         if self.files_failed > 0 {
-            t.row(["  unreadable".to_owned(), self.files_failed.to_string(), String::new()]);
+            t.row(["  failed".to_owned(), self.files_failed.to_string(), "not hashed; see errors".to_owned()]);
         }
         if self.files_stale > 0 {
             let why = "changed without a change of times; read again next run";

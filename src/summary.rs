@@ -30,8 +30,10 @@ use crate::report::{List, Listed, ListedRange, Table};
 
 mod disk;
 mod pinned;
+mod too_large;
 use disk::disk_usage;
 pub use pinned::{Pinned, PinnedFile};
+pub use too_large::TooLargeFile;
 
 /// One past run.
 #[derive(Debug, Serialize)]
@@ -130,6 +132,8 @@ pub struct Summary {
     /// unshared rest of the file), by reason and by file, as recorded by
     /// the runs that shared them.
     pub pinned: Pinned,
+    /// Files refused as too large to hash, refused unread while unchanged.
+    pub too_large_files: Vec<TooLargeFile>,
     /// Sum over runs of bytes freed, as measured by statfs.
     pub freed_bytes_total: i64,
     /// Every recorded run, oldest first.
@@ -189,6 +193,7 @@ fn summarize_inner(path: &Path, progress: &dyn Progress, list: bool) -> Result<S
         pending,
         pending_bytes,
         pinned: pinned::pinned(&db)?,
+        too_large_files: too_large::too_large(&db)?,
         freed_bytes_total: freed,
         runs,
         ranges: live.ranges,
@@ -475,7 +480,7 @@ impl Summary {
             s.push('\n');
             s.push_str(&t.render());
         }
-        if let Some(t) = self.pinned.files_text() {
+        for t in [self.pinned.files_text(), too_large::text(&self.too_large_files)].into_iter().flatten() {
             s.push('\n');
             s.push_str(&t);
         }

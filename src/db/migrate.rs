@@ -26,6 +26,7 @@ pub const MIGRATIONS: &[&str] = &[
     include_str!("../../schema/0010_runs_without_lists.sql"),
     include_str!("../../schema/0011_wider_fingerprints.sql"),
     include_str!("../../schema/0012_shared_runs.sql"),
+    include_str!("../../schema/0013_too_large.sql"),
 ];
 
 /// The schema version this build writes.

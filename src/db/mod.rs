@@ -19,6 +19,7 @@ pub mod pending;
 pub mod place;
 pub mod reader;
 pub mod summary;
+pub mod too_large;
 pub mod writer;
 
 pub use maps::{MapRow, Snapshot};
@@ -159,9 +160,9 @@ impl Db {
         if v > migrate::CURRENT {
             return Err(DbError::TooNew { found: v, supported: migrate::CURRENT });
         }
-        // A version-11 database differs only by the shared runs it lacks
-        // (`schema/0012_shared_runs.sql`): readable, its files grouped
-        // block by block.
+        // A version-11 or 12 database differs only by the shared runs
+        // (`schema/0012_shared_runs.sql`) or refusals (`0013_too_large.sql`)
+        // it lacks: readable, its files grouped block by block.
         if v < migrate::MAPS_DROPPED_AT {
             return Err(DbError::TooOld { path: path.to_owned(), found: v, supported: migrate::CURRENT });
         }

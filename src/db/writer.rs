@@ -17,7 +17,7 @@ use rusqlite::{params, Connection};
 use super::maps::encode_runs;
 use super::{file_map, path_bytes, Db, TWIN_MIN_MAP};
 
-use crate::file::{FileId, IdSet, TimeTag};
+use crate::file::{FileFacts, FileId, IdSet, TimeTag};
 use crate::hash::{FileHash, MapBytes};
 
 /// Files per transaction at most.
@@ -85,6 +85,12 @@ pub enum WriteOp {
     Removed {
         /// Its row.
         id: FileId,
+    },
+    /// A file read and refused as too large (see `hash::refused`): the
+    /// facts it was read under, recorded so later runs do not read it again.
+    TooLarge {
+        /// The file as read.
+        file: FileFacts,
     },
 }
 
@@ -319,6 +325,7 @@ impl Writer {
                 conn.prepare_cached("DELETE FROM shared_runs WHERE file_id = ?1")?.execute([id])?;
                 self.prune_dirs = true;
             }
+            WriteOp::TooLarge { file } => super::too_large::record(conn, &file, self.run_id)?,
         }
         Ok(())
     }

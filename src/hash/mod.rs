@@ -40,6 +40,7 @@ use crate::blockmap::{short_fp, BlockMap, Fp, MapError, FP_MAX};
 
 pub mod budget;
 pub mod pool;
+pub mod refused;
 pub mod reuse;
 pub mod settle;
 

@@ -23,6 +23,7 @@ use anyhow::{Context, Result};
 use rayon::prelude::*;
 
 use super::budget::map_estimate;
+use super::refused::Refused;
 use super::{ExtentCache, FileHash, MapBytes};
 use crate::display::display_path;
 use crate::errors::ErrorKind;
@@ -70,6 +71,13 @@ pub enum Hashed {
     Protected {
         /// Its row.
         id: FileId,
+    },
+    /// Read and refused as too large, unchanged while it was read: the
+    /// refusal is recorded so that later runs do not read it again
+    /// ([`super::refused`]).
+    TooLarge {
+        /// The facts it was read under.
+        file: FileFacts,
     },
 }
 
@@ -124,19 +132,24 @@ thread_local! {
 enum HashFail {
     Skip(SkipReason),
     Error(ErrorKind, std::io::Error),
+    /// Its block map is past the bound ([`ErrorKind::TooLarge`]), and it
+    /// did not change while it was read (the facts it was read under):
+    /// a verdict worth recording.
+    TooLarge(FileFacts, std::io::Error),
 }
 
 /// Hash every file received on `to_hash` (in batches: a file and its row when known)
 /// on a pool of `opts.threads` threads, handing each result to `sink`.
 /// Files are taken one at a time as threads come free, in the order they
 /// arrive. Once `stop` is set, the files still queued are counted as not
-/// reached.
+/// reached. A file `refused` as too large by an earlier run, unchanged
+/// since, is refused again without being opened.
 pub fn hash_all(
     opts: &PoolOptions,
     policy: &Policy,
     tree: &Tree,
     to_hash: Receiver<Vec<(FileFacts, Option<FileId>)>>,
-    (sink, maps): (&(dyn Fn(Hashed) + Sync), &MapBytes),
+    (sink, maps, refused): (&(dyn Fn(Hashed) + Sync), &MapBytes, &Refused),
     progress: &dyn Progress,
     stop: &AtomicBool,
 ) -> Result<HashOutcome> {
@@ -160,8 +173,12 @@ pub fn hash_all(
                 t.left_out_bytes += cand.size;
                 return;
             }
-            let hashed = READ_BUF
-                .with_borrow_mut(|buf| hash_one(&cand, id.is_some(), tree, policy, opts, (cache.as_ref(), maps), buf));
+            let hashed = match refused.earlier(&cand) {
+                Some(r) => Err(refused_again(r.run)),
+                None => READ_BUF.with_borrow_mut(|buf| {
+                    hash_one(&cand, id.is_some(), tree, policy, opts, (cache.as_ref(), maps), buf)
+                }),
+            };
             progress.inc(cand.size);
             progress.inc_files(1);
             match hashed {
@@ -218,6 +235,17 @@ fn left_out(
             let mut t = tally.lock().unwrap();
             *t.skipped.entry(r).or_default() += 1;
             t.left_out_bytes += cand.size;
+            t.failed.insert(key);
+        }
+        HashFail::TooLarge(now, e) => {
+            progress.warn(&format!(
+                "{}: {}: {e}; left out, and not read again while it is unchanged",
+                display_path(&cand.path),
+                ErrorKind::TooLarge
+            ));
+            sink(Hashed::TooLarge { file: now });
+            let mut t = tally.lock().unwrap();
+            *t.errors.entry(ErrorKind::TooLarge).or_default() += 1;
             t.failed.insert(key);
         }
         HashFail::Error(kind, e) => {
@@ -296,7 +324,14 @@ fn hash_one(
         Err(e) if e.kind() == std::io::ErrorKind::OutOfMemory => {
             return Err(HashFail::Error(ErrorKind::OutOfMemory, e))
         }
-        Err(e) if e.kind() == std::io::ErrorKind::FileTooLarge => return Err(HashFail::Error(ErrorKind::TooLarge, e)),
+        Err(e) if e.kind() == std::io::ErrorKind::FileTooLarge => {
+            // Recorded only if it did not change while it was read.
+            let after = file.metadata().map_err(|e| HashFail::Error(ErrorKind::Stat, e))?;
+            return Err(match FileFacts::from_metadata(c.path.clone(), key, &after) == now {
+                true => HashFail::TooLarge(now, e),
+                false => HashFail::Error(ErrorKind::TooLarge, e),
+            });
+        }
         Err(e) => return Err(HashFail::Error(ErrorKind::Read, e)),
     };
     let after = file.metadata().map_err(|e| HashFail::Error(ErrorKind::Stat, e))?;
@@ -309,4 +344,17 @@ fn hash_one(
     }
     reserved.keep(h.map.as_bytes().len() as u64);
     Ok((now, h))
+}
+
+/// The refusal of a file an earlier run read and refused as too large
+/// (run `run`), found unchanged: said like the first, without the read.
+fn refused_again(run: i64) -> HashFail {
+    let e = std::io::Error::new(
+        std::io::ErrorKind::FileTooLarge,
+        format!(
+            "its block map was larger than this build handles when run {run} read it, and it has not changed \
+             since: not read again (exclude it to silence this)"
+        ),
+    );
+    HashFail::Error(ErrorKind::TooLarge, e)
 }

@@ -22,6 +22,7 @@ use crate::db::writer::{self, WriteOp, CHANNEL_CAP};
 use crate::db::{kept_out, Db};
 use crate::display::{display_path, human};
 use crate::hash::pool::{self, HashOutcome, Hashed, PoolOptions, HASH_BATCH, HASH_QUEUE};
+use crate::hash::refused::Refused;
 use crate::hash::MapBytes;
 use crate::policy::SkipReason;
 use crate::progress::Progress;
@@ -78,6 +79,8 @@ pub(super) fn scan_phase(
     // Change detection asks the database file by file, on a connection of
     // its own: no index of known files in memory.
     let index = Reader::open(&db.path, run_id)?;
+    // Files refused as too large before, read again only once changed.
+    let refused = Refused::new(db.too_large()?, job.scan.incremental);
     let t = Instant::now();
     progress.phase("1/3 scan", None, true);
     let (tx, rx) = sync_channel::<WriteOp>(CHANNEL_CAP);
@@ -87,7 +90,7 @@ pub(super) fn scan_phase(
         .name("db-writer".into())
         .spawn(move || writer::run(db, run_id, rx, &given))
         .context("cannot start the database writer")?;
-    let (mut crawled, hashed) = crawl_and_hash(job, index, (&tx, &map_bytes), progress, stop)?;
+    let (mut crawled, hashed) = crawl_and_hash(job, index, (&tx, &map_bytes, &refused), progress, stop)?;
     let interrupted = stop.load(Ordering::Relaxed);
     let mut removed = 0;
     if !interrupted {
@@ -111,6 +114,9 @@ pub(super) fn scan_phase(
     // The plan may use what the crawl saw and what this run hashed, not
     // the files that failed to hash.
     db.add_run_files(run_id, &mut seen)?;
+    if !interrupted {
+        db.drop_too_large(&refused.stale(&job.scan.paths))?;
+    }
     for key in &hashed.failed {
         if let Some(id) = db.id_of(*key)? {
             seen.remove(id);
@@ -192,7 +198,7 @@ fn keep_links_outside(
 fn crawl_and_hash(
     job: &Job,
     index: Reader,
-    (writes, map_bytes): (&SyncSender<WriteOp>, &MapBytes),
+    (writes, map_bytes, refused): (&SyncSender<WriteOp>, &MapBytes, &Refused),
     progress: &dyn Progress,
     stop: &AtomicBool,
 ) -> Result<(Crawled, HashOutcome)> {
@@ -217,6 +223,10 @@ fn crawl_and_hash(
                 hash,
             },
             Hashed::Protected { id } => WriteOp::Removed { id },
+            Hashed::TooLarge { file } => {
+                refused.confirm(file.key);
+                WriteOp::TooLarge { file }
+            }
         };
         // Its map's bytes were reserved before it was hashed (see
         // `MapBytes`); the writer gives them back.
@@ -228,7 +238,8 @@ fn crawl_and_hash(
             .name("crawl".into())
             .spawn_scoped(s, move || crawl(job, index, &writes, hash_tx, progress, stop))
             .context("cannot start the crawler")?;
-        let hashed = pool::hash_all(&opts, &job.policy, &job.tree, hash_rx, (&sink, map_bytes), progress, stop);
+        let hashed =
+            pool::hash_all(&opts, &job.policy, &job.tree, hash_rx, (&sink, map_bytes, refused), progress, stop);
         let crawled = crawler.join().map_err(|_| anyhow::anyhow!("crawler panicked"))?;
         Ok((crawled, hashed?))
     })
