@@ -15,7 +15,7 @@ use std::path::Path;
 
 use globset::{Glob, GlobSet, GlobSetBuilder};
 
-use crate::sys::{self, beneath, InodeFlags};
+use crate::sys::{self, beneath, stat, InodeFlags};
 
 /// Extended attribute that keeps a file, or everything below a directory,
 /// out of deduplication.
@@ -263,7 +263,7 @@ impl Policy {
         if self.excludes.is_match(path) {
             return Err(SkipReason::Excluded);
         }
-        if beneath::has_xattr_fd(fd, NODEDUP_XATTR) || beneath::has_entry_at(fd, MARKER_C) {
+        if beneath::has_xattr_fd(fd, NODEDUP_XATTR) || stat::has_entry_at(fd, MARKER_C) {
             return Err(SkipReason::Nodedup);
         }
         Ok(())

@@ -45,7 +45,7 @@ use crate::file::FileFacts;
 use crate::policy::{Policy, SkipReason};
 use crate::progress::Progress;
 use crate::sys::beneath::{self, Tree};
-use crate::sys::FsKind;
+use crate::sys::{stat, FsKind};
 use links::HardLinks;
 pub use links::Outside;
 use listed::Listed;
@@ -265,8 +265,8 @@ fn start(
         return None;
     }
     let st = match file {
-        Some(name) => beneath::stat_at(dir_fd, name),
-        None => beneath::stat_fd(dir_fd),
+        Some(name) => stat::stat_at(dir_fd, name),
+        None => stat::stat_fd(dir_fd),
     };
     let st = match st {
         Ok(st) => st,
@@ -345,7 +345,7 @@ fn enter(ctx: &Ctx<'_>, queue: &Queue, job: Job, buf: &mut [MaybeUninit<u8>], ou
         }
     };
     drop(parent);
-    let st = match beneath::stat_fd(fd.as_fd()) {
+    let st = match stat::stat_fd(fd.as_fd()) {
         Ok(st) => st,
         Err(e) => {
             out.send(Found::Error(ErrorKind::Unreadable, path, e));
@@ -481,7 +481,10 @@ fn classify(ctx: &Ctx<'_>, fd: BorrowedFd<'_>, id: (u64, u64), name: &CStr, mut 
     if file_like {
         // d_type said regular (or nothing); fstatat must agree (the name
         // may have been replaced by a FIFO in between).
-        match beneath::stat_at(fd, name) {
+        match stat::stat_at(fd, name) {
+            // A file on another device than its directory is a mount on
+            // the name (a bind mount, a user's FUSE file): not the tree's.
+            Ok(s) if s.st_dev != id.0 => return Entry::Other(Found::Skip(SkipReason::MountPoint)),
             Ok(s) => {
                 ft = FileType::from_raw_mode(s.st_mode);
                 st = Some(s);

@@ -28,7 +28,7 @@ use crate::policy::SkipReason;
 use crate::progress::Progress;
 
 use crate::file::{FileFacts, FileId, FileKey, IdSet};
-use crate::sys::{self, beneath};
+use crate::sys::{self, stat};
 use crate::walk::{self, WalkResult};
 
 /// What the scan phase found: its counts, and what planning needs.
@@ -311,7 +311,7 @@ impl Probe for FsProbe<'_, '_> {
         let (Ok(dir), Ok(name)) = (self.job.tree.open_dir(parent), CString::new(name.as_bytes())) else {
             return false;
         };
-        beneath::stat_at(dir.as_fd(), &name).is_ok_and(|st| st.st_dev == self.st_dev && st.st_ino == c.key.ino)
+        stat::stat_at(dir.as_fd(), &name).is_ok_and(|st| st.st_dev == self.st_dev && st.st_ino == c.key.ino)
     }
 
     /// The `user.nodedup` attribute of a moved file, read on the file the

@@ -34,7 +34,7 @@ use std::path::{Component, Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::OnceLock;
 
-use rustix::fs::{Access, AtFlags, Mode, OFlags, ResolveFlags, Stat};
+use rustix::fs::{Access, AtFlags, Mode, OFlags, ResolveFlags};
 
 use crate::display::display_path;
 
@@ -171,7 +171,7 @@ pub(crate) fn open_components(dir: BorrowedFd<'_>, rel: &Path, flags: OFlags, xd
 /// Whether `fd` is the root of a mount (false where `statx` cannot say).
 fn is_mount_root(fd: BorrowedFd<'_>) -> bool {
     use rustix::fs::{StatxAttributes, StatxFlags};
-    rustix::fs::statx(fd, "", AtFlags::EMPTY_PATH, StatxFlags::empty()).is_ok_and(|s| {
+    rustix::fs::statx(fd, "", AtFlags::EMPTY_PATH | AtFlags::STATX_DONT_SYNC, StatxFlags::empty()).is_ok_and(|s| {
         s.stx_attributes_mask.contains(StatxAttributes::MOUNT_ROOT)
             && s.stx_attributes.contains(StatxAttributes::MOUNT_ROOT)
     })
@@ -228,7 +228,8 @@ pub fn open_dir_at(dir: BorrowedFd<'_>, name: &CStr) -> io::Result<OwnedFd> {
         // which it is, so a directory swapped for a symlink is counted as one.
         Err(e)
             if e.raw_os_error() == Some(libc::ENOTDIR)
-                && stat_at(dir, name).is_ok_and(|s| rustix::fs::FileType::from_raw_mode(s.st_mode).is_symlink()) =>
+                && super::stat::stat_at(dir, name)
+                    .is_ok_and(|s| rustix::fs::FileType::from_raw_mode(s.st_mode).is_symlink()) =>
         {
             Err(io::Error::from_raw_os_error(libc::ELOOP))
         }
@@ -236,27 +237,10 @@ pub fn open_dir_at(dir: BorrowedFd<'_>, name: &CStr) -> io::Result<OwnedFd> {
     }
 }
 
-/// `fstatat(dir, name, AT_SYMLINK_NOFOLLOW)`: the entry itself, never what
-/// a symlink points to.
-pub fn stat_at(dir: BorrowedFd<'_>, name: &CStr) -> io::Result<Stat> {
-    Ok(rustix::fs::statat(dir, name, AtFlags::SYMLINK_NOFOLLOW)?)
-}
-
-/// `fstat` of an open descriptor.
-pub fn stat_fd(fd: BorrowedFd<'_>) -> io::Result<Stat> {
-    Ok(rustix::fs::fstat(fd)?)
-}
-
 /// Whether the open file or directory `fd` carries the extended attribute
 /// `name`. No xattr support, or no such attribute: `false`.
 pub fn has_xattr_fd(fd: BorrowedFd<'_>, name: &str) -> bool {
     rustix::fs::fgetxattr_query(fd, name).is_ok()
-}
-
-/// Whether the directory `dir` holds an entry `name` of any type (not
-/// followed if a symlink).
-pub fn has_entry_at(dir: BorrowedFd<'_>, name: &CStr) -> bool {
-    rustix::fs::statat(dir, name, AtFlags::SYMLINK_NOFOLLOW).is_ok()
 }
 
 /// The starting paths of a run, each held open for the whole run: every
@@ -542,8 +526,9 @@ mod tests {
         assert_eq!(errno(open_dir_at(root, c"link")), libc::ELOOP);
         let a = open_dir_at(root, c"a").unwrap();
         assert_eq!(errno(open_dir_at(a.as_fd(), c"f")), libc::ENOTDIR);
+        use super::super::stat::has_entry_at;
         assert!(has_entry_at(a.as_fd(), c"abs") && !has_entry_at(a.as_fd(), c"nothing"));
-        assert!(stat_at(a.as_fd(), c"abs").is_ok());
+        assert!(super::super::stat::stat_at(a.as_fd(), c"abs").is_ok());
     }
 
     #[test]

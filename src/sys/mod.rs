@@ -16,6 +16,7 @@ pub mod mounts;
 pub mod qgroup;
 pub mod resolve;
 pub mod spill;
+pub mod stat;
 pub mod twins;
 pub mod watch;
 
