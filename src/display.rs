@@ -9,10 +9,13 @@ use std::path::Path;
 
 /// A path as shown in messages and JSON: valid UTF-8 as is, a backslash as
 /// `\\`, and as `\xNN` every byte that is not valid UTF-8 or belongs to a
-/// control character (C0, DEL, C1) or a line or paragraph separator, so the
-/// form is lossless (it can be turned back into the original bytes) and a
-/// name cannot start a line of its own in a log or the journal (`\n<3>`
-/// would forge an error there) nor send escape sequences to a terminal.
+/// control character (C0, DEL, C1), a line or paragraph separator or a
+/// bidirectional formatting character, so the form is lossless (it can be
+/// turned back into the original bytes) and a name cannot start a line of
+/// its own in a log or the journal (`\n<3>` would forge an error there),
+/// send escape sequences to a terminal, nor reorder what follows it on the
+/// line (U+202E shows `/srv/a/\u{202e}gol.txt` as `/srv/a/txt.log`: the
+/// "Trojan Source" trick, CVE-2021-42574).
 pub fn display_path(p: &Path) -> String {
     escape_bytes(p.as_os_str().as_bytes())
 }
@@ -43,7 +46,7 @@ fn push_escaped(out: &mut String, s: &str) {
     for c in s.chars() {
         if c == '\\' {
             out.push_str("\\\\");
-        } else if c.is_control() || c == '\u{2028}' || c == '\u{2029}' {
+        } else if c.is_control() || matches!(c, '\u{2028}' | '\u{2029}') || is_bidi_control(c) {
             for byte in c.encode_utf8(&mut [0; 4]).bytes() {
                 let _ = write!(out, "\\x{byte:02x}");
             }
@@ -51,6 +54,12 @@ fn push_escaped(out: &mut String, s: &str) {
             out.push(c);
         }
     }
+}
+
+/// The characters that change the display order of the text around them
+/// (Unicode's Bidi_Control property).
+fn is_bidi_control(c: char) -> bool {
+    matches!(c, '\u{061c}' | '\u{200e}' | '\u{200f}' | '\u{202a}'..='\u{202e}' | '\u{2066}'..='\u{2069}')
 }
 
 /// Bytes in binary units, e.g. `1.5 GiB`.
@@ -111,6 +120,14 @@ mod tests {
     fn escapes_control_characters_losslessly() {
         let p = Path::new(OsStr::from_bytes("/a\n<3>b\x1b[31m\t\u{85}\u{2028}é".as_bytes()));
         assert_eq!(display_path(p), r"/a\x0a<3>b\x1b[31m\x09\xc2\x85\xe2\x80\xa8é");
+    }
+
+    #[test]
+    fn escapes_bidirectional_controls_losslessly() {
+        let p = Path::new(OsStr::from_bytes("/srv/a/\u{202e}gol.txt\u{2066}x\u{061c}\u{200f}".as_bytes()));
+        assert_eq!(display_path(p), r"/srv/a/\xe2\x80\xaegol.txt\xe2\x81\xa6x\xd8\x9c\xe2\x80\x8f");
+        // Other non-ASCII text is shown as it is.
+        assert_eq!(display_path(Path::new("/srv/日本/العربية")), "/srv/日本/العربية");
     }
 
     #[test]
