@@ -250,7 +250,7 @@ impl Policy {
 
     /// The nodedup markers of directory `dir`.
     fn check_dir_marks(&self, dir: &Path) -> Result<(), SkipReason> {
-        if sys::inode::has_xattr(dir, NODEDUP_XATTR) || dir.join(NODEDUP_MARKER).symlink_metadata().is_ok() {
+        if sys::inode::has_xattr(dir, NODEDUP_XATTR) || stat::has_entry(&dir.join(NODEDUP_MARKER)) {
             return Err(SkipReason::Nodedup);
         }
         Ok(())

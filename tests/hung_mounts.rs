@@ -82,6 +82,17 @@ fn hung_mounts_are_left_out(fs: Fs) {
     assert_eq!(out.code, 0, "report: exit {}\n{}", out.code, out.stderr);
     drop(mounts);
 
+    // A `.nodedup` marker above the starting path (looked at by path) with
+    // such a mount on it: it is there, so the starting path is protected.
+    let above = vol.path("above");
+    std::fs::create_dir_all(above.join("sub")).unwrap();
+    std::fs::write(above.join(".nodedup"), b"").unwrap();
+    let marker = Hung::mount(&above.join(".nodedup"));
+    let out = dedupscan().under(timeout).arg(above.join("sub")).json().db(vol.db()).run();
+    assert_eq!(out.code, 0, "marker above: exit {}\n{}", out.code, out.stderr);
+    assert_eq!(out.json["skipped_dirs"]["nodedup"], 1, "{:#}", out.json);
+    drop(marker);
+
     before.assert_same(&Snapshot::take(&t));
     assert!(same_physical(&t.join("a"), 0, &t.join("b"), 0, 256 << 10), "the rest is shared");
 }

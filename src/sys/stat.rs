@@ -5,6 +5,7 @@
 use std::ffi::CStr;
 use std::io;
 use std::os::fd::BorrowedFd;
+use std::path::Path;
 
 use rustix::fs::{AtFlags, Stat};
 
@@ -62,4 +63,16 @@ pub fn stat_fd(fd: BorrowedFd<'_>) -> io::Result<Stat> {
 /// followed if a symlink).
 pub fn has_entry_at(dir: BorrowedFd<'_>, name: &CStr) -> bool {
     stat_at(dir, name).is_ok()
+}
+
+/// Whether `path` names an entry of any type (not followed if a symlink,
+/// and, like [`stat_at`], never asking a filesystem mounted on it).
+pub fn has_entry(path: &Path) -> bool {
+    use rustix::fs::{StatxFlags, CWD};
+    let flags = AtFlags::SYMLINK_NOFOLLOW | AtFlags::NO_AUTOMOUNT | AtFlags::STATX_DONT_SYNC;
+    match rustix::fs::statx(CWD, path, flags, StatxFlags::empty()) {
+        Ok(_) => true,
+        Err(rustix::io::Errno::NOSYS) => path.symlink_metadata().is_ok(),
+        Err(_) => false,
+    }
 }
