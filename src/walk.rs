@@ -484,7 +484,11 @@ fn classify(ctx: &Ctx<'_>, fd: BorrowedFd<'_>, id: (u64, u64), name: &CStr, mut 
         match stat::stat_at(fd, name) {
             // A file on another device than its directory is a mount on
             // the name (a bind mount, a user's FUSE file): not the tree's.
-            Ok(s) if s.st_dev != id.0 => return Entry::Other(Found::Skip(SkipReason::MountPoint)),
+            // (A directory, where `d_type` says nothing, is refused as a
+            // mount point when opened.)
+            Ok(s) if s.st_dev != id.0 && !FileType::from_raw_mode(s.st_mode).is_dir() => {
+                return Entry::Other(Found::Skip(SkipReason::MountPoint))
+            }
             Ok(s) => {
                 ft = FileType::from_raw_mode(s.st_mode);
                 st = Some(s);
