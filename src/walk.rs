@@ -479,18 +479,15 @@ fn classify(ctx: &Ctx<'_>, fd: BorrowedFd<'_>, id: (u64, u64), name: &CStr, mut 
         return Entry::Other(Found::Skip(SkipReason::OwnDatabase));
     }
     if file_like {
-        // d_type said regular (or nothing); fstatat must agree (the name
-        // may have been replaced by a FIFO in between).
+        // d_type said regular (or nothing); the stat must agree (a FIFO may
+        // have taken the name). On another device than its directory it is
+        // a mount on the name (a user's FUSE file); a directory is refused when opened.
         match stat::stat_at(fd, name) {
-            // A file on another device than its directory is a mount on
-            // the name (a bind mount, a user's FUSE file): not the tree's.
-            // (A directory, where `d_type` says nothing, is refused as a
-            // mount point when opened.)
-            Ok(s) if s.st_dev != id.0 && !FileType::from_raw_mode(s.st_mode).is_dir() => {
-                return Entry::Other(Found::Skip(SkipReason::MountPoint))
-            }
             Ok(s) => {
                 ft = FileType::from_raw_mode(s.st_mode);
+                if s.st_dev != id.0 && !ft.is_dir() {
+                    return Entry::Other(Found::Skip(SkipReason::MountPoint));
+                }
                 st = Some(s);
             }
             Err(_) => return Entry::Other(Found::Skip(SkipReason::Vanished)),
