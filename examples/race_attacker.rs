@@ -13,7 +13,8 @@
 //!   pool opens each file once, so the second open is the share phase's).
 //!
 //! With `RACE_MOMENT=Move` it makes no symlink and moves `sub` (see
-//! [`move_twice`]); with `Link`, it links files (see [`link_during_share`]).
+//! [`move_twice`]); with `Link`, it links files (see [`link_during_share`]);
+//! with `Lease`, it holds leases (see [`hold_leases`]).
 
 use std::collections::HashSet;
 use std::io::Write;
@@ -34,7 +35,8 @@ fn main() {
         "Share" => true,
         "Move" => return move_twice(&sub, &PathBuf::from(var("RACE_LINK"))),
         "Link" => return link_during_share(&sub, &PathBuf::from(var("RACE_LINK"))),
-        other => panic!("RACE_MOMENT={other}: want Crawl, Share, Move or Link"),
+        "Lease" => return hold_leases(&sub),
+        other => panic!("RACE_MOMENT={other}: want Crawl, Share, Move, Link or Lease"),
     };
     std::os::unix::fs::symlink(var("RACE_LINK"), &link).unwrap();
     let mut opened: HashSet<Vec<u8>> = HashSet::new();
@@ -81,6 +83,27 @@ fn link_during_share(sub: &Path, to: &Path) {
     let t = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap();
     println!("swapped {}.{:06}", t.as_secs(), t.subsec_micros());
     std::io::stdout().flush().unwrap();
+}
+
+/// `RACE_MOMENT=Lease`: take a write lease on every file of `sub`, as a
+/// file server does for a client's exclusive oplock, ignore the signal that
+/// asks to give it up, print `ready` and hold the leases until killed.
+fn hold_leases(sub: &Path) {
+    // SAFETY: setting a signal's disposition to "ignore".
+    unsafe { libc::signal(libc::SIGIO, libc::SIG_IGN) };
+    let mut held = Vec::new();
+    for e in std::fs::read_dir(sub).unwrap() {
+        let f = std::fs::File::open(e.unwrap().path()).unwrap();
+        // SAFETY: fcntl on a descriptor we hold.
+        let rc = unsafe { libc::fcntl(std::os::fd::AsRawFd::as_raw_fd(&f), libc::F_SETLEASE, libc::F_WRLCK) };
+        assert_eq!(rc, 0, "F_SETLEASE: {}", std::io::Error::last_os_error());
+        held.push(f);
+    }
+    println!("ready");
+    std::io::stdout().flush().unwrap();
+    loop {
+        std::thread::park();
+    }
 }
 
 fn swapped() {

@@ -86,7 +86,7 @@ const STATUSES: [&str; 2] = ["same", "differs"];
 const ERROR_KINDS: [&str; 2] = [ErrorKind::Unreadable.name(), ErrorKind::Vanished.name()];
 const COMMANDS: [&str; 2] = ["run", "scan"];
 /// The names of [`crate::policy::SkipReason`].
-const SKIP_REASONS: [&str; 23] = [
+const SKIP_REASONS: [&str; 24] = [
     "fifo",
     "socket",
     "device",
@@ -108,6 +108,7 @@ const SKIP_REASONS: [&str; 23] = [
     "own_database",
     "changed_during_scan",
     "vanished",
+    "leased",
     "moved_during_crawl",
     "too_deep",
 ];

@@ -79,6 +79,11 @@ pub enum SkipReason {
     ChangedDuringScan,
     /// Vanished between listing and opening.
     Vanished,
+    /// Another process holds a lease on it (a file server's exclusive
+    /// oplock or write delegation): opened with `O_NONBLOCK`, it answered
+    /// `EAGAIN` instead of holding the run up to `lease-break-time` (45 s
+    /// by default) per file. Not read; tried again next run.
+    Leased,
     /// A directory met a second time, under another name: it was moved
     /// while the crawl ran, and its files were already found once (see
     /// `walk::listed::Listed`).
@@ -130,6 +135,7 @@ impl SkipReason {
             SkipReason::OwnDatabase => "own_database",
             SkipReason::ChangedDuringScan => "changed_during_scan",
             SkipReason::Vanished => "vanished",
+            SkipReason::Leased => "leased",
             SkipReason::MovedDuringCrawl => "moved_during_crawl",
             SkipReason::TooDeep => "too_deep",
         }

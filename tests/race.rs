@@ -70,6 +70,8 @@ enum Moment {
     /// Soon after the share phase opens a file of `sub`, every file of
     /// `sub` gets a second name in a `.nodedup` directory (no symlink).
     Link,
+    /// Before the run: a write lease on every file of `sub`, held.
+    Lease,
 }
 
 /// Where the symlink points.
@@ -203,6 +205,15 @@ impl Attacker {
         let mut rest = String::new();
         let _ = std::io::Read::read_to_string(&mut self.out, &mut rest);
         rest.lines().find_map(|l| l.strip_prefix("swapped")).map(|t| t.trim().to_owned())
+    }
+}
+
+/// A test that fails leaves no attacker behind (one holding leases would
+/// keep its volume from being unmounted).
+impl Drop for Attacker {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
     }
 }
 
@@ -346,7 +357,9 @@ fn race_once(fs: Fs, target: Target, moment: Moment) -> bool {
     let ok = match moment {
         Moment::Crawl => code == 0 || (code == 1 && !kinds.is_empty()),
         Moment::Share => code == 1,
-        Moment::Move | Moment::Link => unreachable!("tested by moved_directory() and linked_during_share()"),
+        Moment::Move | Moment::Link | Moment::Lease => {
+            unreachable!("tested by moved_directory(), linked_during_share() and leased_file()")
+        }
     };
     let late = moment == Moment::Share && code == 0 && kinds.is_empty();
     check(ok || late, format!("exit code {code} (errors {})", r["error_kinds"]));
@@ -609,4 +622,45 @@ fn btrfs_a_name_added_while_a_file_is_shared_stops_the_sharing() {
 #[test]
 fn xfs_a_name_added_while_a_file_is_shared_stops_the_sharing() {
     linked_during_share(Fs::Xfs);
+}
+
+/// A lease another process holds on a file (a file server's exclusive
+/// oplock, an NFS write delegation; here the user's own, on `sub/b`,
+/// never given up): the hashing open (`O_NONBLOCK`) does not wait the
+/// `lease-break-time` (45 s) for it. The file is counted `leased`, not
+/// `vanished` as before, and is read and shared by the next run once the
+/// lease is gone.
+fn leased_file(fs: Fs) {
+    let Some(vol) = reachable_volume(fs, 300) else { return };
+    let user = vol.path("user");
+    std::fs::create_dir_all(user.join("sub")).unwrap();
+    let data = Rng::new(9).bytes(256 << 10);
+    let (a, b) = (user.join("a"), user.join("sub/b"));
+    for p in [&a, &b] {
+        std::fs::write(p, &data).unwrap();
+    }
+    chown_r(&user);
+    let before = Snapshot::take(&user);
+    let attacker = Attacker::spawn(&user, Path::new("unused"), Moment::Lease);
+    let t = std::time::Instant::now();
+    let r = run_json(&vol, &[s(&user)]);
+    assert!(t.elapsed() < std::time::Duration::from_secs(30), "waited for the lease: {:?}", t.elapsed());
+    assert_eq!(r["skipped"]["leased"], 1, "{r:#}");
+    assert_eq!(num(&r, "errors"), 0, "{r:#}");
+    // (The test's own opens of `b` would wait for the lease: after it.)
+    let _ = attacker.swapped();
+    assert_eq!(shared_bytes(&b), 0, "{r:#}");
+    let r = run_json(&vol, &[s(&user)]);
+    assert!(same_physical(&a, 0, &b, 0, 256 << 10), "not shared once the lease was gone: {r:#}");
+    before.assert_same(&Snapshot::take(&user));
+}
+
+#[test]
+fn btrfs_a_leased_file_is_left_for_the_next_run_without_waiting() {
+    leased_file(Fs::Btrfs);
+}
+
+#[test]
+fn xfs_a_leased_file_is_left_for_the_next_run_without_waiting() {
+    leased_file(Fs::Xfs);
 }

@@ -226,6 +226,13 @@ fn left_out(
                 // Now protected: forget what was known of it.
                 sink(Hashed::Protected { id });
             }
+            if r == SkipReason::Leased {
+                progress.info(&format!(
+                    "{}: not read: another process holds a lease on it (a file server's oplock or delegation); \
+                     tried again next run",
+                    display_path(&cand.path)
+                ));
+            }
             if r == SkipReason::ChangedDuringScan {
                 progress.warn(&format!(
                     "{}: changed while it was read; it is hashed again next run",
@@ -282,6 +289,7 @@ fn hash_one(
         // Gone, or a directory on the way replaced by a symlink or a mount
         // since the crawl listed it: not the file that was listed.
         Some(libc::ENOENT | libc::ENOTDIR | libc::ELOOP | libc::EXDEV) => HashFail::Skip(SkipReason::Vanished),
+        Some(libc::EAGAIN) => HashFail::Skip(SkipReason::Leased),
         Some(libc::EACCES) | Some(libc::EPERM) => HashFail::Error(ErrorKind::Unreadable, e),
         _ => HashFail::Error(ErrorKind::Open, e),
     })?;

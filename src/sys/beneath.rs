@@ -79,19 +79,20 @@ fn open_resolved(dir: BorrowedFd<'_>, rel: &Path, flags: OFlags, how: ResolveFla
     open_components(dir, rel, flags, how.contains(ResolveFlags::NO_XDEV))
 }
 
-/// One `openat2` call. It may answer `EAGAIN` when a rename raced the
-/// lookup (`RESOLVE_BENEATH` guards against `..` escapes that way): the
-/// name was being changed under us, so that counts as vanished (`ENOENT`).
+/// One `openat2` call.
+///
+/// `EAGAIN` is passed on: the kernel gives it for a rename racing a `..`
+/// under `RESOLVE_BENEATH`, and the paths resolved here never hold `..`,
+/// so it means that another process holds a lease on the file and the
+/// open (`O_NONBLOCK`, [`FILE_FLAGS`]) declined to wait for it to break
+/// (callers count the file `leased`). It was taken for a vanished file.
 fn openat2<P: rustix::path::Arg>(
     dir: BorrowedFd<'_>,
     rel: P,
     flags: OFlags,
     how: ResolveFlags,
 ) -> rustix::io::Result<OwnedFd> {
-    match rustix::fs::openat2(dir, rel, flags | OFlags::CLOEXEC, Mode::empty(), how) {
-        Err(rustix::io::Errno::AGAIN) => Err(rustix::io::Errno::NOENT),
-        other => other,
-    }
+    rustix::fs::openat2(dir, rel, flags | OFlags::CLOEXEC, Mode::empty(), how)
 }
 
 /// Most bytes of path handed to one `openat2` by [`open_long`].
