@@ -228,7 +228,10 @@ fn hand_written() -> Roff {
         (
             ExitCode::PartialErrors,
             "Finished, but some paths or ranges had errors (unreadable, removed while read, refused by the kernel, ...): \
-             they are counted in the report and the rest of the run went on. Also when --metrics-file could not be written.",
+             they are counted in the report and the rest of the run went on, and the next run tries them again. A file \
+             whose block map is too large to hold (too_large: about 610 GiB of data in one file) is read once and then \
+             refused unread while it is unchanged, with this status each run; report lists such files. Also when \
+             --metrics-file could not be written.",
         ),
         (
             ExitCode::Usage,

@@ -335,9 +335,10 @@ fn hash_one(
         Err(e) if e.kind() == std::io::ErrorKind::FileTooLarge => {
             // Recorded only if it did not change while it was read.
             let after = file.metadata().map_err(|e| HashFail::Error(ErrorKind::Stat, e))?;
-            return Err(match FileFacts::from_metadata(c.path.clone(), key, &after) == now {
-                true => HashFail::TooLarge(now, e),
-                false => HashFail::Error(ErrorKind::TooLarge, e),
+            return Err(if FileFacts::from_metadata(c.path.clone(), key, &after) == now {
+                HashFail::TooLarge(now, e)
+            } else {
+                HashFail::Error(ErrorKind::TooLarge, e)
             });
         }
         Err(e) => return Err(HashFail::Error(ErrorKind::Read, e)),
