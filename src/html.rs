@@ -4,8 +4,8 @@
 //!
 //! In: the same [`Summary`] `report --json` prints, taken as its JSON
 //! value, so the page shows exactly the figures of `--json` and keeps
-//! working when fields are added to the summary (`pinned` is shown when
-//! anything is pinned). Out: one HTML file with inline
+//! working when fields are added to the summary (`pinned` and the files
+//! too large to hash are shown when there are any). Out: one HTML file with inline
 //! CSS and hand-written SVG; nothing is fetched from anywhere and there is
 //! no script. A Content-Security-Policy forbids scripts and allows only the
 //! page's own style block (by its SHA-256), so even a name that slipped
@@ -54,6 +54,7 @@ pub fn render_value(s: &Value) -> String {
     space(b, s);
     directories(b, s);
     groups(b, s);
+    too_large(b, s);
     let last = runs.iter().rev().find(|r| r.report.is_object());
     // Directories left out whole are listed beside files, by reason.
     let skipped = [("skipped", ""), ("skipped_dirs", " (directories)")];
@@ -381,6 +382,18 @@ fn groups(b: &mut String, s: &Value) {
             human(v),
             bar(v, max)
         );
+    }
+    b.push_str("</tbody></table>\n</section>\n");
+}
+
+/// The files refused as too large to hash (`too_large_files`), if any.
+fn too_large(b: &mut String, s: &Value) {
+    let Some(files) = s["too_large_files"].as_array().filter(|a| !a.is_empty()) else { return };
+    b.push_str("<section id=\"too-large\">\n<h2>Files too large to hash (never shared)</h2>\n<table><tbody>\n");
+    for f in files {
+        let (path, v) = (esc(f["path"].as_str().unwrap_or("")), f["size_bytes"].as_u64().unwrap_or(0));
+        let _ =
+            writeln!(b, "<tr><td class=\"name\">{path}</td><td class=\"n\" data-bytes=\"{v}\">{}</td></tr>", human(v));
     }
     b.push_str("</tbody></table>\n</section>\n");
 }

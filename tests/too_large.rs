@@ -95,6 +95,10 @@ fn too_large_read_once(fs: Fs) {
     assert_eq!(listed[0]["size_bytes"], 4 << 20, "{listed:#}");
     let text = dedupscan().arg("report").db(vol.db()).expect(0).run().stdout;
     assert!(text.contains("too large to hash") && text.contains("thick.img"), "{text}");
+    let html = vol.db().with_file_name("report.html");
+    dedupscan().args(["report", "--html"]).arg(&html).db(vol.db()).expect(0).run();
+    let page = std::fs::read_to_string(&html).unwrap();
+    assert!(page.contains("<section id=\"too-large\">") && page.contains("/images/thick.img</td>"), "{page}");
 
     // Unchanged: refused again, said again, not read (also by the weekly
     // full plan's kind of run: no `--incremental` is given here).
