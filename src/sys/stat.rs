@@ -9,6 +9,10 @@ use std::path::Path;
 
 use rustix::fs::{AtFlags, Stat};
 
+/// How a name is stat'ed: the entry itself, no automount, nothing asked of
+/// a filesystem mounted on it (see [`stat_at`]).
+const NAME_FLAGS: AtFlags = AtFlags::SYMLINK_NOFOLLOW.union(AtFlags::NO_AUTOMOUNT).union(AtFlags::STATX_DONT_SYNC);
+
 /// The entry `name` of `dir` itself: never what a symlink points to, no
 /// automount triggered, and never a question to the server of another
 /// filesystem mounted on the name.
@@ -22,8 +26,7 @@ use rustix::fs::{AtFlags, Stat};
 /// memory), and the caller sees another `st_dev` and leaves the name out.
 pub fn stat_at(dir: BorrowedFd<'_>, name: &CStr) -> io::Result<Stat> {
     use rustix::fs::StatxFlags;
-    let flags = AtFlags::SYMLINK_NOFOLLOW | AtFlags::NO_AUTOMOUNT | AtFlags::STATX_DONT_SYNC;
-    match rustix::fs::statx(dir, name, flags, StatxFlags::BASIC_STATS) {
+    match rustix::fs::statx(dir, name, NAME_FLAGS, StatxFlags::BASIC_STATS) {
         Ok(x) => Ok(stat_of(&x)),
         // Before Linux 4.11.
         Err(rustix::io::Errno::NOSYS) => Ok(rustix::fs::statat(dir, name, AtFlags::SYMLINK_NOFOLLOW)?),
@@ -69,8 +72,7 @@ pub fn has_entry_at(dir: BorrowedFd<'_>, name: &CStr) -> bool {
 /// and, like [`stat_at`], never asking a filesystem mounted on it).
 pub fn has_entry(path: &Path) -> bool {
     use rustix::fs::{StatxFlags, CWD};
-    let flags = AtFlags::SYMLINK_NOFOLLOW | AtFlags::NO_AUTOMOUNT | AtFlags::STATX_DONT_SYNC;
-    match rustix::fs::statx(CWD, path, flags, StatxFlags::empty()) {
+    match rustix::fs::statx(CWD, path, NAME_FLAGS, StatxFlags::empty()) {
         Ok(_) => true,
         Err(rustix::io::Errno::NOSYS) => path.symlink_metadata().is_ok(),
         Err(_) => false,
