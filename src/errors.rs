@@ -21,15 +21,14 @@ pub enum ErrorKind {
     /// be examined, or a file could not be opened for lack of permission
     /// (`EACCES`, `EPERM`) when it was to be hashed.
     Unreadable,
-    /// A starting path, or (in the share phase) a scanned file, is gone, or
-    /// a directory on its path was replaced by a symlink or a mount.
+    /// A starting path is gone. (A file or directory below it that is gone
+    /// when the crawl, the hashing or the share phase comes to it is a
+    /// skip, `SkipReason::Vanished`: users delete files.)
     Vanished,
-    /// In the share phase, a scanned file another process holds a lease on
-    /// (see `SkipReason::Leased`): left for the next run.
-    Leased,
     /// A file could not be opened: when it was to be hashed, for a reason
     /// other than permission (that is `unreadable`); in the share phase,
-    /// for any reason but its absence (that is `vanished`).
+    /// for any reason but its absence or a lease (skips, see
+    /// `SkipReason::of_reopen`).
     Open,
     /// `fstat` of an open file failed.
     Stat,
@@ -55,10 +54,9 @@ pub enum ErrorKind {
 
 impl ErrorKind {
     /// Every kind, in order.
-    pub const ALL: [ErrorKind; 12] = [
+    pub const ALL: [ErrorKind; 11] = [
         ErrorKind::Unreadable,
         ErrorKind::Vanished,
-        ErrorKind::Leased,
         ErrorKind::Open,
         ErrorKind::Stat,
         ErrorKind::Flags,
@@ -70,24 +68,11 @@ impl ErrorKind {
         ErrorKind::Zeros,
     ];
 
-    /// The kind of a failed open of a scanned file in the share phase (or
-    /// the zero pass): gone, or a directory on its path replaced by a
-    /// symlink or a mount since the scan, is `vanished`; held by another
-    /// process's lease, `leased`; anything else `open`.
-    pub fn of_reopen(e: &std::io::Error) -> ErrorKind {
-        match e.raw_os_error() {
-            Some(libc::ENOENT | libc::ENOTDIR | libc::ELOOP | libc::EXDEV) => ErrorKind::Vanished,
-            Some(libc::EAGAIN) => ErrorKind::Leased,
-            _ => ErrorKind::Open,
-        }
-    }
-
     /// Name as shown in the report (the serialised form).
     pub const fn name(self) -> &'static str {
         match self {
             ErrorKind::Unreadable => "unreadable",
             ErrorKind::Vanished => "vanished",
-            ErrorKind::Leased => "leased",
             ErrorKind::Open => "open",
             ErrorKind::Stat => "stat",
             ErrorKind::Flags => "flags",
@@ -117,14 +102,5 @@ mod tests {
         for k in ErrorKind::ALL {
             assert_eq!(serde_json::to_value(k).unwrap(), serde_json::Value::String(k.name().to_owned()));
         }
-    }
-
-    #[test]
-    fn reopen_failures_are_named_by_cause() {
-        let of = |errno| ErrorKind::of_reopen(&std::io::Error::from_raw_os_error(errno));
-        assert_eq!(of(libc::ENOENT), ErrorKind::Vanished);
-        assert_eq!(of(libc::EXDEV), ErrorKind::Vanished);
-        assert_eq!(of(libc::EAGAIN), ErrorKind::Leased);
-        assert_eq!(of(libc::EMFILE), ErrorKind::Open);
     }
 }

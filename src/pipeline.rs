@@ -534,10 +534,16 @@ fn add_sharing(r: &mut Report, e: &Executed) {
     // Found only now: these files were considered (and hashed or known
     // unchanged), they stay in files_scanned; they are left out of sharing.
     r.skip(SkipReason::ChangedDuringScan, out.changed_files);
+    for (k, n) in &out.skipped {
+        r.skip(*k, *n);
+    }
     if let Some(z) = &e.zeros {
         (r.zeros_to_holes_files, r.zeros_to_holes_bytes) = (z.files, z.bytes);
         r.rewritten_bytes += z.rewritten;
         r.skip(SkipReason::ChangedDuringScan, z.changed);
+        for (k, n) in &z.skipped {
+            r.skip(*k, *n);
+        }
         for (k, n) in &z.errors {
             r.error(*k, *n);
         }

@@ -77,12 +77,16 @@ pub enum SkipReason {
     OwnDatabase,
     /// Changed while it was read; retried next run.
     ChangedDuringScan,
-    /// Vanished between listing and opening.
+    /// Gone between the listing and an open (to hash it, or in the share
+    /// phase or the zero pass, to share it), or a directory on its path
+    /// was replaced by a symlink or a mount meanwhile.
     Vanished,
     /// Another process holds a lease on it (a file server's exclusive
     /// oplock or write delegation): opened with `O_NONBLOCK`, it answered
     /// `EAGAIN` instead of holding the run up to `lease-break-time` (45 s
-    /// by default) per file. Not read; tried again next run.
+    /// by default) per file. Not read (when hashing) or not shared (in the
+    /// share phase: the ranges planned into it are left pending,
+    /// `leased`); tried again next run.
     Leased,
     /// A directory met a second time, under another name: it was moved
     /// while the crawl ran, and its files were already found once (see
@@ -94,6 +98,19 @@ pub enum SkipReason {
 }
 
 impl SkipReason {
+    /// Why a file the crawl listed, or the scan recorded, could not be
+    /// opened again, when that is no failure but the life of a busy tree:
+    /// gone, or a directory on its path replaced by a symlink or a mount
+    /// (`vanished`), or held by another process's lease (`leased`).
+    /// `None`: a failure, for the caller to count.
+    pub fn of_reopen(e: &std::io::Error) -> Option<SkipReason> {
+        match e.raw_os_error() {
+            Some(libc::ENOENT | libc::ENOTDIR | libc::ELOOP | libc::EXDEV) => Some(SkipReason::Vanished),
+            Some(libc::EAGAIN) => Some(SkipReason::Leased),
+            _ => None,
+        }
+    }
+
     /// Whether the reason is a protection (a marker, flag or rule that keeps
     /// the file out for good), rather than a passing state of the file.
     pub fn is_policy(self) -> bool {
@@ -109,6 +126,15 @@ impl SkipReason {
                 | SkipReason::Dax
                 | SkipReason::OwnDatabase
         )
+    }
+
+    /// Why a scanned file was not opened again, for a message, when
+    /// [`SkipReason::of_reopen`] named it.
+    pub fn not_reopened(self) -> &'static str {
+        match self {
+            SkipReason::Leased => "another process holds a lease on it (a file server's oplock or delegation)",
+            _ => "gone since it was scanned",
+        }
     }
 
     /// Name as shown in the report.
@@ -337,6 +363,17 @@ impl Policy {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn reopen_failures_are_named_by_cause() {
+        let of = |errno| SkipReason::of_reopen(&std::io::Error::from_raw_os_error(errno));
+        assert_eq!(of(libc::ENOENT), Some(SkipReason::Vanished));
+        assert_eq!(of(libc::ELOOP), Some(SkipReason::Vanished));
+        assert_eq!(of(libc::EXDEV), Some(SkipReason::Vanished));
+        assert_eq!(of(libc::EAGAIN), Some(SkipReason::Leased));
+        assert_eq!(of(libc::EMFILE), None);
+        assert_eq!(of(libc::EACCES), None);
+    }
 
     #[test]
     fn marker_file_protects_its_directory() {

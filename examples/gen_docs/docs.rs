@@ -224,10 +224,15 @@ fn hand_written() -> Roff {
 
     r.control("SH", ["EXIT STATUS"]);
     for (code, text) in [
-        (ExitCode::Success, "Success: everything done, no errors."),
+        (
+            ExitCode::Success,
+            "Success: everything done, no errors. Files that other processes deleted, moved, changed or held a lease on \
+             while the run went through them are skipped (counted in the report's skipped), not errors: that is the life \
+             of a tree being written to; a leased file's ranges are left pending for the next run.",
+        ),
         (
             ExitCode::PartialErrors,
-            "Finished, but some paths or ranges had errors (unreadable, removed while read, refused by the kernel, ...): \
+            "Finished, but some paths or ranges had errors (unreadable, refused by the kernel, ...): \
              they are counted in the report and the rest of the run went on, and the next run tries them again. A file \
              whose block map is too large to hold (too_large: about 610 GiB of data in one file) is read once and then \
              refused unread while it is unchanged, with this status each run; report lists such files. Also when \

@@ -30,6 +30,7 @@
 use std::collections::HashMap;
 use std::fs::File;
 use std::os::fd::{AsFd, BorrowedFd};
+use std::path::Path;
 
 use nix::errno::Errno;
 
@@ -42,6 +43,7 @@ use crate::errors::ErrorKind;
 use crate::file::FileFacts;
 use crate::file::FileId;
 use crate::plan::Range;
+use crate::policy::SkipReason;
 use crate::progress::Progress;
 use crate::sys::fiemap::physical_map;
 use crate::sys::{self, dedupe::DestResult, dedupe::MAX_DESTS, dedupe::MAX_REQUEST_LEN, DedupeStatus};
@@ -149,8 +151,10 @@ impl<'a> Executor<'a> {
             if src_file.as_ref().map(|(id, _)| *id) != Some(first.src) {
                 src_file = self.open(first.src).map(|f| (first.src, f));
             }
-            if let Some((_, src)) = &src_file {
-                self.source_group(src, &first, group);
+            match &src_file {
+                Some((_, src)) => self.source_group(src, &first, group),
+                None if self.leased(first.src) => group.iter().for_each(|d| self.pend(d.dest, Pending::Leased, d.len)),
+                None => {}
             }
             // Counted once done, so the bar's ETA covers the group's work.
             self.progress.inc(group.iter().map(|r| r.len).sum());
@@ -168,16 +172,37 @@ impl<'a> Executor<'a> {
         match self.ctx.tree.open_file(&c.path) {
             Ok(f) => self.unchanged(id, &f).then_some(f),
             Err(e) => {
+                // Known leased before it is known bad: see `leased`.
+                if SkipReason::of_reopen(&e) == Some(SkipReason::Leased) {
+                    locked(&self.ctx.leased).insert(id);
+                }
                 if locked(&self.ctx.bad).insert(id) {
-                    let kind = ErrorKind::of_reopen(&e);
-                    *self.out.errors.entry(kind).or_default() += 1;
-                    if !self.volume_stopped(Errno::from_raw(e.raw_os_error().unwrap_or(0))) {
-                        self.progress.warn(&format!("{}: cannot open: {e}", display_path(&c.path)));
-                    }
+                    self.not_opened(&c.path, &e);
                 }
                 None
             }
         }
+    }
+
+    /// Count the file at `path`, which could not be opened again: gone or
+    /// leased is a skip, said with `-v` (users delete files; a file server
+    /// leases them), anything else an error, warned about.
+    fn not_opened(&mut self, path: &Path, e: &std::io::Error) {
+        let Some(why) = SkipReason::of_reopen(e) else {
+            *self.out.errors.entry(ErrorKind::Open).or_default() += 1;
+            if !self.volume_stopped(Errno::from_raw(e.raw_os_error().unwrap_or(0))) {
+                self.progress.warn(&format!("{}: cannot open: {e}", display_path(path)));
+            }
+            return;
+        };
+        *self.out.skipped.entry(why).or_default() += 1;
+        self.progress.info(&format!("{}: not shared: {}", display_path(path), why.not_reopened()));
+    }
+
+    /// Whether file `id`, which could not be opened, is leased: the ranges
+    /// planned into it, or from it into its copies, wait for a later run.
+    fn leased(&self, id: FileId) -> bool {
+        locked(&self.ctx.leased).contains(&id)
     }
 
     /// Whether the open file `f` (row `id`) is still what the scan
@@ -258,7 +283,12 @@ impl<'a> Executor<'a> {
                 if locked(&self.ctx.deferred).contains_key(&d.dest) {
                     continue;
                 }
-                let Some(file) = self.open(d.dest) else { continue };
+                let Some(file) = self.open(d.dest) else {
+                    if self.leased(d.dest) {
+                        self.pend(d.dest, Pending::Leased, d.len);
+                    }
+                    continue;
+                };
                 if !self.ctx.across_owners && owner(&file) != src_owner {
                     self.other_owner(d.dest, r.src);
                     continue;

@@ -45,6 +45,7 @@ use crate::errors::ErrorKind;
 use crate::file::FileFacts;
 use crate::file::{FileId, IdSet};
 use crate::plan::Plan;
+use crate::policy::SkipReason;
 use crate::progress::Progress;
 use crate::sys::beneath::Tree;
 
@@ -87,6 +88,9 @@ pub struct Outcome {
     pub status: DedupeStatuses,
     /// Files that changed since the scan and were left alone.
     pub changed_files: u64,
+    /// Files that could not be opened again, by why, when that is no
+    /// failure (`SkipReason::of_reopen`: gone, or leased).
+    pub skipped: BTreeMap<SkipReason, u64>,
     /// Files whose data is inline in metadata (btrfs): nothing to share.
     pub inline_files: u64,
     /// Whole-file groups shared from one of their copies instead of the
@@ -165,17 +169,22 @@ pub enum Pending {
     /// `--keep-free` keeps (`pipeline::zeros`). Tried again by every run,
     /// not only the weekly full plan, until there is room.
     ZerosKeepFree,
+    /// Another process held a lease on it, or on the source of its ranges,
+    /// when the share phase opened it (a file server's oplock or
+    /// delegation): opened `O_NONBLOCK`, it is not waited for.
+    Leased,
 }
 
 impl Pending {
     /// Every reason (for label sets that must not lose a series).
-    pub const ALL: [Pending; 6] = [
+    pub const ALL: [Pending; 7] = [
         Pending::NoSpaceRewrite,
         Pending::NoSpaceShare,
         Pending::Pinned,
         Pending::KeepFree,
         Pending::RewriteNotAllowed,
         Pending::ZerosKeepFree,
+        Pending::Leased,
     ];
 
     /// Name in the database and in reports.
@@ -187,6 +196,7 @@ impl Pending {
             Pending::KeepFree => "keep_free",
             Pending::RewriteNotAllowed => "rewrite_not_allowed",
             Pending::ZerosKeepFree => "zeros_keep_free",
+            Pending::Leased => "leased",
         }
     }
 
@@ -286,6 +296,7 @@ pub fn execute(
         progress,
         stop,
         bad: Mutex::new(HashSet::new()),
+        leased: Mutex::new(HashSet::new()),
         inline: Mutex::new(HashSet::new()),
         unreadable: Mutex::new(HashSet::new()),
         refused: AtomicBool::new(false),
@@ -360,6 +371,9 @@ impl Outcome {
             *self.status.errors.entry(k).or_default() += n;
         }
         self.changed_files += o.changed_files;
+        for (k, n) in o.skipped {
+            *self.skipped.entry(k).or_default() += n;
+        }
         self.inline_files += o.inline_files;
         self.swapped_sources += o.swapped_sources;
         self.rewritten_bytes += o.rewritten_bytes;
@@ -406,7 +420,9 @@ mod tests {
         b.status.same = 4;
         b.status.differs = 1;
         b.status.errors.insert("EIO".into(), 2);
-        b.errors.insert(ErrorKind::Vanished, 1);
+        b.errors.insert(ErrorKind::Read, 1);
+        b.skipped.insert(SkipReason::Vanished, 2);
+        a.skipped.insert(SkipReason::Vanished, 1);
         a.merge(b);
         assert_eq!(
             (a.duplicate_bytes, a.deduped_bytes, a.already_shared_bytes, a.changed_files, a.inline_files),
@@ -414,7 +430,8 @@ mod tests {
         );
         assert_eq!((a.rewritten_bytes, a.status.same, a.status.differs), (7, 4, 1));
         assert_eq!(a.status.errors["EIO"], 3);
-        assert_eq!((a.errors[&ErrorKind::Open], a.errors[&ErrorKind::Vanished]), (2, 1));
+        assert_eq!((a.errors[&ErrorKind::Open], a.errors[&ErrorKind::Read]), (2, 1));
+        assert_eq!(a.skipped[&SkipReason::Vanished], 3);
         assert_eq!(a.refused.as_deref(), Some("no"));
     }
 }

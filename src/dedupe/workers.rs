@@ -309,6 +309,10 @@ pub(super) struct WorkerContext<'a> {
     /// Files that changed since the scan or could not be opened: never used
     /// again.
     pub(super) bad: Mutex<HashSet<FileId>>,
+    /// Of those, the files another process held a lease on: the ranges
+    /// planned into them (or from them, into their copies) wait, pending
+    /// [`super::Pending::Leased`].
+    pub(super) leased: Mutex<HashSet<FileId>>,
     /// Files whose data is inline in metadata.
     pub(super) inline: Mutex<HashSet<FileId>>,
     /// Sources found unreadable (a read error): named once.

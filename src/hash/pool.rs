@@ -285,13 +285,11 @@ fn hash_one(
     (cache, maps): (Option<&ExtentCache>, &MapBytes),
     buf: &mut Vec<u8>,
 ) -> Result<(FileFacts, FileHash), HashFail> {
-    let file = tree.open_file(&c.path).map_err(|e| match e.raw_os_error() {
-        // Gone, or a directory on the way replaced by a symlink or a mount
-        // since the crawl listed it: not the file that was listed.
-        Some(libc::ENOENT | libc::ENOTDIR | libc::ELOOP | libc::EXDEV) => HashFail::Skip(SkipReason::Vanished),
-        Some(libc::EAGAIN) => HashFail::Skip(SkipReason::Leased),
-        Some(libc::EACCES) | Some(libc::EPERM) => HashFail::Error(ErrorKind::Unreadable, e),
-        _ => HashFail::Error(ErrorKind::Open, e),
+    let file = tree.open_file(&c.path).map_err(|e| match (SkipReason::of_reopen(&e), e.raw_os_error()) {
+        // Gone, replaced on the way, or leased since the crawl listed it.
+        (Some(r), _) => HashFail::Skip(r),
+        (None, Some(libc::EACCES | libc::EPERM)) => HashFail::Error(ErrorKind::Unreadable, e),
+        (None, _) => HashFail::Error(ErrorKind::Open, e),
     })?;
     // The facts recorded are taken in a clock tick past the file's last
     // change (see `settle`): a write after them moves its times.

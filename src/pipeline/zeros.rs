@@ -22,6 +22,7 @@ use crate::dedupe::{zeros, Bookends};
 use crate::display::display_path;
 use crate::errors::ErrorKind;
 use crate::file::{FileFacts, FileId, IdSet};
+use crate::policy::SkipReason;
 use crate::progress::Progress;
 use crate::sys::beneath::Tree;
 use crate::sys::SubvolIds;
@@ -53,6 +54,8 @@ pub struct ZerosOutcome {
     pub rewritten: u64,
     /// Files changed since the scan, left alone.
     pub changed: u64,
+    /// Files gone or leased since the scan (`SkipReason::of_reopen`).
+    pub skipped: BTreeMap<SkipReason, u64>,
     /// Files that could not be opened or mapped, or that the kernel
     /// refused, by kind.
     pub errors: BTreeMap<ErrorKind, u64>,
@@ -281,10 +284,14 @@ impl ZeroPass<'_> {
         };
         let f = match self.tree.open_file(&c.path) {
             Ok(f) => f,
-            Err(e) => {
-                let kind = ErrorKind::of_reopen(&e);
-                return fail(kind, format!("cannot open: {e}"), e.raw_os_error());
-            }
+            Err(e) => match SkipReason::of_reopen(&e) {
+                Some(why) => {
+                    *out.skipped.entry(why).or_default() += 1;
+                    progress.info(&format!("{}: zeros left: {}", display_path(&c.path), why.not_reopened()));
+                    return left;
+                }
+                None => return fail(ErrorKind::Open, format!("cannot open: {e}"), e.raw_os_error()),
+            },
         };
         let mut same = || c.is_open_as_recorded(&f, keys);
         if !same() {
