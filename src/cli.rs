@@ -92,7 +92,8 @@ pub struct GlobalArgs {
     #[arg(long, global = true)]
     pub json: bool,
 
-    /// More detail (repeatable).
+    /// More detail (repeatable); every warning about a single path, not
+    /// only the first 200 of a run.
     #[arg(short, long, action = clap::ArgAction::Count, global = true, conflicts_with = "quiet")]
     pub verbose: u8,
 

@@ -7,7 +7,7 @@ use dedupscan::cli::Cli;
 use dedupscan::config::{Action, Config, ReadOnly, ReportConfig, ScanConfig, Unsupported};
 use dedupscan::db::DbError;
 use dedupscan::exit::ExitCode;
-use dedupscan::progress::{Bars, LogLines, Progress};
+use dedupscan::progress::{Bars, Capped, LogLines, Progress};
 use dedupscan::{pipeline, summary};
 
 fn main() {
@@ -52,20 +52,23 @@ fn dispatch(cfg: &Config) -> ExitCode {
             stop.store(true, std::sync::atomic::Ordering::Relaxed);
         });
     }
-    let progress: Box<dyn Progress> =
+    let shown: Box<dyn Progress> =
         if cfg.bars { Box::new(Bars::new(cfg.verbosity)) } else { Box::new(LogLines::new(cfg.verbosity)) };
+    let progress = Capped::new(shown, cfg.verbosity);
     if let Some(note) = &cfg.db_note {
-        progress.warn(note);
+        progress.warn_run(note);
     }
     // The run's report, when it finished: for the metrics file.
     let mut finished = None;
     let result = match &cfg.action {
-        Action::Report(r) => report_command(cfg, r, progress.as_ref()),
-        Action::Run { scan, share } => pipeline::run(&cfg.db_path, scan, Some(share), progress.as_ref(), &stop)
+        Action::Report(r) => report_command(cfg, r, &progress),
+        Action::Run { scan, share } => pipeline::run(&cfg.db_path, scan, Some(share), &progress, &stop)
             .and_then(|r| run_finished(cfg, r, &mut finished)),
-        Action::Scan(scan) => pipeline::run(&cfg.db_path, scan, None, progress.as_ref(), &stop)
-            .and_then(|r| run_finished(cfg, r, &mut finished)),
+        Action::Scan(scan) => {
+            pipeline::run(&cfg.db_path, scan, None, &progress, &stop).and_then(|r| run_finished(cfg, r, &mut finished))
+        }
     };
+    progress.finish();
     let code = match result {
         Ok(code) => code,
         Err(e) => {

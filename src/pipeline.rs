@@ -107,7 +107,7 @@ fn run_inner(
     let t0 = Instant::now();
     // Config dropped them; the run goes on as if each was given once.
     for (dropped, covering) in &scan.overlapping {
-        progress.warn(&if dropped == covering {
+        progress.warn_run(&if dropped == covering {
             format!("{}: given twice, scanned once", display_path(dropped))
         } else if !dropped.starts_with(covering) {
             format!(
@@ -353,7 +353,7 @@ fn share_phase(
             job.paths().join(", "),
             fs.magic
         );
-        progress.warn(&why);
+        progress.warn_run(&why);
         return Ok(ShareOutcome::Refused(why));
     }
     let before = free_before.map(FreeSpace::wait).transpose()?;
@@ -379,7 +379,7 @@ fn share_phase(
         .filter(|_| go_on)
         .map(|z| z.run(db, (allowed, fresh), &mut pending, progress, stop));
     if let Some(r) = &out.refused {
-        progress.warn(r);
+        progress.warn_run(r);
     }
     let freed = before.and_then(|b| measure_freed(b, root, progress));
     progress.finish_phase(&format!(
@@ -495,7 +495,7 @@ fn measure_freed(before: Before, root: &Path, progress: &dyn Progress) -> Option
     progress.finish_phase("");
     progress.phase("3/3 share: measuring freed space", None, false);
     let freed =
-        before.after(root).map_err(|e| progress.warn(&format!("cannot measure the space freed: {e:#}"))).ok()?;
+        before.after(root).map_err(|e| progress.warn_run(&format!("cannot measure the space freed: {e:#}"))).ok()?;
     // Not a warning: nothing went wrong, and on a root filesystem the
     // journal alone writes every night. The report's freed row says it too.
     if freed.others == Some(true) {

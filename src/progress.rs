@@ -20,6 +20,9 @@ use indicatif::{ProgressBar, ProgressDrawTarget, ProgressState, ProgressStyle};
 
 use crate::display::human;
 
+mod capped;
+pub use capped::{Capped, PATH_WARNINGS_SHOWN};
+
 /// How serious a message is; its number is the syslog priority.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Level {
@@ -130,8 +133,16 @@ pub trait Progress: Send + Sync {
     fn set_total(&self, _total: u64, _files: Option<u64>) {}
     /// `n` more files of the current phase are done (alongside [`Progress::inc`]).
     fn inc_files(&self, _n: u64) {}
-    /// A problem with one path, as `PATH: reason`; the run goes on.
+    /// A problem with one path, as `PATH: reason`; the run goes on. The
+    /// binary shows at most [`PATH_WARNINGS_SHOWN`] of them a run without
+    /// `-v` ([`Capped`]).
     fn warn(&self, msg: &str);
+    /// A problem with the run as a whole (a filesystem that stopped, an
+    /// exclude that matched nothing, the database upgraded): never held
+    /// back by [`Capped`].
+    fn warn_run(&self, msg: &str) {
+        self.warn(msg);
+    }
     /// Detail for `-v`.
     fn info(&self, msg: &str);
 }

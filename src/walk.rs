@@ -260,7 +260,7 @@ fn start(
     // Directories above the starting path are checked by path: the
     // administrator chose it, and nothing below it is resolved that way.
     if let Err(r) = policy.check_ancestors(&path) {
-        progress.warn(&format!("{}: skipped, a directory above it is marked {}", display_path(&path), r.name()));
+        progress.warn_run(&format!("{}: skipped, a directory above it is marked {}", display_path(&path), r.name()));
         *result.skipped_dirs.entry(r).or_default() += 1;
         return None;
     }
@@ -279,7 +279,7 @@ fn start(
     // The crawl meets a read-only snapshot at its root (`dir_allowed_fd`);
     // a starting path below that root is inside it all the same.
     if fs == FsKind::Btrfs && !policy.include_readonly_snapshots && crate::sys::inode::in_readonly_subvolume(dir_fd) {
-        progress.warn(&format!(
+        progress.warn_run(&format!(
             "{}: skipped, inside a read-only btrfs snapshot (see --include-readonly-snapshots)",
             display_path(&path)
         ));

@@ -1,7 +1,8 @@
 //! What an operator relies on, on the real binary: exit codes, usage errors
 //! found before the database is touched, unsupported filesystems and
 //! read-only mounts refused before anything is read, interrupted runs marked and carried on, quiet
-//! broken pipes, warnings for excludes that match nothing, and consent
+//! broken pipes, warnings for excludes that match nothing, a flood of
+//! warnings about single paths cut and counted, and consent
 //! before `scripts/quickstart.sh` shares anything.
 
 mod common;
@@ -325,6 +326,44 @@ fn an_exclude_matching_nothing_warns() {
     assert_eq!(code, 0, "{err}");
     assert!(err.contains("'/srv/no-such-dir/**' matched nothing"), "{err}");
     assert!(!err.contains("'**/b' matched nothing"), "{err}");
+}
+
+/// A flood of warnings about single paths (here 300 files refused as too
+/// large: the test lowers the bound of a block map, as `tests/too_large.rs`
+/// does; a user touching their files in a loop under the run does the
+/// same) is cut after 200 lines, says so and says how many it left out,
+/// under the journal's plain lines; a run-wide warning still shows;
+/// `-v` shows every one; the report counts all 300. Before, every one
+/// was a line: past journald's rate limit the run's last lines were lost.
+#[test]
+fn a_flood_of_warnings_about_single_paths_is_cut_and_counted() {
+    let Some(vol) = Volume::new(Fs::Xfs, 300) else { return };
+    let d = vol.path("d");
+    std::fs::create_dir_all(&d).unwrap();
+    for i in 0..300 {
+        std::fs::write(d.join(format!("f{i:03}")), Rng::new(100 + i).bytes(64 << 10)).unwrap();
+    }
+    let run = |extra: &[&str]| {
+        let db = vol.path(&format!("db{}", extra.len()));
+        let out = dedupscan()
+            .args(["scan", s(&d), "--json", "--exclude", "/srv/no-such-dir/**"])
+            .args(extra)
+            .db(&db)
+            .env("DEDUPSCAN_TEST_MAX_MAP_BYTES", "64")
+            .expect(1)
+            .run();
+        assert_eq!(out.json["error_kinds"]["too_large"], 300, "{:#}", out.json);
+        let paths = out.stderr.lines().filter(|l| l.contains(": too_large: ")).count();
+        (paths, out.stderr)
+    };
+    let (paths, err) = run(&[]);
+    assert_eq!(paths, 200, "{err}");
+    assert!(err.contains("more than 200 warnings about single paths: the rest are counted, not shown"), "{err}");
+    assert!(err.contains("100 more warnings about single paths were not shown (-v shows every one"), "{err}");
+    assert!(err.contains("'/srv/no-such-dir/**' matched nothing"), "{err}");
+    let (paths, err) = run(&["-v"]);
+    assert_eq!(paths, 300, "{err}");
+    assert!(!err.contains("were not shown"), "{err}");
 }
 
 /// `scripts/quickstart.sh PATH` without a terminal previews and shares

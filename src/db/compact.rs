@@ -49,7 +49,7 @@ impl Db {
                 mib(pages),
                 mib(pragma("page_count").unwrap_or(pages))
             )),
-            Err(e) => progress.warn(&format!(
+            Err(e) => progress.warn_run(&format!(
                 "database {}: {:.1} MiB of removed rows could not be given back ({e}); the database is as it was",
                 display_path(&self.path),
                 mib(free)

@@ -189,7 +189,7 @@ pub fn hash_all(
                     sink(Hashed::File { id, file: now, hash: h });
                 }
                 Err(HashFail::Error(kind, e))
-                    if e.raw_os_error() == Some(libc::EIO) && tree.stop_if_stopped(stop, |w| progress.warn(w)) =>
+                    if e.raw_os_error() == Some(libc::EIO) && tree.stop_if_stopped(stop, |w| progress.warn_run(w)) =>
                 {
                     // The whole filesystem stopped (XFS shut down after an
                     // error answers `EIO` to every file): the files still

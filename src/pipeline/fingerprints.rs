@@ -16,7 +16,7 @@ pub(super) fn check_fingerprints(job: &Job, db: &Db, progress: &dyn Progress) ->
     let block_size = job.scan.block_size.to_string();
     let salting = if job.scan.share_across_owners { SALT_NONE } else { SALT_BY_OWNER };
     if let Some(v) = db.upgraded_from.filter(|&v| v < crate::db::migrate::MAPS_DROPPED_AT) {
-        progress.warn(&format!(
+        progress.warn_run(&format!(
             "{}: upgraded from schema version {v}: block maps now keep 48-bit fingerprints, every file is hashed again",
             display_path(job.db_path)
         ));
@@ -31,7 +31,7 @@ pub(super) fn check_fingerprints(job: &Job, db: &Db, progress: &dyn Progress) ->
         return Ok(());
     };
     if recorded.is_some() {
-        progress.warn(&format!("{}: {why}: every file is hashed again", display_path(job.db_path)));
+        progress.warn_run(&format!("{}: {why}: every file is hashed again", display_path(job.db_path)));
     }
     db.forget_all_hashes()?;
     db.set_meta("block_size", &block_size)?;

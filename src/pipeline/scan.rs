@@ -95,7 +95,7 @@ pub(super) fn scan_phase(
     let mut removed = 0;
     if !interrupted {
         for g in job.policy.unmatched_excludes() {
-            progress.warn(&format!("--exclude '{g}' matched nothing under {}", job.paths().join(", ")));
+            progress.warn_run(&format!("--exclude '{g}' matched nothing under {}", job.paths().join(", ")));
         }
         // Known files under the scanned paths that were not seen are gone
         // (or no longer eligible). A stopped crawl did not see everything:

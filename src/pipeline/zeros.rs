@@ -227,7 +227,7 @@ impl ZeroPass<'_> {
             st.hole = Some(hole.map_err(|e| {
                 *st.out.errors.entry(ErrorKind::Zeros).or_default() += 1;
                 let fs_wide = matches!(e.raw_os_error(), Some(libc::EIO | libc::EROFS));
-                if fs_wide && self.tree.stop_if_stopped(stop, |w| progress.warn(w)) {
+                if fs_wide && self.tree.stop_if_stopped(stop, |w| progress.warn_run(w)) {
                     return;
                 }
                 progress.warn(&match crate::sys::beneath::is_no_scratch(&e) {
@@ -277,7 +277,7 @@ impl ZeroPass<'_> {
             // A filesystem that stopped (remounted read-only, shut down)
             // stops the run, said once, not once for every file left.
             let fs_wide = matches!(errno, Some(libc::EIO | libc::EROFS));
-            if !(fs_wide && self.tree.stop_if_stopped(stop, |w| progress.warn(w))) {
+            if !(fs_wide && self.tree.stop_if_stopped(stop, |w| progress.warn_run(w))) {
                 progress.warn(&format!("{}: {why}", display_path(&c.path)));
             }
             Left::default()
