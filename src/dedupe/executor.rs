@@ -34,7 +34,7 @@ use std::path::Path;
 
 use nix::errno::Errno;
 
-use super::extents::{unshared_parts, Mapped};
+use super::extents::{unshared, Mapped};
 use super::unreadable::ReadFailures;
 use super::workers::{locked, same_source, WorkerContext};
 use super::{no_space, Mode, Outcome, Pending};
@@ -45,7 +45,7 @@ use crate::file::FileId;
 use crate::plan::Range;
 use crate::policy::SkipReason;
 use crate::progress::Progress;
-use crate::sys::fiemap::physical_map;
+use crate::sys::fiemap::Extent;
 use crate::sys::{self, dedupe::DestResult, dedupe::MAX_DESTS, dedupe::MAX_REQUEST_LEN, DedupeStatus};
 
 /// One destination of a source range, maybe split into the sub-ranges that
@@ -264,7 +264,7 @@ impl<'a> Executor<'a> {
             }
             return;
         }
-        let mut src_map: Option<Vec<Option<u64>>> = None;
+        let mut src_map: Option<Vec<Extent>> = None;
         let src_owner = owner(src);
         // A source that may be inline is mapped first, as before: sharing
         // from an inline extent into a destination that is not makes btrfs
@@ -308,8 +308,8 @@ impl<'a> Executor<'a> {
                 }
                 let Some(dst) = self.map(file.as_fd(), d.dest, d.dest_off, d.len) else { continue };
                 let parts = if dst.shared {
-                    let Some(src_blocks) = self.map_once(&mut src_map, src, r) else { return };
-                    unshared_parts(src_blocks, &dst.blocks, self.block_size, r.len)
+                    let Some(src_ext) = self.map_once(&mut src_map, src, r) else { return };
+                    unshared(src_ext, r.src_off, &dst.extents, d.dest_off, self.block_size, r.len)
                 } else {
                     vec![(0, r.len)]
                 };
@@ -338,14 +338,9 @@ impl<'a> Executor<'a> {
 
     /// The source side of range `r`, mapped on first use only (`None`: it
     /// is inline, nothing to share from it).
-    fn map_once<'m>(
-        &mut self,
-        cache: &'m mut Option<Vec<Option<u64>>>,
-        src: &File,
-        r: &Range,
-    ) -> Option<&'m [Option<u64>]> {
+    fn map_once<'m>(&mut self, cache: &'m mut Option<Vec<Extent>>, src: &File, r: &Range) -> Option<&'m [Extent]> {
         if cache.is_none() {
-            *cache = Some(self.map(src.as_fd(), r.src, r.src_off, r.len)?.blocks);
+            *cache = Some(self.map(src.as_fd(), r.src, r.src_off, r.len)?.extents);
         }
         cache.as_deref()
     }
@@ -363,22 +358,14 @@ impl<'a> Executor<'a> {
             }
             Ok(ext) => {
                 self.ctx.note_solo(&ext);
-                Mapped {
-                    blocks: physical_map(&ext, off, len, self.block_size),
-                    shared: ext.iter().any(|e| e.is_shared()),
-                    extents: ext,
-                }
+                Mapped { shared: ext.iter().any(|e| e.is_shared()), extents: ext }
             }
             Err(e) => {
                 if e != Errno::EOPNOTSUPP {
                     let path = self.path_of(id);
                     self.progress.info(&format!("{path}: fiemap: {e}"));
                 }
-                Mapped {
-                    blocks: vec![None; len.div_ceil(self.block_size) as usize],
-                    shared: false,
-                    extents: Vec::new(),
-                }
+                Mapped { shared: false, extents: Vec::new() }
             }
         })
     }

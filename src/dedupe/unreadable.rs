@@ -16,7 +16,7 @@ use std::os::fd::AsFd;
 use std::os::unix::fs::FileExt;
 
 use super::executor::{Executor, Target};
-use super::extents::unshared_parts;
+use super::extents::unshared;
 use super::workers::locked;
 
 /// The destinations of one request that could not be compared for a read
@@ -65,7 +65,7 @@ impl Executor<'_> {
         let Some(src) = self.map(first.file.as_fd(), first.id, first.off, len) else { return };
         for d in rest {
             let Some(dst) = self.map(d.file.as_fd(), d.id, d.off, len) else { continue };
-            let parts = unshared_parts(&src.blocks, &dst.blocks, self.block_size, len);
+            let parts = unshared(&src.extents, first.off, &dst.extents, d.off, self.block_size, len);
             self.out.already_shared_bytes += len - parts.iter().map(|p| p.1).sum::<u64>();
             for (o, l) in parts {
                 self.submit(&first.at(o), l, &[d.at(o)]);

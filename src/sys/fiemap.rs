@@ -208,7 +208,8 @@ pub const ENCODED_ADDRESS: u64 = 1 << 63;
 pub fn physical_map(extents: &[Extent], start: u64, len: u64, step: u64) -> Vec<Option<u64>> {
     let mut out = Vec::with_capacity((len / step) as usize + 1);
     let mut off = start;
-    let mut i = 0;
+    // Extents are in logical order and do not overlap.
+    let mut i = extents.partition_point(|e| e.logical + e.length <= start);
     while off < start + len {
         while i < extents.len() && extents[i].logical + extents[i].length <= off {
             i += 1;
