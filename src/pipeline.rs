@@ -582,7 +582,12 @@ fn listed_ranges(plan: &Plan, files: &HashMap<FileId, FileFacts>) -> Vec<ListedR
 fn still_shared(tree: &Tree, c: Option<&FileFacts>) -> bool {
     let Some(c) = c else { return false };
     let Ok(f) = tree.open_file(&c.path) else { return false };
-    sys::fiemap(f.as_fd(), 0, c.size.max(1)).is_ok_and(|ext| ext.iter().any(|e| e.is_shared()))
+    let mut shared = false;
+    let mapped = sys::fiemap::fiemap_each(f.as_fd(), 0, c.size.max(1), |e| {
+        shared = e.is_shared();
+        !shared
+    });
+    mapped.is_ok() && shared
 }
 
 /// Milliseconds since `t`.

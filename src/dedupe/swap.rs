@@ -136,7 +136,14 @@ impl Executor<'_> {
         if whole.iter().any(|d| d.off != 0) {
             return None;
         }
-        let count = |f: &File| sys::fiemap(f.as_fd(), 0, r.len).map_or(usize::MAX, |e| e.len());
+        let count = |f: &File| {
+            let mut n = 0usize;
+            sys::fiemap::fiemap_each(f.as_fd(), 0, r.len, |_| {
+                n += 1;
+                true
+            })
+            .map_or(usize::MAX, |()| n)
+        };
         let (k, best) = whole
             .iter()
             .enumerate()

@@ -39,12 +39,19 @@ pub(super) fn disk_usage(db: &Db, dirs: Vec<PathBuf>, progress: &dyn Progress) -
 /// Files measured per pass of [`disk_usage`].
 const CHUNK: usize = 65_536;
 
+/// Extents a thread keeps before it merges them ([`coalesce`]): 16 MB.
+/// Copies and clones merge into few intervals; a file of millions of
+/// extents no longer takes a list of them whole.
+const MAX_SPANS: usize = 1 << 20;
+
 /// What [`disk_usage`] adds up.
 #[derive(Default)]
 struct Acc {
     allocated: u64,
     inline: u64,
     spans: Vec<(u64, u64)>,
+    /// Merge `spans` when they reach this many (or [`MAX_SPANS`]).
+    merge_at: usize,
 }
 
 /// One open, fstat and FIEMAP per file, on every CPU (metadata only).
@@ -62,14 +69,21 @@ fn measure_files(tree: &crate::sys::beneath::Tree, files: &[FileFacts], progress
                 return acc;
             }
             acc.allocated += m.blocks() * 512;
-            let Ok(extents) = crate::sys::fiemap(f.as_fd(), 0, m.size().max(1)) else { return acc };
-            for e in extents {
+            let _ = crate::sys::fiemap::fiemap_each(f.as_fd(), 0, m.size().max(1), |e| {
                 if e.is_inline() {
                     acc.inline += e.length;
                 } else if e.has_address() && e.length > 0 {
                     acc.spans.push((e.physical, e.physical + e.length));
+                    if acc.spans.len() >= acc.merge_at.max(MAX_SPANS) {
+                        // A file of millions of extents: merged as it goes,
+                        // again once the list doubled (distinct extents do
+                        // not merge: no merging on every one of them).
+                        acc.spans = coalesce(std::mem::take(&mut acc.spans));
+                        acc.merge_at = 2 * acc.spans.len();
+                    }
                 }
-            }
+                true
+            });
             acc
         })
         .reduce(Acc::default, |mut a, mut b| {

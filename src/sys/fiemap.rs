@@ -139,8 +139,26 @@ impl Extent {
 
 /// All extents overlapping `[start, start+len)`, in logical order.
 pub fn fiemap(fd: BorrowedFd<'_>, start: u64, len: u64) -> Result<Vec<Extent>, Errno> {
-    const BATCH: usize = 256;
     let mut out = Vec::new();
+    fiemap_each(fd, start, len, |e| {
+        out.push(*e);
+        true
+    })?;
+    Ok(out)
+}
+
+/// Each extent overlapping `[start, start+len)`, in logical order, handed
+/// to `each` as the kernel returns them, 256 at a time, until it answers
+/// `false`: a file of millions of extents (a user can make one cheaply,
+/// cloning one block into every other block of a sparse file) costs no
+/// list of them.
+pub fn fiemap_each(
+    fd: BorrowedFd<'_>,
+    start: u64,
+    len: u64,
+    mut each: impl FnMut(&Extent) -> bool,
+) -> Result<(), Errno> {
+    const BATCH: usize = 256;
     let end = start.saturating_add(len);
     let mut pos = start;
     let header_words = std::mem::size_of::<FiemapHeader>() / 8;
@@ -171,7 +189,10 @@ pub fn fiemap(fd: BorrowedFd<'_>, start: u64, len: u64) -> Result<Vec<Extent>, E
         }
         let mut last = false;
         for e in &batch {
-            out.push(Extent { logical: e.fe_logical, physical: e.fe_physical, length: e.fe_length, flags: e.fe_flags });
+            let ext = Extent { logical: e.fe_logical, physical: e.fe_physical, length: e.fe_length, flags: e.fe_flags };
+            if !each(&ext) {
+                return Ok(());
+            }
             last |= e.fe_flags & flags::LAST != 0;
         }
         let tail = batch.last().expect("mapped > 0");
@@ -181,7 +202,7 @@ pub fn fiemap(fd: BorrowedFd<'_>, start: u64, len: u64) -> Result<Vec<Extent>, E
         }
         pos = next;
     }
-    Ok(out)
+    Ok(())
 }
 
 /// Marks the address of a block in an encoded (compressed) extent in
