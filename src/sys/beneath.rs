@@ -239,9 +239,12 @@ pub fn open_dir_at(dir: BorrowedFd<'_>, name: &CStr) -> io::Result<OwnedFd> {
 }
 
 /// Whether the open file or directory `fd` carries the extended attribute
-/// `name`. No xattr support, or no such attribute: `false`.
+/// `name`. No xattr support, or no such attribute: `false`. Asked of
+/// protection markers, so it fails closed: any other failure (an I/O
+/// error, no memory) answers `true`, and the file is left alone.
 pub fn has_xattr_fd(fd: BorrowedFd<'_>, name: &str) -> bool {
-    rustix::fs::fgetxattr_query(fd, name).is_ok()
+    use rustix::io::Errno;
+    !matches!(rustix::fs::fgetxattr_query(fd, name), Err(Errno::NODATA | Errno::NOTSUP))
 }
 
 /// The starting paths of a run, each held open for the whole run: every

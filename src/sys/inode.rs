@@ -200,7 +200,9 @@ pub fn in_readonly_subvolume(fd: BorrowedFd<'_>) -> bool {
 }
 
 /// Whether `path` (not followed if a symlink) carries the extended attribute
-/// `name`. Filesystems without xattrs, and unreadable paths, answer `false`.
+/// `name`. No such attribute, no xattr support or no such path: `false`.
+/// Asked of protection markers, so any other failure (an I/O error, no
+/// permission) answers `true`: the path is left alone.
 pub fn has_xattr(path: &Path, name: &str) -> bool {
     let (Ok(p), Ok(n)) = (CString::new(path.as_os_str().as_bytes()), CString::new(name)) else {
         return false;
@@ -209,6 +211,10 @@ pub fn has_xattr(path: &Path, name: &str) -> bool {
     // with size 0 asks only for the value's length.
     let r = unsafe { libc::lgetxattr(p.as_ptr(), n.as_ptr(), std::ptr::null_mut(), 0) };
     r >= 0
+        || !matches!(
+            std::io::Error::last_os_error().raw_os_error(),
+            Some(libc::ENODATA | libc::ENOTSUP | libc::ENOENT | libc::ENOTDIR)
+        )
 }
 
 /// The kernel's coarse wall clock (`CLOCK_REALTIME_COARSE`), in nanoseconds
@@ -265,5 +271,19 @@ mod tests {
         let fl = inode_flags(f.as_file().as_fd(), FsKind::Other).unwrap();
         assert!(!fl.immutable && !fl.append_only);
         assert!(!has_xattr(f.path(), "user.nodedup"));
+    }
+
+    /// A marker attribute that cannot be read counts as present: only "no
+    /// such attribute", no xattr support or no such path say it is not.
+    #[test]
+    fn a_marker_attribute_that_cannot_be_read_counts_as_present() {
+        let d = tempfile::tempdir().unwrap();
+        assert!(!has_xattr(&d.path().join("nothing"), "user.nodedup"));
+        assert!(has_xattr(&d.path().join("x".repeat(300)), "user.nodedup"));
+        // getxattr on an O_PATH descriptor fails with EBADF.
+        let opath = rustix::fs::open(d.path(), rustix::fs::OFlags::PATH, rustix::fs::Mode::empty()).unwrap();
+        assert!(super::super::beneath::has_xattr_fd(std::os::fd::AsFd::as_fd(&opath), "user.nodedup"));
+        let dir = std::fs::File::open(d.path()).unwrap();
+        assert!(!super::super::beneath::has_xattr_fd(std::os::fd::AsFd::as_fd(&dir), "user.nodedup"));
     }
 }

@@ -63,9 +63,12 @@ pub fn stat_fd(fd: BorrowedFd<'_>) -> io::Result<Stat> {
 }
 
 /// Whether the directory `dir` holds an entry `name` of any type (not
-/// followed if a symlink).
+/// followed if a symlink). Asked of protection markers, so it fails
+/// closed: only "no such entry" answers `false`; a lookup failing for
+/// another reason (an I/O error, no memory) answers `true`, and the
+/// directory is left alone rather than shared past a marker not seen.
 pub fn has_entry_at(dir: BorrowedFd<'_>, name: &CStr) -> bool {
-    stat_at(dir, name).is_ok()
+    !matches!(stat_at(dir, name), Err(e) if e.raw_os_error() == Some(libc::ENOENT))
 }
 
 /// Whether `path` names an entry of any type (not followed if a symlink,
@@ -75,6 +78,32 @@ pub fn has_entry(path: &Path) -> bool {
     match rustix::fs::statx(CWD, path, NAME_FLAGS, StatxFlags::empty()) {
         Ok(_) => true,
         Err(rustix::io::Errno::NOSYS) => path.symlink_metadata().is_ok(),
-        Err(_) => false,
+        // Fails closed, as `has_entry_at` does.
+        Err(e) => !matches!(e, rustix::io::Errno::NOENT | rustix::io::Errno::NOTDIR),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::os::fd::AsFd;
+
+    use super::*;
+
+    /// A protection marker that cannot be looked up counts as present:
+    /// only "no such entry" says it is not there.
+    #[test]
+    fn a_marker_that_cannot_be_looked_up_counts_as_present() {
+        let d = tempfile::tempdir().unwrap();
+        let dir = std::fs::File::open(d.path()).unwrap();
+        assert!(!has_entry_at(dir.as_fd(), c"nothing"));
+        assert!(!has_entry(&d.path().join("nothing")));
+        std::fs::write(d.path().join("m"), b"").unwrap();
+        assert!(has_entry_at(dir.as_fd(), c"m") && has_entry(&d.path().join("m")));
+        // A name past NAME_MAX fails with ENAMETOOLONG, not ENOENT.
+        let long = std::ffi::CString::new("x".repeat(300)).unwrap();
+        assert!(has_entry_at(dir.as_fd(), &long));
+        assert!(has_entry(&d.path().join("x".repeat(300))));
+        // A file where a directory should be is "not there" (ENOTDIR).
+        assert!(!has_entry(&d.path().join("m/.nodedup")));
     }
 }
