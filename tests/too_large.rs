@@ -13,38 +13,10 @@ mod common;
 
 use common::*;
 use std::fs::File;
-use std::os::fd::AsRawFd;
 use std::path::Path;
 
 /// Bytes of block map allowed: 682 blocks of data, 2.7 MiB at 4 KiB.
 const BOUND: &str = "4096";
-
-/// Drop `p`'s pages from the page cache (clean pages: written and synced).
-fn drop_pages(p: &Path) {
-    let f = File::open(p).unwrap();
-    f.sync_all().unwrap();
-    // SAFETY: a plain advisory call on an open descriptor.
-    let rc = unsafe { libc::posix_fadvise(f.as_raw_fd(), 0, 0, libc::POSIX_FADV_DONTNEED) };
-    assert_eq!(rc, 0, "posix_fadvise");
-    assert_eq!(resident(p), 0, "{}: pages still cached", p.display());
-}
-
-/// Pages of `p` in the page cache.
-fn resident(p: &Path) -> usize {
-    let f = File::open(p).unwrap();
-    let len = f.metadata().unwrap().len() as usize;
-    // SAFETY: a shared read-only mapping of a file we hold open, unmapped
-    // before return; `mincore` writes one byte per page into `vec`.
-    unsafe {
-        let map = libc::mmap(std::ptr::null_mut(), len, libc::PROT_READ, libc::MAP_SHARED, f.as_raw_fd(), 0);
-        assert_ne!(map, libc::MAP_FAILED, "mmap");
-        let page = libc::sysconf(libc::_SC_PAGESIZE) as usize;
-        let mut vec = vec![0u8; len.div_ceil(page)];
-        assert_eq!(libc::mincore(map, len, vec.as_mut_ptr()), 0, "mincore");
-        libc::munmap(map, len);
-        vec.iter().filter(|&&b| b & 1 == 1).count()
-    }
-}
 
 /// One run with the lowered bound; its report and stderr.
 fn run(vol: &Volume, d: &Path, extra: &[&str]) -> (serde_json::Value, String) {
