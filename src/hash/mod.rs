@@ -39,6 +39,7 @@ pub use crate::blockmap::ZERO_FP;
 use crate::blockmap::{short_fp, BlockMap, Fp, MapError, FP_MAX};
 
 pub mod budget;
+mod cached;
 pub mod pool;
 pub mod refused;
 pub mod reuse;
@@ -213,7 +214,7 @@ pub fn hash_file_with(
         size,
         bs: block_size,
         buf,
-        drop_behind,
+        drop_behind: drop_behind.then(|| cached::Cached::new(size)),
         cache: cache.filter(|c| c.block_size == block_size && worth_mapping(size, block_size)),
         out: FileHash::empty(size, salt),
         mapped: None,
@@ -221,6 +222,9 @@ pub fn hash_file_with(
         watch: if size > WATCH_EVERY { Some((stamp(file)?, WATCH_EVERY)) } else { None },
     };
     let read = h.regions();
+    if let Some(c) = &mut h.drop_behind {
+        c.finish(file, size);
+    }
     if read.is_err() {
         // What was read may not be what the shared blocks hold.
         if let Some(cache) = h.cache {
@@ -253,7 +257,9 @@ struct Hasher<'a> {
     size: u64,
     bs: u64,
     buf: &'a mut Vec<u8>,
-    drop_behind: bool,
+    /// `--drop-cache`: what of the file was cached before it was read, so
+    /// that only the pages the read brought in are dropped.
+    drop_behind: Option<cached::Cached>,
     cache: Option<&'a ExtentCache>,
     out: FileHash,
     /// `None` until FIEMAP mapped a region; then whether every extent it
@@ -363,6 +369,9 @@ impl Hasher<'_> {
     /// Read the next chunk of `[pos, end)` into the buffer; returns its length.
     fn read_chunk(&mut self, pos: u64, end: u64) -> io::Result<usize> {
         let want = (end - pos).min(self.chunk()) as usize;
+        if let Some(c) = &mut self.drop_behind {
+            c.ahead_of(self.file, pos);
+        }
         let got = read_full_at(self.file, &mut self.buf[..want], pos)?;
         // Ask for the next chunk now, so the disk reads it while this
         // one is hashed.
@@ -376,10 +385,11 @@ impl Hasher<'_> {
         Ok(got)
     }
 
-    fn after_chunk(&self, pos: u64, len: u64) {
-        if self.drop_behind {
-            // A nightly scan must not evict the server's working set.
-            advise(self.file, pos, len, PosixFadviseAdvice::POSIX_FADV_DONTNEED);
+    fn after_chunk(&mut self, pos: u64, len: u64) {
+        if let Some(c) = &mut self.drop_behind {
+            // A nightly scan must not evict the server's working set: what
+            // it brought into the page cache goes, what was there stays.
+            c.read_to(self.file, pos + len);
         }
     }
 }

@@ -1,0 +1,185 @@
+//! Which pages of a file were in the page cache before the scan read them,
+//! so that `--drop-cache` drops only the pages the scan brought in.
+//!
+//! `--drop-cache` (the systemd unit's) is there so that a nightly scan does
+//! not evict the server's working set. It dropped every page it read,
+//! those that were cached before too: the files a nightly run reads are
+//! the changed ones, often the hot ones (a database, a mail spool), and
+//! their cached pages were evicted by the very option meant to keep them.
+//! So before the read reaches a window of [`WINDOW`] bytes, that window's
+//! residency is asked (`mincore` on a mapping of it, which reads nothing),
+//! far enough ahead that neither the kernel's read-ahead nor our own
+//! (`hash::AHEAD`) has touched it yet; after a chunk is read, only its
+//! pages that were not resident are dropped. A probe that fails counts its
+//! pages as not resident: dropped, as before.
+
+use std::collections::VecDeque;
+use std::fs::File;
+use std::os::fd::AsRawFd;
+
+use nix::fcntl::{posix_fadvise, PosixFadviseAdvice};
+
+/// Bytes of the file probed at once, and how far ahead of the read the
+/// probes stay (read-ahead reaches a few MiB ahead at most, even with a
+/// large `read_ahead_kb`). One byte of answer per page: 16 KiB a window.
+const WINDOW: u64 = 64 << 20;
+
+/// Drops cover whole 2 MiB stretches (the largest page-cache folio on
+/// x86-64), up to the last such boundary behind the read, the rest once the
+/// file is done: a drop of part of a folio leaves all of it cached, and
+/// XFS reads ahead into folios larger than a chunk (dropped a chunk at a
+/// time, 77 of 92 MiB read stayed cached).
+const ALIGN: u64 = 2 << 20;
+
+/// The page size the probes count in.
+fn page() -> u64 {
+    // SAFETY: `sysconf` only reads a constant of the system.
+    (unsafe { libc::sysconf(libc::_SC_PAGESIZE) }).max(4096) as u64
+}
+
+/// The residency of the windows of one file ahead of its read.
+pub(super) struct Cached {
+    size: u64,
+    page: u64,
+    /// Probed windows: start offset, one byte per page (bit 0: resident).
+    windows: VecDeque<(u64, Vec<u8>)>,
+    /// Offset up to which the read's pages were dropped (or kept).
+    dropped_to: u64,
+}
+
+impl Cached {
+    /// For `file` of `size` bytes; nothing is probed yet.
+    pub(super) fn new(size: u64) -> Cached {
+        Cached { size, page: page(), windows: VecDeque::new(), dropped_to: 0 }
+    }
+
+    /// Before the read of `[pos, …)`: probe the window holding `pos` and
+    /// the next one, if not done yet, and forget windows behind `pos`.
+    pub(super) fn ahead_of(&mut self, file: &File, pos: u64) {
+        // Kept while pages of them may wait to be dropped (see `ALIGN`).
+        self.windows.retain(|&(start, _)| start + WINDOW + ALIGN > pos);
+        let first = pos / WINDOW * WINDOW;
+        for start in [first, first + WINDOW] {
+            if start < self.size && !self.windows.iter().any(|w| w.0 == start) {
+                let len = WINDOW.min(self.size - start);
+                self.windows.push_back((start, probe(file, start, len, self.page)));
+            }
+        }
+    }
+
+    /// The read reached `end`: drop from the page cache the pages before
+    /// the last [`ALIGN`] boundary behind it (all of them at the end of the
+    /// file) that were not resident when their window was probed.
+    pub(super) fn read_to(&mut self, file: &File, end: u64) {
+        let to = if end >= self.size { self.size } else { end / ALIGN * ALIGN };
+        if to > self.dropped_to {
+            self.drop_range(file, self.dropped_to, to - self.dropped_to);
+            self.dropped_to = to;
+        }
+    }
+
+    /// The read is over (done, or stopped): drop what is left behind it,
+    /// within the windows probed.
+    pub(super) fn finish(&mut self, file: &File, end: u64) {
+        if end > self.dropped_to {
+            self.drop_range(file, self.dropped_to, end - self.dropped_to);
+            self.dropped_to = end;
+        }
+    }
+
+    /// Drop the pages of `[pos, pos + len)` not resident when probed.
+    fn drop_range(&self, file: &File, pos: u64, len: u64) {
+        let (first, end) = (pos / self.page, (pos + len).div_ceil(self.page));
+        let mut run: Option<u64> = None; // first page of a run to drop
+        for p in first..=end {
+            let drop = p < end && self.was_resident(p * self.page) == Some(false);
+            match (drop, run) {
+                (true, None) => run = Some(p),
+                (false, Some(s)) => {
+                    let (off, l) = (s * self.page, (p - s) * self.page);
+                    let _ = posix_fadvise(file, off as i64, l as i64, PosixFadviseAdvice::POSIX_FADV_DONTNEED);
+                    run = None;
+                }
+                _ => {}
+            }
+        }
+    }
+
+    /// Whether the page at `off` was resident when probed; `None` where
+    /// not probed (past the read: left as it is).
+    fn was_resident(&self, off: u64) -> Option<bool> {
+        let (start, v) = self.windows.iter().find(|(start, _)| (*start..*start + WINDOW).contains(&off))?;
+        v.get(((off - start) / self.page) as usize).map(|b| b & 1 == 1)
+    }
+}
+
+/// `mincore` of `[off, off + len)` of `file` (`off` page-aligned), one byte
+/// per page; all zero (not resident) if it cannot be asked.
+fn probe(file: &File, off: u64, len: u64, page: u64) -> Vec<u8> {
+    let mut v = vec![0u8; len.div_ceil(page) as usize];
+    // SAFETY: a shared read-only mapping of `len` bytes of a file we hold
+    // open, never dereferenced (mapping reads nothing), unmapped before
+    // return; `mincore` writes one byte per page of it into `v`, which
+    // holds that many.
+    unsafe {
+        let map = libc::mmap(
+            std::ptr::null_mut(),
+            len as usize,
+            libc::PROT_READ,
+            libc::MAP_SHARED,
+            file.as_raw_fd(),
+            off as i64,
+        );
+        if map == libc::MAP_FAILED {
+            return v;
+        }
+        if libc::mincore(map, len as usize, v.as_mut_ptr()) != 0 {
+            v.fill(0);
+        }
+        libc::munmap(map, len as usize);
+    }
+    v
+}
+
+#[cfg(test)]
+mod tests {
+    use std::io::Read;
+
+    use super::*;
+
+    /// Pages of `f` resident now.
+    fn resident(f: &File, len: u64) -> usize {
+        probe(f, 0, len, page()).iter().filter(|&&b| b & 1 == 1).count()
+    }
+
+    /// Of a file whose first half was cached and second half not, reading
+    /// all of it and dropping what was read keeps the first half cached
+    /// and drops the second.
+    #[test]
+    fn only_pages_not_cached_before_are_dropped() {
+        let d = tempfile::tempdir_in("/var/tmp").unwrap();
+        let p = d.path().join("f");
+        let len = 64 * page();
+        std::fs::write(&p, vec![7u8; len as usize]).unwrap();
+        let f = File::open(&p).unwrap();
+        f.sync_all().unwrap();
+        let _ = posix_fadvise(&f, 0, 0, PosixFadviseAdvice::POSIX_FADV_DONTNEED);
+        if resident(&f, len) != 0 {
+            return; // a filesystem that keeps everything in memory (tmpfs)
+        }
+        // Read-ahead would bring in more than a half read: read all, then
+        // drop the second half.
+        let mut all = vec![0u8; len as usize];
+        (&f).read_exact(&mut all).unwrap();
+        let _ = posix_fadvise(&f, (len / 2) as i64, (len / 2) as i64, PosixFadviseAdvice::POSIX_FADV_DONTNEED);
+        assert_eq!(resident(&f, len), 32);
+        let mut c = Cached::new(len);
+        c.ahead_of(&f, 0);
+        std::os::unix::fs::FileExt::read_exact_at(&f, &mut all, 0).unwrap();
+        assert_eq!(resident(&f, len), 64);
+        c.read_to(&f, len);
+        let v = probe(&f, 0, len, page());
+        assert!(v[..32].iter().all(|b| b & 1 == 1), "the pages cached before were dropped: {v:?}");
+        assert!(v[32..].iter().all(|b| b & 1 == 0), "the pages the read brought in stayed: {v:?}");
+    }
+}
