@@ -113,6 +113,35 @@ impl Cached {
     }
 }
 
+/// Read a file that fits in one read (`buf` its whole length) for a scan
+/// that drops what it brings into the page cache: first what is cached,
+/// without waiting (`RWF_NOWAIT`: up to the first page not cached), then
+/// the rest. Returns the bytes read and how many of them were cached
+/// before. Asking a small file's residency with `mincore` cost three calls
+/// more per file (10% of a `--drop-cache` scan's time on 40,000 small
+/// files); this costs one where nothing is cached and saves the read where
+/// all is.
+pub(super) fn read_small(file: &File, buf: &mut [u8], pos: u64) -> std::io::Result<(usize, u64)> {
+    use rustix::io::{preadv2, Errno, ReadWriteFlags};
+    let cached = match preadv2(file, &mut [std::io::IoSliceMut::new(buf)], pos, ReadWriteFlags::NOWAIT) {
+        Ok(n) => n,
+        // Nothing cached, or a kernel or filesystem that cannot say.
+        Err(Errno::AGAIN | Errno::NOTSUP | Errno::INVAL | Errno::INTR) => 0,
+        Err(e) => return Err(e.into()),
+    };
+    let rest = if cached < buf.len() { super::read_full_at(file, &mut buf[cached..], pos + cached as u64)? } else { 0 };
+    Ok((cached + rest, cached as u64))
+}
+
+/// After [`read_small`] read `len` bytes at `pos`, `cached` of them
+/// cached before: drop the pages the read brought in.
+pub(super) fn drop_small(file: &File, pos: u64, cached: u64, len: u64) {
+    let from = pos + cached / page() * page();
+    if from < pos + len {
+        let _ = posix_fadvise(file, from as i64, (pos + len - from) as i64, PosixFadviseAdvice::POSIX_FADV_DONTNEED);
+    }
+}
+
 /// `mincore` of `[off, off + len)` of `file` (`off` page-aligned), one byte
 /// per page; all zero (not resident) if it cannot be asked.
 fn probe(file: &File, off: u64, len: u64, page: u64) -> Vec<u8> {
@@ -181,5 +210,33 @@ mod tests {
         let v = probe(&f, 0, len, page());
         assert!(v[..32].iter().all(|b| b & 1 == 1), "the pages cached before were dropped: {v:?}");
         assert!(v[32..].iter().all(|b| b & 1 == 0), "the pages the read brought in stayed: {v:?}");
+    }
+
+    /// A small file read whole: what was cached is named and kept, the
+    /// rest dropped.
+    #[test]
+    fn a_small_file_keeps_its_cached_prefix() {
+        let d = tempfile::tempdir_in("/var/tmp").unwrap();
+        let p = d.path().join("f");
+        let len = 16 * page();
+        std::fs::write(&p, vec![5u8; len as usize]).unwrap();
+        let f = File::open(&p).unwrap();
+        f.sync_all().unwrap();
+        let mut buf = vec![0u8; len as usize];
+        // All cached (just read): nothing to drop.
+        std::os::unix::fs::FileExt::read_exact_at(&f, &mut buf, 0).unwrap();
+        assert_eq!(read_small(&f, &mut buf, 0).unwrap(), (len as usize, len));
+        let _ = posix_fadvise(&f, 0, 0, PosixFadviseAdvice::POSIX_FADV_DONTNEED);
+        if resident(&f, len) != 0 {
+            return; // tmpfs
+        }
+        // The first 4 pages cached, then the read brings in the rest.
+        std::os::unix::fs::FileExt::read_exact_at(&f, &mut buf[..4 * page() as usize], 0).unwrap();
+        let _ = posix_fadvise(&f, (4 * page()) as i64, 0, PosixFadviseAdvice::POSIX_FADV_DONTNEED);
+        let (got, cached) = read_small(&f, &mut buf, 0).unwrap();
+        assert_eq!((got, cached), (len as usize, 4 * page()));
+        assert!(buf.iter().all(|&b| b == 5));
+        drop_small(&f, 0, cached, len);
+        assert_eq!(resident(&f, len), 4);
     }
 }

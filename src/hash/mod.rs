@@ -214,7 +214,8 @@ pub fn hash_file_with(
         size,
         bs: block_size,
         buf,
-        drop_behind: drop_behind.then(|| cached::Cached::new(size)),
+        drop_behind: (drop_behind && size > chunk as u64).then(|| cached::Cached::new(size)),
+        drop_small: (drop_behind && size <= chunk as u64).then_some(0),
         cache: cache.filter(|c| c.block_size == block_size && worth_mapping(size, block_size)),
         out: FileHash::empty(size, salt),
         mapped: None,
@@ -260,6 +261,9 @@ struct Hasher<'a> {
     /// `--drop-cache`: what of the file was cached before it was read, so
     /// that only the pages the read brought in are dropped.
     drop_behind: Option<cached::Cached>,
+    /// `--drop-cache` on a file that fits in one read: the bytes of it that
+    /// were cached before it was read (see [`cached::read_small`]), kept.
+    drop_small: Option<u64>,
     cache: Option<&'a ExtentCache>,
     out: FileHash,
     /// `None` until FIEMAP mapped a region; then whether every extent it
@@ -372,7 +376,14 @@ impl Hasher<'_> {
         if let Some(c) = &mut self.drop_behind {
             c.ahead_of(self.file, pos);
         }
-        let got = read_full_at(self.file, &mut self.buf[..want], pos)?;
+        let got = match &mut self.drop_small {
+            Some(before) => {
+                let (got, cached) = cached::read_small(self.file, &mut self.buf[..want], pos)?;
+                *before = cached;
+                got
+            }
+            None => read_full_at(self.file, &mut self.buf[..want], pos)?,
+        };
         // Ask for the next chunk now, so the disk reads it while this
         // one is hashed.
         if pos + (got as u64) < self.size {
@@ -386,10 +397,13 @@ impl Hasher<'_> {
     }
 
     fn after_chunk(&mut self, pos: u64, len: u64) {
+        // A nightly scan must not evict the server's working set: what it
+        // brought into the page cache goes, what was there stays.
         if let Some(c) = &mut self.drop_behind {
-            // A nightly scan must not evict the server's working set: what
-            // it brought into the page cache goes, what was there stays.
             c.read_to(self.file, pos + len);
+        }
+        if let Some(cached) = self.drop_small {
+            cached::drop_small(self.file, pos, cached, len);
         }
     }
 }
