@@ -9,9 +9,10 @@
 //! So before the read reaches a window of [`WINDOW`] bytes, that window's
 //! residency is asked (`mincore` on a mapping of it, which reads nothing),
 //! far enough ahead that neither the kernel's read-ahead nor our own
-//! (`hash::AHEAD`) has touched it yet; after a chunk is read, only its
-//! pages that were not resident are dropped. A probe that fails counts its
-//! pages as not resident: dropped, as before.
+//! (`hash::AHEAD`) has touched it yet; behind the read, only the pages
+//! that were not resident are dropped, in whole [`ALIGN`] stretches. A
+//! probe that fails counts its pages as not resident: dropped, as before.
+//! A file that fits in one read is not probed: [`read_small`].
 
 use std::collections::VecDeque;
 use std::fs::File;
