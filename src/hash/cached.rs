@@ -185,18 +185,21 @@ mod tests {
     /// Of a file whose first half was cached and second half not, reading
     /// all of it and dropping what was read keeps the first half cached
     /// and drops the second.
-    #[test]
-    fn only_pages_not_cached_before_are_dropped() {
+    /// A synced file of `pages` pages of `byte`, none of them cached;
+    /// `None` where the filesystem keeps everything in memory (tmpfs).
+    fn uncached(pages: u64, byte: u8) -> Option<(tempfile::TempDir, File, u64)> {
         let d = tempfile::tempdir_in("/var/tmp").unwrap();
-        let p = d.path().join("f");
-        let len = 64 * page();
-        std::fs::write(&p, vec![7u8; len as usize]).unwrap();
-        let f = File::open(&p).unwrap();
+        let len = pages * page();
+        std::fs::write(d.path().join("f"), vec![byte; len as usize]).unwrap();
+        let f = File::open(d.path().join("f")).unwrap();
         f.sync_all().unwrap();
         let _ = posix_fadvise(&f, 0, 0, PosixFadviseAdvice::POSIX_FADV_DONTNEED);
-        if resident(&f, len) != 0 {
-            return; // a filesystem that keeps everything in memory (tmpfs)
-        }
+        (resident(&f, len) == 0).then_some((d, f, len))
+    }
+
+    #[test]
+    fn only_pages_not_cached_before_are_dropped() {
+        let Some((_d, f, len)) = uncached(64, 7) else { return };
         // Read-ahead would bring in more than a half read: read all, then
         // drop the second half.
         let mut all = vec![0u8; len as usize];
@@ -217,20 +220,12 @@ mod tests {
     /// rest dropped.
     #[test]
     fn a_small_file_keeps_its_cached_prefix() {
-        let d = tempfile::tempdir_in("/var/tmp").unwrap();
-        let p = d.path().join("f");
-        let len = 16 * page();
-        std::fs::write(&p, vec![5u8; len as usize]).unwrap();
-        let f = File::open(&p).unwrap();
-        f.sync_all().unwrap();
+        let Some((_d, f, len)) = uncached(16, 5) else { return };
         let mut buf = vec![0u8; len as usize];
         // All cached (just read): nothing to drop.
         std::os::unix::fs::FileExt::read_exact_at(&f, &mut buf, 0).unwrap();
         assert_eq!(read_small(&f, &mut buf, 0).unwrap(), (len as usize, len));
         let _ = posix_fadvise(&f, 0, 0, PosixFadviseAdvice::POSIX_FADV_DONTNEED);
-        if resident(&f, len) != 0 {
-            return; // tmpfs
-        }
         // The first 4 pages cached, then the read brings in the rest.
         std::os::unix::fs::FileExt::read_exact_at(&f, &mut buf[..4 * page() as usize], 0).unwrap();
         let _ = posix_fadvise(&f, (4 * page()) as i64, 0, PosixFadviseAdvice::POSIX_FADV_DONTNEED);
