@@ -50,13 +50,13 @@ pub(super) struct Cached {
 
 impl Cached {
     /// For `file` of `size` bytes; nothing is probed yet.
-    pub(super) fn new(size: u64) -> Cached {
+    fn new(size: u64) -> Cached {
         Cached { size, page: page(), windows: VecDeque::new(), dropped_to: 0 }
     }
 
     /// Before the read of `[pos, …)`: probe the window holding `pos` and
     /// the next one, if not done yet, and forget windows behind `pos`.
-    pub(super) fn ahead_of(&mut self, file: &File, pos: u64) {
+    fn ahead_of(&mut self, file: &File, pos: u64) {
         // Kept while pages of them may wait to be dropped (see `ALIGN`).
         self.windows.retain(|&(start, _)| start + WINDOW + ALIGN > pos);
         let first = pos / WINDOW * WINDOW;
@@ -71,7 +71,7 @@ impl Cached {
     /// The read reached `end`: drop from the page cache the pages before
     /// the last [`ALIGN`] boundary behind it (all of them at the end of the
     /// file) that were not resident when their window was probed.
-    pub(super) fn read_to(&mut self, file: &File, end: u64) {
+    fn read_to(&mut self, file: &File, end: u64) {
         let to = if end >= self.size { self.size } else { end / ALIGN * ALIGN };
         if to > self.dropped_to {
             self.drop_range(file, self.dropped_to, to - self.dropped_to);
@@ -81,7 +81,7 @@ impl Cached {
 
     /// The read is over (done, or stopped): drop what is left behind it,
     /// within the windows probed.
-    pub(super) fn finish(&mut self, file: &File, end: u64) {
+    fn finish(&mut self, file: &File, end: u64) {
         if end > self.dropped_to {
             self.drop_range(file, self.dropped_to, end - self.dropped_to);
             self.dropped_to = end;
@@ -114,6 +114,63 @@ impl Cached {
     }
 }
 
+/// What `--drop-cache` does with one file's reads (see the module doc).
+pub(super) enum DropBehind {
+    /// Off: the page cache is left as the reads leave it.
+    Keep,
+    /// A file that fits in one read: the bytes of the last read that were
+    /// cached before it ([`read_small`]).
+    Small(u64),
+    /// A larger file: its windows' residency ([`Cached`]).
+    Large(Cached),
+}
+
+impl DropBehind {
+    /// For a file of `size` bytes read `chunk` bytes at a time.
+    pub(super) fn new(on: bool, size: u64, chunk: u64) -> DropBehind {
+        match (on, size <= chunk) {
+            (false, _) => DropBehind::Keep,
+            (true, true) => DropBehind::Small(0),
+            (true, false) => DropBehind::Large(Cached::new(size)),
+        }
+    }
+
+    /// Read `buf.len()` bytes at `pos` (fewer at EOF): the residency of
+    /// what is read is known first.
+    pub(super) fn read(&mut self, file: &File, buf: &mut [u8], pos: u64) -> std::io::Result<usize> {
+        match self {
+            DropBehind::Keep => super::read_full_at(file, buf, pos),
+            DropBehind::Small(before) => {
+                let (got, cached) = read_small(file, buf, pos)?;
+                *before = cached;
+                Ok(got)
+            }
+            DropBehind::Large(c) => {
+                c.ahead_of(file, pos);
+                super::read_full_at(file, buf, pos)
+            }
+        }
+    }
+
+    /// `len` bytes at `pos` were read (and hashed): drop what the read
+    /// brought into the page cache.
+    pub(super) fn read_done(&mut self, file: &File, pos: u64, len: u64) {
+        match self {
+            DropBehind::Keep => {}
+            DropBehind::Small(cached) => drop_small(file, pos, *cached, len),
+            DropBehind::Large(c) => c.read_to(file, pos + len),
+        }
+    }
+
+    /// The file's read is over: drop what is left of it (see
+    /// [`Cached::finish`]).
+    pub(super) fn finish(&mut self, file: &File, size: u64) {
+        if let DropBehind::Large(c) = self {
+            c.finish(file, size);
+        }
+    }
+}
+
 /// Read a file that fits in one read (`buf` its whole length) for a scan
 /// that drops what it brings into the page cache: first what is cached,
 /// without waiting (`RWF_NOWAIT`: up to the first page not cached), then
@@ -122,7 +179,7 @@ impl Cached {
 /// more per file (10% of a `--drop-cache` scan's time on 40,000 small
 /// files); this costs one where nothing is cached and saves the read where
 /// all is.
-pub(super) fn read_small(file: &File, buf: &mut [u8], pos: u64) -> std::io::Result<(usize, u64)> {
+fn read_small(file: &File, buf: &mut [u8], pos: u64) -> std::io::Result<(usize, u64)> {
     use rustix::io::{preadv2, Errno, ReadWriteFlags};
     let cached = match preadv2(file, &mut [std::io::IoSliceMut::new(buf)], pos, ReadWriteFlags::NOWAIT) {
         Ok(n) => n,
@@ -136,7 +193,7 @@ pub(super) fn read_small(file: &File, buf: &mut [u8], pos: u64) -> std::io::Resu
 
 /// After [`read_small`] read `len` bytes at `pos`, `cached` of them
 /// cached before: drop the pages the read brought in.
-pub(super) fn drop_small(file: &File, pos: u64, cached: u64, len: u64) {
+fn drop_small(file: &File, pos: u64, cached: u64, len: u64) {
     let from = pos + cached / page() * page();
     if from < pos + len {
         let _ = posix_fadvise(file, from as i64, (pos + len - from) as i64, PosixFadviseAdvice::POSIX_FADV_DONTNEED);

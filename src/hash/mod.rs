@@ -214,8 +214,7 @@ pub fn hash_file_with(
         size,
         bs: block_size,
         buf,
-        drop_behind: (drop_behind && size > chunk as u64).then(|| cached::Cached::new(size)),
-        drop_small: (drop_behind && size <= chunk as u64).then_some(0),
+        drop_behind: cached::DropBehind::new(drop_behind, size, chunk as u64),
         cache: cache.filter(|c| c.block_size == block_size && worth_mapping(size, block_size)),
         out: FileHash::empty(size, salt),
         mapped: None,
@@ -223,9 +222,7 @@ pub fn hash_file_with(
         watch: if size > WATCH_EVERY { Some((stamp(file)?, WATCH_EVERY)) } else { None },
     };
     let read = h.regions();
-    if let Some(c) = &mut h.drop_behind {
-        c.finish(file, size);
-    }
+    h.drop_behind.finish(file, size);
     if read.is_err() {
         // What was read may not be what the shared blocks hold.
         if let Some(cache) = h.cache {
@@ -260,10 +257,7 @@ struct Hasher<'a> {
     buf: &'a mut Vec<u8>,
     /// `--drop-cache`: what of the file was cached before it was read, so
     /// that only the pages the read brought in are dropped.
-    drop_behind: Option<cached::Cached>,
-    /// `--drop-cache` on a file that fits in one read: the bytes of it that
-    /// were cached before it was read (see [`cached::read_small`]), kept.
-    drop_small: Option<u64>,
+    drop_behind: cached::DropBehind,
     cache: Option<&'a ExtentCache>,
     out: FileHash,
     /// `None` until FIEMAP mapped a region; then whether every extent it
@@ -373,17 +367,7 @@ impl Hasher<'_> {
     /// Read the next chunk of `[pos, end)` into the buffer; returns its length.
     fn read_chunk(&mut self, pos: u64, end: u64) -> io::Result<usize> {
         let want = (end - pos).min(self.chunk()) as usize;
-        if let Some(c) = &mut self.drop_behind {
-            c.ahead_of(self.file, pos);
-        }
-        let got = match &mut self.drop_small {
-            Some(before) => {
-                let (got, cached) = cached::read_small(self.file, &mut self.buf[..want], pos)?;
-                *before = cached;
-                got
-            }
-            None => read_full_at(self.file, &mut self.buf[..want], pos)?,
-        };
+        let got = self.drop_behind.read(self.file, &mut self.buf[..want], pos)?;
         // Ask for the next chunk now, so the disk reads it while this
         // one is hashed.
         if pos + (got as u64) < self.size {
@@ -399,12 +383,7 @@ impl Hasher<'_> {
     fn after_chunk(&mut self, pos: u64, len: u64) {
         // A nightly scan must not evict the server's working set: what it
         // brought into the page cache goes, what was there stays.
-        if let Some(c) = &mut self.drop_behind {
-            c.read_to(self.file, pos + len);
-        }
-        if let Some(cached) = self.drop_small {
-            cached::drop_small(self.file, pos, cached, len);
-        }
+        self.drop_behind.read_done(self.file, pos, len);
     }
 }
 
