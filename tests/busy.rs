@@ -31,7 +31,10 @@ fn corpus(dir: &Path) {
     std::fs::write(dir.join("x"), [&head[..], &Rng::new(51).bytes(256 * KIB)].concat()).unwrap();
     std::fs::write(dir.join("y"), [&head[..], &Rng::new(52).bytes(256 * KIB)].concat()).unwrap();
     std::fs::write(dir.join("z"), [Rng::new(53).bytes(64 * KIB), vec![0; 1024 * KIB]].concat()).unwrap();
-    sh(&mut Command::new("sync"));
+    // This volume only: a global sync(2) from a test running alongside
+    // would commit the other tests' btrfs transactions too, and wake the
+    // cleaner `btrfs_a_subvolume_deleted_before_the_run` keeps asleep.
+    sh(Command::new("sync").arg("-f").arg(dir));
 }
 
 /// Another process writing to a file in `dir` without pause until killed:
