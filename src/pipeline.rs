@@ -277,6 +277,10 @@ fn plan_phase(
         human(stats.bytes),
         stats.whole_groups
     ));
+    if stats.split_components > 0 {
+        let n = stats.split_components;
+        progress.info(&format!("{n} group(s) of files planned in parts around their largest file, for memory"));
+    }
     let planned = Some(Planned { batches, stats, listed, fresh });
     Ok((PlanOutcome { pending, planned, base, plan_ms: ms(t) }, free_before))
 }

@@ -376,8 +376,8 @@ fn listed_ranges(plan: &Plan, status: &[RangeState], files: &HashMap<FileId, Fil
 }
 
 /// Add up the states of one batch's ranges into `live`: byte totals, the
-/// sources with the most unshared bytes (every range of a source is in
-/// one batch, so the top of each batch's is the top of all), and the
+/// sources with the most unshared bytes (a source's ranges are in one
+/// batch, or a split component's parts: merged by source), and the
 /// unshared bytes of each directory into `by_dir`.
 fn tally(
     live: &mut Live,
@@ -408,11 +408,15 @@ fn tally(
         }
     }
     let groups = &mut live.groups;
-    groups.extend(by_src.into_iter().map(|(id, (bytes, dests))| RemainingGroup {
-        source: display_path(&files[&id].path),
-        unshared_bytes: bytes,
-        destinations: dests.len() as u64,
-    }));
+    for (id, (bytes, dests)) in by_src {
+        let source = display_path(&files[&id].path);
+        let at = groups.iter().position(|g| g.source == source).unwrap_or_else(|| {
+            groups.push(RemainingGroup { source, unshared_bytes: 0, destinations: 0 });
+            groups.len() - 1
+        });
+        groups[at].unshared_bytes += bytes;
+        groups[at].destinations += dests.len() as u64;
+    }
     groups.sort_by(|a, b| b.unshared_bytes.cmp(&a.unshared_bytes).then_with(|| a.source.cmp(&b.source)));
     groups.truncate(TOP);
 }

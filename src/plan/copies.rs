@@ -30,9 +30,9 @@ pub(super) const PLANNED: usize = 3;
 pub(super) const FOLLOW_RANGES: usize = 1 << 16;
 
 /// Most copies in one plan of followers (the share phase holds the facts of
-/// one plan's files at a time): a batch's files, [`super::from_db::BATCH_FILES`].
+/// one plan's files at a time): a batch's files, [`super::limits::BATCH_FILES`].
 #[cfg(test)]
-const FOLLOW_FILES: usize = super::from_db::BATCH_FILES as usize;
+const FOLLOW_FILES: usize = super::limits::BATCH_FILES as usize;
 
 /// The copies of a whole-file group that follow its first: all of them
 /// but the first, whether the planner saw them or not.

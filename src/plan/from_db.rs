@@ -19,6 +19,7 @@ use std::collections::HashSet;
 use super::claims::{Claims, Region, RunCounts, RUN_BUDGET};
 use super::copies;
 use super::group::{self, MapPass, Member, SliceGrouper, WholeGroup};
+use super::limits::{Limits, REGROUP_SLICES};
 use super::links::{self, Component, Links};
 use super::spill::{self, SliceFiles};
 use super::{plan_exact_with, Plan, PlanFile, PlanOptions};
@@ -27,119 +28,6 @@ use crate::db::Db;
 use crate::file::{FileId, IdSet};
 use crate::hash::SharedRun;
 use rustc_hash::FxHashSet;
-
-/// Most files planned in one batch (a batch holds the maps of its files,
-/// the union-find of their blocks, their ranges and recorded facts: a few
-/// hundred bytes a file).
-pub const BATCH_FILES: u64 = 16_000;
-
-/// Most data blocks planned in one batch. Measured with heaptrack on the
-/// FULL benchmark corpus (1.06 million data blocks, 126,815 files): about
-/// 100 bytes of heap a block while a batch is planned (maps, union-find,
-/// groups, the choice of sources, ranges), so a batch of 8 Mi blocks as
-/// before could take 800 MB, and FULL in one batch made the run's peak
-/// RSS 140 MB. With 256 Ki blocks (and 16,000 files) a batch takes at most
-/// about 25 MB beyond its largest component (a component is never split):
-/// peak RSS 76 MB on FULL, the same plan (space freed identical), planning
-/// no slower (323 against 527 ms). Smaller still (64 Ki blocks, 4,000
-/// files) saved only 10 MB more: the largest component dominates.
-pub const BATCH_BLOCKS: u64 = 256 << 10;
-
-/// Most blocks of a batch grouped at once when it is planned (16 bytes
-/// each while grouped: 4 MiB; [`Limits::regroup_blocks`]), unless that
-/// takes more than [`REGROUP_SLICES`] slices. The batch's maps and the
-/// planner's arrays (about 10 bytes a block) are in memory then, and a
-/// slice costs one pass over those maps, not over the database. Four
-/// near-copies of a 1 GiB image, one component of a million blocks: heap
-/// 43 MB with slices of 1 Mi blocks, run peak RSS 27 MB with these.
-pub const REGROUP_BUDGET: u64 = 1 << 18;
-
-/// Most slices a batch is grouped in when planned: each is a pass over all
-/// of its maps (five near-copies of a 4 GiB image: plan 1.5 s with the
-/// groups kept, 2.1 s in 20 slices). With at most 8, a larger component
-/// groups in slices of an eighth of its blocks, 2 bytes a block beside the
-/// 10 of its maps and the planner's arrays.
-pub const REGROUP_SLICES: u32 = 8;
-
-/// How large the pieces of a plan may grow; see [`from_db_with`].
-#[derive(Debug, Clone, Copy)]
-pub struct Limits {
-    /// Whole-file keys grouped at once ([`group::WHOLE_BUDGET`]).
-    pub whole_keys: u64,
-    /// Files in one batch ([`BATCH_FILES`]).
-    pub batch_files: u64,
-    /// Data blocks in one batch ([`BATCH_BLOCKS`]).
-    pub batch_blocks: u64,
-    /// Copies of a whole-file group planned together; the others follow
-    /// ([`copies::PLANNED`], at least that).
-    pub whole_copies: usize,
-    /// Blocks of a batch grouped at once when it is planned
-    /// ([`REGROUP_BUDGET`]).
-    pub regroup_blocks: u64,
-    /// Fingerprints of fresh files an incremental plan groups by
-    /// ([`group::FRESH_KEYS`]).
-    pub fresh_keys: u64,
-    /// Blocks the first grouping takes at once ([`group::GROUP_BUDGET`]).
-    pub group_blocks: u64,
-}
-
-impl Default for Limits {
-    fn default() -> Self {
-        Limits {
-            whole_keys: group::WHOLE_BUDGET,
-            batch_files: BATCH_FILES,
-            batch_blocks: BATCH_BLOCKS,
-            whole_copies: copies::PLANNED,
-            regroup_blocks: REGROUP_BUDGET,
-            fresh_keys: group::FRESH_KEYS,
-            group_blocks: group::GROUP_BUDGET,
-        }
-    }
-}
-
-impl Limits {
-    /// Tiny limits, so that a test on a few files goes through every path
-    /// of batching: several whole-key partitions, many batches, followers.
-    pub const TINY: Limits = Limits {
-        whole_keys: 3,
-        batch_files: 4,
-        batch_blocks: 64,
-        whole_copies: copies::PLANNED,
-        regroup_blocks: 8,
-        fresh_keys: 4,
-        group_blocks: 16,
-    };
-
-    /// No limits: the plan in one piece, every copy planned (tests: what
-    /// the batched plan must equal range for range).
-    pub const ONE_PIECE: Limits = Limits {
-        whole_keys: u64::MAX,
-        batch_files: u64::MAX,
-        batch_blocks: u64::MAX,
-        whole_copies: usize::MAX,
-        regroup_blocks: u64::MAX,
-        fresh_keys: u64::MAX,
-        group_blocks: u64::MAX,
-    };
-
-    /// Smaller than the default: a test's limits, under which whatever can
-    /// wait in a temporary file (the plan, a `--list`) goes there early, so
-    /// that the tests go through that path too.
-    pub fn is_tiny(&self) -> bool {
-        self.batch_files < Limits::default().batch_files
-    }
-
-    /// The limits of a run or report: the default, or [`Limits::TINY`]
-    /// when `DEDUPSCAN_TEST_SMALL_BATCHES` is set (tests only; the plan is
-    /// the same either way, only memory and time differ).
-    pub fn for_run() -> Limits {
-        if std::env::var_os("DEDUPSCAN_TEST_SMALL_BATCHES").is_some() {
-            Limits::TINY
-        } else {
-            Limits::default()
-        }
-    }
-}
 
 /// What a plan over the database came to, besides its ranges.
 #[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
@@ -164,6 +52,9 @@ pub struct PlanStats {
     /// [`super::spill`]): one per [`spill::OPEN_SLICES`] slices, one per
     /// slice where no temporary file could be written.
     pub map_passes: u64,
+    /// Components past [`Limits::component_blocks`], planned in parts
+    /// around their hub ([`Component::split`]).
+    pub split_components: u64,
 }
 
 /// [`from_db_with`] with the default [`Limits`].
@@ -264,8 +155,7 @@ pub fn from_db_with<E: From<rusqlite::Error>>(
     }
     // The components the block groups join, into the same batches.
     for c in links.components(joined) {
-        batch.append(Batch::of(c));
-        out.flush_if_full(&mut batch, &mut sink)?;
+        out.component(c, &mut batch, &mut sink)?;
     }
     out.plan(batch, &mut sink)?;
     Ok(out.stats)
@@ -426,6 +316,11 @@ struct Batch {
     /// size (holes cost nothing there), a block group by its members (the
     /// rest of a file in a block group is not counted).
     weight: u64,
+    /// A split component's part's hub and bridge: the sources of all they
+    /// hold, and those a part before planned: no destinations here (see
+    /// [`Component::split`]).
+    sources: Vec<FileId>,
+    planned: Vec<FileId>,
 }
 
 impl Batch {
@@ -495,6 +390,29 @@ impl Batcher<'_> {
         Ok(())
     }
 
+    /// Add component `c` to `batch`; one too large for memory in parts,
+    /// each a batch of its own (the hub is in all of them).
+    fn component<E: From<rusqlite::Error>>(
+        &mut self,
+        c: Component,
+        batch: &mut Batch,
+        sink: &mut impl FnMut(Plan) -> Result<(), E>,
+    ) -> Result<(), E> {
+        if c.weight() <= self.limits.component_blocks {
+            batch.append(Batch::of(c));
+            return self.flush_if_full(batch, sink);
+        }
+        let ids: Vec<FileId> = c.files.iter().map(|f| f.0).collect();
+        let inos: rustc_hash::FxHashMap<FileId, u64> = self.db.copy_keys(&ids)?.iter().map(|k| (k.id, k.ino)).collect();
+        let parts = c.split(self.limits.component_blocks, |id| inos.get(&id).copied().unwrap_or(u64::MAX));
+        self.stats.split_components += u64::from(parts.len() > 1);
+        self.plan(std::mem::take(batch), sink)?;
+        for p in parts {
+            self.plan(Batch { sources: p.sources, planned: p.planned, ..Batch::of(p.component) }, sink)?;
+        }
+        Ok(())
+    }
+
     /// Plan one batch and hand it on.
     /// Whole-file groups of many copies are planned with two of them; the
     /// others follow in plans of their own ([`copies`]).
@@ -515,16 +433,23 @@ impl Batcher<'_> {
         let ids = group::involved(&batch.whole, &block_ids);
         drop(block_ids);
         let files: Vec<PlanFile> = (self.db.map_rows(ids)?.into_iter())
-            .map(|r| PlanFile { id: r.id, ino: r.ino, size: r.size, blocks: r.map, held: self.claims.is_held(r.id) })
+            .map(|r| PlanFile {
+                id: r.id,
+                ino: r.ino,
+                size: r.size,
+                blocks: r.map,
+                held: self.claims.is_held(r.id) || batch.sources.contains(&r.id),
+            })
             .collect();
         let mut p = plan_exact_with(&files, &batch.whole, self.opts, |join| {
             self.regroup(&files, &batch.block_files, join);
         });
         drop(files);
+        let planned = std::mem::take(&mut batch.planned);
         drop(batch);
         let moved: rustc_hash::FxHashSet<FileId> = followers.iter().flat_map(|f| f.planned()).copied().collect();
         let groups = copies::with_templates(&p, followers);
-        p.ranges.retain(|r| !moved.contains(&r.dest));
+        p.ranges.retain(|r| !moved.contains(&r.dest) && !planned.contains(&r.dest));
         self.emit(p, sink)?;
         let bounds = (copies::FOLLOW_RANGES.min(self.limits.batch_blocks as usize), self.limits.batch_files as usize);
         copies::follow(&groups, bounds, |p| self.emit(p, sink))

@@ -133,6 +133,76 @@ impl Links {
     }
 }
 
+/// One part of a component too large to plan in one piece (see
+/// [`Component::split`]).
+#[derive(Debug)]
+pub(super) struct Part {
+    /// The part's files and whole-file groups, the hub first.
+    pub component: Component,
+    /// The files to take as sources of all they hold: the hub and, but in
+    /// the first part, the last file of the part before.
+    pub sources: Vec<FileId>,
+    /// Those of them a part before planned whole (in parts after the
+    /// first, both): nothing is shared into them again.
+    pub planned: Vec<FileId>,
+}
+
+impl Component {
+    /// Blocks in groups, all its files together.
+    pub fn weight(&self) -> u64 {
+        self.files.iter().map(|f| f.1).sum()
+    }
+
+    /// A component of more than `budget` blocks in groups, in parts of
+    /// about that many: its *hub* (the file with the most blocks in groups;
+    /// ties by inode number, then row id), the last file of the part before
+    /// (its *bridge*), and more of the other files in inode order. A
+    /// component within the budget, or of two files, is one part.
+    ///
+    /// Why: a component is planned whole, its files' maps and the
+    /// planner's arrays in memory (about 16 bytes a block), so a golden VM
+    /// image and twenty 40 GiB clones of it, one component, took GBs.
+    /// The planner takes a part's hub and bridge as the sources of all
+    /// they hold (`PlanFile::held`), and both were planned before (nothing
+    /// is shared into them again), so each
+    /// part shares into the extents the parts before shared into: the
+    /// copies of a block the hub holds end in one place, and so do those
+    /// of a block that files next to each other in inode order hold (a
+    /// chain of copies made one from the other, each changed a little:
+    /// backups of one image). Splitting loses the duplicates of two files
+    /// in different parts that neither the hub nor a bridge holds.
+    pub fn split(mut self, budget: u64, ino: impl Fn(FileId) -> u64) -> Vec<Part> {
+        let key = |f: &(FileId, u64)| (std::cmp::Reverse(f.1), ino(f.0), f.0);
+        let hub = *self.files.iter().min_by_key(|f| key(f)).expect("a component has files");
+        if self.weight() <= budget || self.files.len() <= 2 {
+            return vec![Part { component: self, sources: vec![hub.0], planned: Vec::new() }];
+        }
+        let mut rest: Vec<(FileId, u64)> = self.files.drain(..).filter(|f| f.0 != hub.0).collect();
+        rest.sort_unstable_by_key(|f| (ino(f.0), f.0));
+        let room = budget.saturating_sub(hub.1);
+        let mut parts: Vec<Part> = Vec::new();
+        let (mut load, mut added) = (0, 0);
+        for f in rest {
+            if parts.is_empty() || (added > 0 && load + f.1 > room) {
+                let bridge = parts.last().and_then(|p| p.component.files.last().copied());
+                let files: Vec<(FileId, u64)> = std::iter::once(hub).chain(bridge).collect();
+                let sources: Vec<FileId> = files.iter().map(|f| f.0).collect();
+                let planned = if parts.is_empty() { Vec::new() } else { sources.clone() };
+                (load, added) = (bridge.map_or(0, |b| b.1), 0);
+                parts.push(Part { component: Component { files, whole: Vec::new() }, sources, planned });
+            }
+            (load, added) = (load + f.1, added + 1);
+            parts.last_mut().expect("pushed").component.files.push(f);
+        }
+        // A whole-file group goes with its first copy, where it is first.
+        for (size, g) in self.whole {
+            let at = parts.iter().position(|p| p.component.files.iter().any(|f| f.0 == g[0])).unwrap_or(0);
+            parts[at].component.whole.push((size, g));
+        }
+        parts
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -179,6 +249,41 @@ mod tests {
         // every join must be between roots, or the second pair is lost.
         let blocks = [vec![(1, 0), (2, 0)], vec![(3, 0), (4, 0)], vec![(5, 0), (6, 0)], vec![(5, 1), (3, 1), (1, 1)]];
         assert_eq!(components(Vec::new(), &blocks).len(), 1);
+    }
+
+    #[test]
+    fn a_component_past_the_budget_is_split_around_its_hub() {
+        let f = FileId;
+        let whole = |id| (4096, vec![f(id), f(100 + id)]);
+        let c = || Component {
+            files: vec![(f(5), 10), (f(1), 40), (f(2), 40), (f(3), 30), (f(4), 50)],
+            whole: vec![whole(3), whole(4)],
+        };
+        // Inodes in reverse of row ids: the parts follow inodes.
+        let ino = |id: FileId| 100 - id.0 as u64;
+        assert_eq!(c().weight(), 170);
+        let one = c().split(170, ino);
+        assert_eq!((one.len(), one[0].sources.clone(), one[0].component.files.len()), (1, vec![f(4)], 5));
+        let parts = c().split(120, ino);
+        let ids = |parts: &[Part]| -> Vec<Vec<i64>> {
+            parts.iter().map(|p| p.component.files.iter().map(|x| x.0 .0).collect()).collect()
+        };
+        // Hub 4 (50 blocks), then 70 blocks a part at most, by inode: 5, 3,
+        // 2, 1, each part after the first with the last file of the one
+        // before (3: 30 blocks, then 2: 40), and at least one file more.
+        assert_eq!(ids(&parts), vec![vec![4, 5, 3], vec![4, 3, 2], vec![4, 2, 1]]);
+        let sources: Vec<Vec<FileId>> = parts.iter().map(|p| p.sources.clone()).collect();
+        assert_eq!(sources, vec![vec![f(4)], vec![f(4), f(3)], vec![f(4), f(2)]]);
+        assert!(parts[0].planned.is_empty() && parts[1..].iter().all(|p| p.planned == p.sources));
+        let wholes: Vec<Vec<i64>> =
+            parts.iter().map(|p| p.component.whole.iter().map(|w| w.1[0].0).collect()).collect();
+        assert_eq!(wholes, vec![vec![3, 4], vec![], vec![]]);
+        // A file heavier than the room is a part of its own with the hub;
+        // ties for the hub go to the lower inode.
+        let c2 = Component { files: vec![(f(3), 200), (f(2), 50), (f(1), 200)], whole: Vec::new() };
+        assert_eq!(ids(&c2.split(60, |id| id.0 as u64)), vec![vec![1, 2], vec![1, 2, 3]]);
+        let two = Component { files: vec![(f(1), 500), (f(2), 500)], whole: Vec::new() }.split(10, |id| id.0 as u64);
+        assert_eq!(two.len(), 1);
     }
 
     #[test]

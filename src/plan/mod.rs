@@ -25,6 +25,7 @@ mod claims;
 mod copies;
 mod from_db;
 pub mod group;
+mod limits;
 mod links;
 pub mod map;
 mod planner;
@@ -35,7 +36,8 @@ mod spill;
 mod tests;
 mod unionfind;
 
-pub use from_db::{from_db, from_db_with, Limits, PlanStats};
+pub use from_db::{from_db, from_db_with, PlanStats};
+pub use limits::Limits;
 pub use planner::content_digest;
 use planner::{Loc, Planner};
 pub use sampling::{anchors, is_sampled, min_anchor, min_anchor_sparse, sampled_anchors, ANCHOR_SHIFT};
