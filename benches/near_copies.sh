@@ -85,6 +85,8 @@ with open('$MNT/v/image.img', 'wb') as f:
     echo 3 > /proc/sys/vm/drop_caches
 }
 
+SHAPE=star
+[ -n "$CHAIN" ] && SHAPE=chain
 IDEAL=$HERE/../../shared/tools/ideal-dup.py
 for bin in "${BINS[@]}"; do
     volume
@@ -98,7 +100,7 @@ for bin in "${BINS[@]}"; do
 import json, sys
 r = json.load(sys.stdin)
 ph = r['timings']
-print(f'$bin: $FS, ${COPIES} copies of ${GIB} GiB, ${CHAIN:+chain}${CHAIN:-star}, budget ${BUDGET:-default}:',
+print(f'$bin: $FS, ${COPIES} copies of ${GIB} GiB, $SHAPE, budget ${BUDGET:-default}:',
       f'wall $wall s, peak RSS {$rss / 1000:.1f} MB, plan {ph[\"plan_ms\"] / 1000:.1f} s,',
       f'share {ph[\"dedupe_ms\"] / 1000:.1f} s, {r[\"ranges_planned\"]} ranges,',
       f'freed {r[\"freed_bytes\"] / 2**30:.3f} GiB', '(ideal ${ideal:-?} B)')"

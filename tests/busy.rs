@@ -31,9 +31,7 @@ fn corpus(dir: &Path) {
     std::fs::write(dir.join("x"), [&head[..], &Rng::new(51).bytes(256 * KIB)].concat()).unwrap();
     std::fs::write(dir.join("y"), [&head[..], &Rng::new(52).bytes(256 * KIB)].concat()).unwrap();
     std::fs::write(dir.join("z"), [Rng::new(53).bytes(64 * KIB), vec![0; 1024 * KIB]].concat()).unwrap();
-    // This volume only: a global sync(2) from a test running alongside
-    // would commit the other tests' btrfs transactions too, and wake the
-    // cleaner `btrfs_a_subvolume_deleted_before_the_run` keeps asleep.
+    // This volume only: a global sync(2) commits every test's volume.
     sh(Command::new("sync").arg("-f").arg(dir));
 }
 
@@ -179,10 +177,15 @@ fn btrfs_a_subvolume_deleted_before_the_run() {
     btrfs(&["subvolume", "create"], &vol.path("old"));
     std::fs::write(vol.path("old/data"), Rng::new(60).bytes(8 << 20)).unwrap();
     btrfs(&["filesystem", "sync"], &vol.mnt);
+    // A process still holding a file of the deleted subvolume keeps its
+    // cleanup pending through any commit; without it the run's own syncfs
+    // woke the cleaner, which could finish 8 MiB before the run looked.
+    let holder = std::fs::File::open(vol.path("old/data")).unwrap();
     btrfs(&["subvolume", "delete"], &vol.path("old"));
     let pending = Command::new("btrfs").args(["subvolume", "list", "-d"]).arg(&vol.mnt).output().unwrap().stdout;
     assert!(!pending.is_empty(), "the deletion is still to be cleaned up");
     let r = run(&vol.path("t"), &vol.db());
+    drop(holder);
     assert_eq!(r["freed_includes_others"], true, "{r:#}");
     assert!(num(&r, "deduped_bytes") >= 8 * 256 * KIB as u64, "{r:#}");
 }

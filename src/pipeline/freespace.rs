@@ -82,7 +82,12 @@ impl Before {
 /// btrfs, or no `CAP_SYS_ADMIN`: taken as none).
 fn measure(path: &Path) -> Result<Measured> {
     let f = sys::inode::open_path_readonly(path).with_context(|| format!("{}: cannot open", display_path(path)))?;
+    let pending = || sys::btrfs_tree::deleted_subvolumes_pending(f.as_fd()).unwrap_or(false);
+    // Asked before the commit too: the commit wakes the cleaner, which can
+    // finish a small deletion before a look after it, and the space it
+    // gives back is released at the next commit, inside the measurement.
+    let cleaning = pending();
     sys::commit(&f).with_context(|| format!("{}: syncfs", display_path(path)))?;
-    let cleaning = sys::btrfs_tree::deleted_subvolumes_pending(f.as_fd()).unwrap_or(false);
+    let cleaning = cleaning || pending();
     Ok(Measured { free: sys::fs_info(f.as_fd())?.free_bytes, cleaning })
 }

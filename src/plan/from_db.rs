@@ -316,10 +316,9 @@ struct Batch {
     /// size (holes cost nothing there), a block group by its members (the
     /// rest of a file in a block group is not counted).
     weight: u64,
-    /// A split component's part's hub and bridge: the sources of all they
-    /// hold, and those a part before planned: no destinations here (see
+    /// In a split component's later parts, its hub and bridge: planned in a
+    /// part before, the sources of all they hold, never destinations (see
     /// [`Component::split`]).
-    sources: Vec<FileId>,
     planned: Vec<FileId>,
 }
 
@@ -408,7 +407,7 @@ impl Batcher<'_> {
         self.stats.split_components += u64::from(parts.len() > 1);
         self.plan(std::mem::take(batch), sink)?;
         for p in parts {
-            self.plan(Batch { sources: p.sources, planned: p.planned, ..Batch::of(p.component) }, sink)?;
+            self.plan(Batch { planned: p.planned, ..Batch::of(p.component) }, sink)?;
         }
         Ok(())
     }
@@ -438,7 +437,7 @@ impl Batcher<'_> {
                 ino: r.ino,
                 size: r.size,
                 blocks: r.map,
-                held: self.claims.is_held(r.id) || batch.sources.contains(&r.id),
+                held: self.claims.is_held(r.id) || batch.planned.contains(&r.id),
             })
             .collect();
         let mut p = plan_exact_with(&files, &batch.whole, self.opts, |join| {

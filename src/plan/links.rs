@@ -139,11 +139,9 @@ impl Links {
 pub(super) struct Part {
     /// The part's files and whole-file groups, the hub first.
     pub component: Component,
-    /// The files to take as sources of all they hold: the hub and, but in
-    /// the first part, the last file of the part before.
-    pub sources: Vec<FileId>,
-    /// Those of them a part before planned whole (in parts after the
-    /// first, both): nothing is shared into them again.
+    /// In parts after the first, the hub and the last file of the part
+    /// before: planned whole in a part before, they are taken as the
+    /// sources of all they hold, and nothing is shared into them again.
     pub planned: Vec<FileId>,
 }
 
@@ -162,20 +160,23 @@ impl Component {
     /// Why: a component is planned whole, its files' maps and the
     /// planner's arrays in memory (about 16 bytes a block), so a golden VM
     /// image and twenty 40 GiB clones of it, one component, took GBs.
-    /// The planner takes a part's hub and bridge as the sources of all
-    /// they hold (`PlanFile::held`), and both were planned before (nothing
-    /// is shared into them again), so each
-    /// part shares into the extents the parts before shared into: the
-    /// copies of a block the hub holds end in one place, and so do those
-    /// of a block that files next to each other in inode order hold (a
-    /// chain of copies made one from the other, each changed a little:
-    /// backups of one image). Splitting loses the duplicates of two files
-    /// in different parts that neither the hub nor a bridge holds.
+    /// The first part is planned as any batch is. In each part after it,
+    /// the planner takes the hub and the bridge as the sources of all they
+    /// hold (`PlanFile::held`), and shares nothing into them again (both
+    /// were planned whole in a part before: that only submitted the same
+    /// bytes twice). So each part shares into the extents the parts before
+    /// left them in: the copies of a block the hub holds end in one
+    /// extent, and so do those of a block that files next to each other in
+    /// inode order hold (a chain of copies each made from the one before
+    /// and changed a little, like backups of one image: a block the hub
+    /// never held is carried from part to part by the bridges). Splitting
+    /// loses the duplicates of two files in different parts that neither
+    /// the hub nor a bridge holds.
     pub fn split(mut self, budget: u64, ino: impl Fn(FileId) -> u64) -> Vec<Part> {
         let key = |f: &(FileId, u64)| (std::cmp::Reverse(f.1), ino(f.0), f.0);
         let hub = *self.files.iter().min_by_key(|f| key(f)).expect("a component has files");
         if self.weight() <= budget || self.files.len() <= 2 {
-            return vec![Part { component: self, sources: vec![hub.0], planned: Vec::new() }];
+            return vec![Part { component: self, planned: Vec::new() }];
         }
         let mut rest: Vec<(FileId, u64)> = self.files.drain(..).filter(|f| f.0 != hub.0).collect();
         rest.sort_unstable_by_key(|f| (ino(f.0), f.0));
@@ -186,10 +187,10 @@ impl Component {
             if parts.is_empty() || (added > 0 && load + f.1 > room) {
                 let bridge = parts.last().and_then(|p| p.component.files.last().copied());
                 let files: Vec<(FileId, u64)> = std::iter::once(hub).chain(bridge).collect();
-                let sources: Vec<FileId> = files.iter().map(|f| f.0).collect();
-                let planned = if parts.is_empty() { Vec::new() } else { sources.clone() };
+                let planned: Vec<FileId> =
+                    if parts.is_empty() { Vec::new() } else { files.iter().map(|f| f.0).collect() };
                 (load, added) = (bridge.map_or(0, |b| b.1), 0);
-                parts.push(Part { component: Component { files, whole: Vec::new() }, sources, planned });
+                parts.push(Part { component: Component { files, whole: Vec::new() }, planned });
             }
             (load, added) = (load + f.1, added + 1);
             parts.last_mut().expect("pushed").component.files.push(f);
@@ -263,7 +264,7 @@ mod tests {
         let ino = |id: FileId| 100 - id.0 as u64;
         assert_eq!(c().weight(), 170);
         let one = c().split(170, ino);
-        assert_eq!((one.len(), one[0].sources.clone(), one[0].component.files.len()), (1, vec![f(4)], 5));
+        assert_eq!((one.len(), one[0].planned.len(), one[0].component.files.len()), (1, 0, 5));
         let parts = c().split(120, ino);
         let ids = |parts: &[Part]| -> Vec<Vec<i64>> {
             parts.iter().map(|p| p.component.files.iter().map(|x| x.0 .0).collect()).collect()
@@ -272,9 +273,8 @@ mod tests {
         // 2, 1, each part after the first with the last file of the one
         // before (3: 30 blocks, then 2: 40), and at least one file more.
         assert_eq!(ids(&parts), vec![vec![4, 5, 3], vec![4, 3, 2], vec![4, 2, 1]]);
-        let sources: Vec<Vec<FileId>> = parts.iter().map(|p| p.sources.clone()).collect();
-        assert_eq!(sources, vec![vec![f(4)], vec![f(4), f(3)], vec![f(4), f(2)]]);
-        assert!(parts[0].planned.is_empty() && parts[1..].iter().all(|p| p.planned == p.sources));
+        let planned: Vec<Vec<FileId>> = parts.iter().map(|p| p.planned.clone()).collect();
+        assert_eq!(planned, vec![vec![], vec![f(4), f(3)], vec![f(4), f(2)]]);
         let wholes: Vec<Vec<i64>> =
             parts.iter().map(|p| p.component.whole.iter().map(|w| w.1[0].0).collect()).collect();
         assert_eq!(wholes, vec![vec![3, 4], vec![], vec![]]);
