@@ -12,7 +12,9 @@
 //! A component's plan does not depend on what else is planned with it:
 //! every block of its files, every copy a source could be chosen from and
 //! every extent its destinations could pin lie inside it. So a plan in
-//! batches is, range for range, the plan in one piece.
+//! batches is, range for range, the plan in one piece, but for a component
+//! past [`Limits::component_blocks`], planned in parts around its hub
+//! ([`Component::split`]) so that memory does not follow it.
 
 use std::collections::HashSet;
 

@@ -16,7 +16,8 @@ pub const BATCH_FILES: u64 = 16_000;
 /// groups, the choice of sources, ranges), so a batch of 8 Mi blocks as
 /// before could take 800 MB, and FULL in one batch made the run's peak
 /// RSS 140 MB. With 256 Ki blocks (and 16,000 files) a batch takes at most
-/// about 25 MB beyond its largest component (a component is never split):
+/// about 25 MB beyond its largest component (never split within
+/// [`COMPONENT_BLOCKS`]):
 /// peak RSS 76 MB on FULL, the same plan (space freed identical), planning
 /// no slower (323 against 527 ms). Smaller still (64 Ki blocks, 4,000
 /// files) saved only 10 MB more: the largest component dominates.
