@@ -409,6 +409,60 @@ fn btrfs_frees_extents_shared_in_a_small_part_at_the_default_ratio() {
     before.1.assert_same(&Snapshot::take(&old));
 }
 
+/// A file written in one extent, then changed in place: its extent is
+/// split into stretches that FIEMAP shows apart. One stretch (block 11,
+/// between the two changed blocks) is the only copy the plan keeps of a
+/// block another file has; the stretches around it are covered whole.
+/// Judged stretch by stretch, nothing was left to rewrite, and the whole
+/// extent stayed on disk for that one block (and `pinned_bytes` said 0).
+/// Judged by the extent on disk, the block is rewritten and the extent
+/// freed.
+#[test]
+fn btrfs_frees_an_extent_split_by_writes_into_its_middle() {
+    let Some(vol) = Volume::new(Fs::Btrfs, 512) else { return };
+    let d = vol.path("split");
+    std::fs::create_dir(&d).unwrap();
+    const B: usize = 4096;
+    let mut rng = Rng::new(41);
+    // c: the original, with a tail of its own (larger: the planner's
+    // first choice of source); a: c with block 11 changed, written and
+    // synced in one extent, then blocks 10 and 12 changed in place; b: c
+    // with a's block 11.
+    let c = rng.bytes(256 * B);
+    let mut a = c.clone();
+    a[11 * B..12 * B].copy_from_slice(&rng.bytes(B));
+    let b = a.clone();
+    std::fs::write(d.join("c"), [c.clone(), rng.bytes(16 * B)].concat()).unwrap();
+    std::fs::write(d.join("b"), &b).unwrap();
+    let f = std::fs::File::create(d.join("a")).unwrap();
+    use std::os::unix::fs::FileExt;
+    f.write_all_at(&a, 0).unwrap();
+    f.sync_all().unwrap();
+    for blk in [10, 12] {
+        f.write_all_at(&rng.bytes(B), (blk * B) as u64).unwrap();
+    }
+    f.sync_all().unwrap();
+    drop(f);
+    let at = |blk: usize| physical_blocks(&d.join("a"), (blk * B) as u64, B as u64)[0].unwrap();
+    assert_eq!(at(11), at(9) + 2 * B as u64, "block 11 must stay in the first extent");
+    assert_ne!(at(10), at(9) + B as u64, "block 10 must be written elsewhere");
+    let old = at(11);
+    let before = Snapshot::take(&d);
+
+    let free0 = free_bytes(&vol.mnt);
+    let r = run_json(&vol, &[s(&d)]);
+    let freed = free_bytes(&vol.mnt) as i64 - free0 as i64;
+    before.assert_same(&Snapshot::take(&d));
+    // b whole, a but its own two and the source block 11: 509 blocks
+    // shared, one rewritten.
+    assert_eq!(num(&r, "deduped_bytes"), 509 * B as u64, "{r:#}");
+    assert_eq!((num(&r, "rewritten_bytes"), num(&r, "pinned_bytes")), (B as u64, 0), "{r:#}");
+    assert!(freed >= 500 * B as i64, "freed {freed} of {}: {r:#}", 508 * B);
+    assert!(same_physical(&d.join("a"), 11 * B as u64, &d.join("b"), 11 * B as u64, B as u64));
+    assert!(same_physical(&d.join("a"), 0, &d.join("c"), 0, 10 * B as u64));
+    assert_ne!(at(11), old, "block 11 must have left the old extent");
+}
+
 /// Under `compress-force` the rest of a partly covered compressed extent
 /// is rewritten (compressed anew, as every write there) and the extent
 /// freed; without it (the same data, remounted `compress=no`, as after a

@@ -34,7 +34,9 @@ use crate::sys::beneath::is_no_scratch;
 use crate::sys::{self, dedupe::MAX_REQUEST_LEN, DedupeStatus, DestResult};
 
 mod decide;
-pub use decide::{decide, remainders, union, Decision, DestExtent, PinReason, WhatIf, WHAT_IF_RATIOS};
+pub use decide::{
+    decide, remainders, union, with_disks, worth_naming, Decision, DestExtent, PinReason, WhatIf, WHAT_IF_RATIOS,
+};
 
 /// A destination's parts found different from their source, merged, and
 /// the bytes the plan covered in that file.
@@ -66,6 +68,23 @@ pub(super) const BATCH: usize = 32;
 /// Most bytes of remainders a worker holds copied and not yet shared back
 /// (more than this only for one file's remainders).
 const STAGED_BYTES: u64 = 64 << 20;
+
+/// `extents` with the extent on disk of each stretch named, so that the
+/// stretches of one extent are judged together ([`decide`]). Without
+/// `CAP_SYS_ADMIN` (btrfs's items unreadable) each FIEMAP extent is judged
+/// alone, and an extent split by a write into its middle may stay pinned.
+fn named_on_disk(file: &File, extents: Vec<DestExtent>) -> Vec<DestExtent> {
+    let mut stretches = Vec::new();
+    let found = sys::btrfs_tree::file_extents(file.as_fd(), |s| {
+        if worth_naming(&extents, &s) {
+            stretches.push(s);
+        }
+    });
+    match found {
+        Ok(()) => with_disks(&extents, &stretches),
+        Err(_) => extents,
+    }
+}
 
 /// A destination whose remainders are to be rewritten.
 struct Rewrite {
@@ -181,6 +200,7 @@ impl Executor<'_> {
         self.ctx.note_solo(&extents);
         let extents: Vec<DestExtent> =
             extents.iter().map(|e| DestExtent::from_fiemap(e, b.rewrite_compressed)).collect();
+        let extents = named_on_disk(&file, extents);
         let d = decide(&extents, covered, size, b.max_ratio);
         if d.is_empty() {
             return None;

@@ -1,7 +1,8 @@
 //! Reading btrfs's own trees (`BTRFS_IOC_TREE_SEARCH`, which needs
 //! `CAP_SYS_ADMIN`): what no other interface tells — the groups a qgroup
 //! is a member of (`sys::qgroup`), whether a file keeps data checksums,
-//! and whether deleted subvolumes are still being cleaned up.
+//! whether deleted subvolumes are still being cleaned up, and which extent
+//! on disk each stretch of a file lies in ([`file_extents`]).
 //!
 //! Whether a file keeps checksums matters to every unnamed file the run
 //! shares into a file (a rewrite's copy, the hole written zeros are shared
@@ -146,6 +147,64 @@ pub fn deleted_subvolumes_pending(fd: BorrowedFd<'_>) -> Result<bool, Errno> {
     Ok(!search(fd, ROOT_TREE, ORPHAN_OBJECTID, ORPHAN_ITEM_KEY, 0..=u64::MAX)?.is_empty())
 }
 
+/// `BTRFS_EXTENT_DATA_KEY`: a stretch of a file, keyed by its offset.
+const EXTENT_DATA_KEY: u32 = 108;
+/// `BTRFS_FILE_EXTENT_INLINE`: data kept in the item, no extent on disk.
+const FILE_EXTENT_INLINE: u8 = 0;
+
+/// A stretch of a file in one extent on disk (a `BTRFS_EXTENT_DATA_KEY`
+/// item that points at one).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct FileExtent {
+    /// Offset in the file.
+    pub logical: u64,
+    /// Length in the file, in bytes.
+    pub length: u64,
+    /// Where the extent begins on disk (`disk_bytenr`): the same for
+    /// every stretch of it, in this file or any other. A write into the
+    /// middle of an extent splits the file's stretch of it in two, and
+    /// the extent stays on disk while either is referenced.
+    pub disk: u64,
+}
+
+/// Where `struct btrfs_file_extent_item` keeps the type (`u8`), then
+/// `disk_bytenr`, `disk_num_bytes`, `offset` and `num_bytes` (`u64`s),
+/// after generation, ram_bytes (`u64`), compression, encryption (`u8`)
+/// and other_encoding (`u16`); the struct is packed.
+const FILE_EXTENT_TYPE_AT: usize = 20;
+const FILE_EXTENT_DISK_AT: usize = 21;
+const FILE_EXTENT_NUM_BYTES_AT: usize = 45;
+
+/// The stretch an item describes, if it lies in an extent on disk (not
+/// inline data, not a hole).
+fn file_extent(item: &Item) -> Option<FileExtent> {
+    let u64_at = |p: usize| item.data.get(p..p + 8).map(|b| u64::from_ne_bytes(b.try_into().unwrap()));
+    if *item.data.get(FILE_EXTENT_TYPE_AT)? == FILE_EXTENT_INLINE {
+        return None;
+    }
+    let (disk, length) = (u64_at(FILE_EXTENT_DISK_AT)?, u64_at(FILE_EXTENT_NUM_BYTES_AT)?);
+    (disk != 0 && length > 0).then_some(FileExtent { logical: item.offset, length, disk })
+}
+
+/// Every stretch of the file `fd` that lies in an extent on disk, in file
+/// order, each handed to `each` (a file can have millions: the caller
+/// keeps the few it needs). FIEMAP shows the stretches but not which
+/// extent each belongs to; this does.
+pub fn file_extents(fd: BorrowedFd<'_>, mut each: impl FnMut(FileExtent)) -> Result<(), Errno> {
+    let ino = nix::sys::stat::fstat(fd)?.st_ino;
+    let mut from = 0;
+    loop {
+        let items = search(fd, 0, ino, EXTENT_DATA_KEY, from..=u64::MAX)?;
+        let Some(last) = items.last() else { return Ok(()) };
+        let next = last.offset.checked_add(1);
+        items.iter().filter_map(file_extent).for_each(&mut each);
+        match next {
+            Some(n) => from = n,
+            None => return Ok(()),
+        }
+    }
+}
+
 /// Make the empty unnamed file `tmp` keep data checksums exactly when
 /// `like` does, so that btrfs lets it share into `like`: setting `NOCOW`
 /// on an empty file drops its checksums, clearing it gives them back (even
@@ -194,5 +253,30 @@ mod tests {
         // A count past the buffer, or data cut short, ends at the buffer.
         assert_eq!(parse_items(&buf, 9).len(), 3);
         assert_eq!(parse_items(&buf[..40 + 32], 3).len(), 1);
+    }
+
+    #[test]
+    fn file_extent_items_name_their_extent_on_disk() {
+        fn item(offset: u64, kind: u8, disk: u64, num_bytes: u64) -> Item {
+            let mut data = vec![0u8; FILE_EXTENT_TYPE_AT];
+            data.push(kind);
+            for v in [disk, 1 << 20, 4096, num_bytes] {
+                data.extend(v.to_ne_bytes());
+            }
+            assert_eq!(data.len(), 53); // sizeof(struct btrfs_file_extent_item)
+            Item { objectid: 257, kind: EXTENT_DATA_KEY, offset, data }
+        }
+        let want = FileExtent { logical: 8192, length: 12288, disk: 1 << 30 };
+        assert_eq!(file_extent(&item(8192, 1, 1 << 30, 12288)), Some(want));
+        // Preallocated: an extent on disk too.
+        assert_eq!(file_extent(&item(8192, 2, 1 << 30, 12288)), Some(want));
+        // A hole (no extent), inline data, an item cut short: none.
+        assert_eq!(file_extent(&item(0, 1, 0, 4096)), None);
+        let mut inline = item(0, 1, 1 << 30, 4096);
+        inline.data[FILE_EXTENT_TYPE_AT] = FILE_EXTENT_INLINE;
+        assert_eq!(file_extent(&inline), None);
+        let mut short = item(0, 1, 1 << 30, 4096);
+        short.data.truncate(40);
+        assert_eq!(file_extent(&short), None);
     }
 }
