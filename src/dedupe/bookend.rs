@@ -34,9 +34,7 @@ use crate::sys::beneath::is_no_scratch;
 use crate::sys::{self, dedupe::MAX_REQUEST_LEN, DedupeStatus, DestResult};
 
 mod decide;
-pub use decide::{
-    decide, remainders, union, with_disks, worth_naming, Decision, DestExtent, PinReason, WhatIf, WHAT_IF_RATIOS,
-};
+pub use decide::{decide, remainders, union, Decision, DestExtent, PinReason, WhatIf, WHAT_IF_RATIOS};
 
 /// A destination's parts found different from their source, merged, and
 /// the bytes the plan covered in that file.
@@ -69,20 +67,28 @@ pub(super) const BATCH: usize = 32;
 /// (more than this only for one file's remainders).
 const STAGED_BYTES: u64 = 64 << 20;
 
-/// `extents` with the extent on disk of each stretch named, so that the
-/// stretches of one extent are judged together ([`decide`]). Without
-/// `CAP_SYS_ADMIN` (btrfs's items unreadable) each FIEMAP extent is judged
-/// alone, and an extent split by a write into its middle may stay pinned.
-fn named_on_disk(file: &File, extents: Vec<DestExtent>) -> Vec<DestExtent> {
+/// FIEMAP's `extents` of a file of `size` bytes as the decision sees them,
+/// each stretch named by its extent on disk, so that the stretches of one
+/// extent are judged together ([`decide`]). Without `CAP_SYS_ADMIN`
+/// (btrfs's items unreadable) each FIEMAP extent is judged alone, and an
+/// extent split by a write into its middle may stay pinned.
+fn named_on_disk(file: &File, extents: &[sys::Extent], size: u64, compressed_copies: bool) -> Vec<DestExtent> {
+    let rewritable = |e: &sys::Extent| {
+        let d = DestExtent::from_fiemap(e, compressed_copies);
+        !d.shared && d.fixed.is_none()
+    };
     let mut stretches = Vec::new();
-    let found = sys::btrfs_tree::file_extents(file.as_fd(), |s| {
-        if worth_naming(&extents, &s) {
+    let found = sys::btrfs_tree::file_extents(file.as_fd(), 0..size.max(1), |s| {
+        if sys::btrfs_tree::under(extents, &s, rewritable) {
             stretches.push(s);
         }
     });
     match found {
-        Ok(()) => with_disks(&extents, &stretches),
-        Err(_) => extents,
+        Ok(()) => sys::btrfs_tree::on_disk(extents, &stretches)
+            .iter()
+            .map(|(e, disk)| DestExtent::named(e, *disk, compressed_copies))
+            .collect(),
+        Err(_) => extents.iter().map(|e| DestExtent::from_fiemap(e, compressed_copies)).collect(),
     }
 }
 
@@ -198,9 +204,7 @@ impl Executor<'_> {
         let file = self.open(id)?;
         let extents = sys::fiemap(file.as_fd(), 0, size).ok()?;
         self.ctx.note_solo(&extents);
-        let extents: Vec<DestExtent> =
-            extents.iter().map(|e| DestExtent::from_fiemap(e, b.rewrite_compressed)).collect();
-        let extents = named_on_disk(&file, extents);
+        let extents = named_on_disk(&file, &extents, size, b.rewrite_compressed);
         let d = decide(&extents, covered, size, b.max_ratio);
         if d.is_empty() {
             return None;

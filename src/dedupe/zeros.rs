@@ -15,7 +15,7 @@
 //!
 //! Which zero runs (the map's runs of fingerprint 0 of at least
 //! [`MIN_BYTES`]) are worth it is decided by FIEMAP at share time, one call
-//! per file that has such runs ([`plan_extent`]): only written extents the
+//! per file that has such runs ([`plan_on_disk`]): only written extents the
 //! file holds alone. An extent flagged `SHARED` stays (a reflink or a
 //! snapshot keeps it: freeing our reference frees nothing); `UNWRITTEN`
 //! stays (preallocated on purpose with `fallocate`, and it costs no read
@@ -26,7 +26,7 @@
 //! rest) is at most `--rewrite-ratio` times its zeros, and that data is
 //! then rewritten first, as the bookend pass does — copied to an unnamed
 //! file and shared back, the kernel comparing every byte — so the old
-//! extent is referenced by nothing and freed ([`plan_extent`]).
+//! extent is referenced by nothing and freed ([`plan_on_disk`]).
 //!
 //! The source is a hole, so it carries nobody's data: unlike the plan's
 //! ranges, a destination of any owner may be turned into holes (nothing is
@@ -85,15 +85,24 @@ pub struct ExtentWork {
     pub rewrite: Vec<(u64, u64)>,
 }
 
-/// The work on extent `e` given the file's zero `runs` (sorted byte
+/// The work on one extent given the file's zero `runs` (sorted byte
 /// ranges, whole blocks): its parts in the runs, in whole `block`s. XFS
 /// (`btrfs_ratio` `None`) frees blocks one by one: each part of at least
 /// `min` bytes is punched. btrfs (`Some(ratio)`) frees an extent only
 /// whole: wholly zero, it is punched; else its parts are punched and its
 /// data rewritten if the zeros come to at least `min` and the data to at
 /// most `ratio` times them; else nothing.
-pub fn plan_extent(
-    e: &Extent,
+///
+/// On btrfs the extent is one on disk, and `stretches` all the file's
+/// stretches of it, in file order (a write into its middle splits it;
+/// `sys::btrfs_tree::on_disk`); elsewhere, one FIEMAP extent. It is freed
+/// only when no stretch is referenced, so its zeros and data are weighed
+/// over all of them: judged stretch by stretch, zeros were punched in
+/// stretches of extents the other stretches kept, and data rewritten out
+/// of them, for nothing (a thick image changed in place had more in use
+/// after the pass than before).
+pub fn plan_on_disk(
+    stretches: &[Extent],
     runs: &[(u64, u64)],
     size: u64,
     block: u64,
@@ -101,36 +110,47 @@ pub fn plan_extent(
     btrfs_ratio: Option<f64>,
 ) -> ExtentWork {
     let mut work = ExtentWork::default();
-    if !eligible(e) {
+    if !stretches.iter().all(eligible) {
         return work;
     }
-    let (start, end) = (e.logical, (e.logical + e.length).min(size));
-    let zeros: Vec<(u64, u64)> = (runs.iter())
-        .map(|&(o, l)| ((o.max(start)).div_ceil(block) * block, (o + l).min(end) / block * block))
-        .filter(|(a, b)| b > a)
-        .map(|(a, b)| (a, b - a))
-        .collect();
-    let zero_bytes: u64 = zeros.iter().map(|z| z.1).sum();
+    let mut data = 0;
+    for e in stretches {
+        let (start, end) = (e.logical, (e.logical + e.length).min(size));
+        let mut at = start;
+        for (o, l) in zeros_in(runs, start, end, block) {
+            if o > at {
+                work.rewrite.push((at, o - at));
+            }
+            work.punch.push((o, l));
+            at = o + l;
+        }
+        if end > at {
+            work.rewrite.push((at, end - at));
+        }
+        data += end.saturating_sub(start);
+    }
+    let zero_bytes: u64 = work.punch.iter().map(|z| z.1).sum();
+    let data = data - zero_bytes;
     let Some(ratio) = btrfs_ratio else {
-        work.punch = zeros.into_iter().filter(|z| z.1 >= min).collect();
+        work.punch.retain(|z| z.1 >= min);
+        work.rewrite.clear();
         return work;
     };
-    let data = (end - start).saturating_sub(zero_bytes);
     if data > 0 && (zero_bytes < min || data as f64 > ratio * zero_bytes as f64) {
-        return work;
+        return ExtentWork::default();
     }
-    let mut at = start;
-    for &(o, l) in &zeros {
-        if o > at {
-            work.rewrite.push((at, o - at));
-        }
-        at = o + l;
-    }
-    if end > at {
-        work.rewrite.push((at, end - at));
-    }
-    work.punch = zeros;
     work
+}
+
+/// The parts of `runs` within `[start, end)`, in whole blocks.
+fn zeros_in(runs: &[(u64, u64)], start: u64, end: u64, block: u64) -> impl Iterator<Item = (u64, u64)> + '_ {
+    let first = runs.partition_point(|&(o, l)| o + l <= start);
+    runs[first..]
+        .iter()
+        .take_while(move |&&(o, _)| o < end)
+        .map(move |&(o, l)| ((o.max(start)).div_ceil(block) * block, (o + l).min(end) / block * block))
+        .filter(|(a, b)| b > a)
+        .map(|(a, b)| (a, b - a))
 }
 
 /// What one file's parts came to.
@@ -251,11 +271,11 @@ mod tests {
         let runs = [(0, 1024 * K)];
         for f in [flags::SHARED, flags::UNWRITTEN, flags::ENCODED, flags::DATA_INLINE, flags::DELALLOC] {
             for ratio in [None, Some(1.0)] {
-                let w = plan_extent(&ext(0, 1024 * K, f), &runs, 1024 * K, 4 * K, 64 * K, ratio);
+                let w = plan_on_disk(&[ext(0, 1024 * K, f)], &runs, 1024 * K, 4 * K, 64 * K, ratio);
                 assert_eq!(w, ExtentWork::default(), "{f:#x}");
             }
         }
-        let w = plan_extent(&ext(0, 1024 * K, flags::LAST), &runs, 1024 * K, 4 * K, 64 * K, Some(1.0));
+        let w = plan_on_disk(&[ext(0, 1024 * K, flags::LAST)], &runs, 1024 * K, 4 * K, 64 * K, Some(1.0));
         assert_eq!((w.punch, w.rewrite), (vec![(0, 1024 * K)], vec![]));
     }
 
@@ -263,10 +283,10 @@ mod tests {
     fn xfs_punches_each_part_long_enough() {
         // Runs [64K, 400K) and [600K, 700K); one extent [0, 1M).
         let runs = [(64 * K, 336 * K), (600 * K, 100 * K)];
-        let w = plan_extent(&ext(0, 1024 * K, 0), &runs, 1024 * K, 4 * K, 64 * K, None);
+        let w = plan_on_disk(&[ext(0, 1024 * K, 0)], &runs, 1024 * K, 4 * K, 64 * K, None);
         assert_eq!((w.punch, w.rewrite), (runs.to_vec(), vec![]));
         // Clipped to the extent: under the minimum, left.
-        let w = plan_extent(&ext(360 * K, 100 * K, 0), &runs, 1024 * K, 4 * K, 64 * K, None);
+        let w = plan_on_disk(&[ext(360 * K, 100 * K, 0)], &runs, 1024 * K, 4 * K, 64 * K, None);
         assert!(w.punch.is_empty());
     }
 
@@ -275,17 +295,44 @@ mod tests {
         let runs = [(64 * K, 336 * K), (600 * K, 100 * K)];
         // [0, 1M): 436K of zeros, 588K of data: more than 1x, nothing.
         let e = ext(0, 1024 * K, 0);
-        assert_eq!(plan_extent(&e, &runs, 1024 * K, 4 * K, 64 * K, Some(1.0)), ExtentWork::default());
+        assert_eq!(plan_on_disk(&[e], &runs, 1024 * K, 4 * K, 64 * K, Some(1.0)), ExtentWork::default());
         // At ratio 2, the data around the zeros is rewritten, the zeros punched.
-        let w = plan_extent(&e, &runs, 1024 * K, 4 * K, 64 * K, Some(2.0));
+        let w = plan_on_disk(&[e], &runs, 1024 * K, 4 * K, 64 * K, Some(2.0));
         assert_eq!(w.punch, runs.to_vec());
         assert_eq!(w.rewrite, vec![(0, 64 * K), (400 * K, 200 * K), (700 * K, 324 * K)]);
         // The extent past the end of the file: the data stops at the size.
-        let w = plan_extent(&ext(0, 404 * K, 0), &runs, 401 * K, 4 * K, 64 * K, Some(1.0));
+        let w = plan_on_disk(&[ext(0, 404 * K, 0)], &runs, 401 * K, 4 * K, 64 * K, Some(1.0));
         assert_eq!((w.punch, w.rewrite), (vec![(64 * K, 336 * K)], vec![(0, 64 * K), (400 * K, K)]));
         // Ratio 0: only whole zero extents.
-        assert!(plan_extent(&ext(0, 404 * K, 0), &runs, 401 * K, 4 * K, 64 * K, Some(0.0)).punch.is_empty());
-        let w = plan_extent(&ext(64 * K, 336 * K, 0), &runs, 1024 * K, 4 * K, 64 * K, Some(0.0));
+        assert!(plan_on_disk(&[ext(0, 404 * K, 0)], &runs, 401 * K, 4 * K, 64 * K, Some(0.0)).punch.is_empty());
+        let w = plan_on_disk(&[ext(64 * K, 336 * K, 0)], &runs, 1024 * K, 4 * K, 64 * K, Some(0.0));
         assert_eq!((w.punch, w.rewrite), (vec![(64 * K, 336 * K)], vec![]));
+    }
+
+    #[test]
+    fn btrfs_weighs_an_extent_over_all_its_stretches() {
+        let plan = |stretches: &[Extent], runs: &[(u64, u64)]| {
+            plan_on_disk(stretches, runs, 1024 * K, 4 * K, 64 * K, Some(1.0))
+        };
+        // One extent in two stretches (a block between written again in
+        // place): 100K of data, then 520K of zeros. Alone, the data stays
+        // and the zeros are punched, freeing nothing; together the data is
+        // rewritten and the extent freed.
+        let (data, zeros) = (ext(0, 100 * K, 0), ext(104 * K, 520 * K, 0));
+        let runs = [(104 * K, 520 * K)];
+        assert_eq!(plan(&[data], &runs), ExtentWork::default());
+        assert_eq!(plan(&[zeros], &runs).punch, runs.to_vec());
+        let w = plan(&[data, zeros], &runs);
+        assert_eq!((w.punch, w.rewrite), (runs.to_vec(), vec![(0, 100 * K)]));
+        // 600K of data, then 48K of data and 100K of zeros: alone, the
+        // second would be rewritten and punched, for nothing; together the
+        // data is more than the zeros, and the extent is left.
+        let (big, small) = (ext(0, 600 * K, 0), ext(604 * K, 148 * K, 0));
+        let runs = [(652 * K, 100 * K)];
+        assert_eq!(plan(&[small], &runs).rewrite, vec![(604 * K, 48 * K)]);
+        assert_eq!(plan(&[big, small], &runs), ExtentWork::default());
+        // One stretch shared with another file: the extent stays.
+        let shared = Extent { flags: flags::SHARED, ..data };
+        assert_eq!(plan(&[shared, zeros], &[(104 * K, 520 * K)]), ExtentWork::default());
     }
 }

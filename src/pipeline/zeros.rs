@@ -9,8 +9,10 @@
 //! and checked to be what was scanned, as the share workers do, then mapped
 //! with FIEMAP and punched.
 
-use std::collections::{BTreeMap, HashSet};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::fs::File;
+use std::ops::Range;
+use std::os::fd::{AsFd, BorrowedFd};
 use std::sync::atomic::{AtomicBool, Ordering};
 
 use anyhow::Result;
@@ -25,7 +27,10 @@ use crate::file::{FileFacts, FileId, IdSet};
 use crate::policy::SkipReason;
 use crate::progress::Progress;
 use crate::sys::beneath::Tree;
+use crate::sys::btrfs_tree;
+use crate::sys::fiemap::{fiemap, Extent};
 use crate::sys::SubvolIds;
+use nix::errno::Errno;
 
 use super::pending::Pending;
 
@@ -129,7 +134,7 @@ pub struct ZeroPass<'a> {
     pub tree: &'a Tree,
     pub block: u64,
     /// btrfs: the bookend pass's `--rewrite-ratio` (an extent is freed
-    /// only whole; see `zeros::plan_extent`) and its budget of free space
+    /// only whole; see `zeros::plan_on_disk`) and its budget of free space
     /// for the rest's copy; XFS: `None`.
     pub bookends: Option<&'a Bookends>,
     pub dry_run: bool,
@@ -306,22 +311,18 @@ impl ZeroPass<'_> {
         // Mapped a window at a time, so a file of millions of extents costs
         // the extents of one window. An extent is judged once, whole, in
         // the first window that finds it, against all of the file's runs.
-        let (mut done, mut judged_to) = (zeros::Punched::default(), 0);
+        let (mut done, mut judged) = (zeros::Punched::default(), Judged::default());
         for &(off, len) in runs {
             let mut at = off;
             while at < off + len {
                 let end = (at + WINDOW).min(off + len);
-                let extents = match crate::sys::fiemap::fiemap(std::os::fd::AsFd::as_fd(&f), at, end - at) {
-                    Ok(e) => e,
+                let groups = match self.window(&f, at..end, &mut judged) {
+                    Ok(g) => g,
                     Err(e) => return fail(ErrorKind::Open, format!("cannot map its extents: {e}"), Some(e as i32)),
                 };
-                for e in &extents {
-                    if e.logical < judged_to {
-                        continue;
-                    }
-                    judged_to = e.logical + e.length;
+                for g in &groups {
                     let ratio = self.bookends.map(|b| b.max_ratio);
-                    let w = zeros::plan_extent(e, runs, c.size, self.block, zeros::MIN_BYTES, ratio);
+                    let w = zeros::plan_on_disk(g, runs, c.size, self.block, zeros::MIN_BYTES, ratio);
                     if w.punch.is_empty() {
                         continue;
                     }
@@ -341,6 +342,23 @@ impl ZeroPass<'_> {
         out.bytes += done.bytes;
         left.handled = true;
         left
+    }
+
+    /// The extents of `f` to judge for the part `part` of a zero run, none
+    /// judged before, each as the stretches of one extent on disk
+    /// (`zeros::plan_on_disk`). On btrfs, read as root, the part is widened
+    /// to the whole of every extent on disk it touches, so that each is
+    /// judged with all its stretches; elsewhere (and on XFS, which frees
+    /// block by block) each FIEMAP extent stands alone.
+    fn window(&self, f: &File, part: Range<u64>, judged: &mut Judged) -> Result<Vec<Vec<Extent>>, Errno> {
+        let fd = f.as_fd();
+        if self.bookends.is_some() {
+            if let Some(groups) = on_disk(fd, part.clone(), judged) {
+                return groups;
+            }
+        }
+        let extents = fiemap(fd, part.start, part.end - part.start)?;
+        Ok(extents.into_iter().filter(|e| judged.first_time(e)).map(|e| vec![e]).collect())
     }
 
     /// One extent of the open file `f`: the data in it rewritten (see
@@ -390,4 +408,71 @@ impl ZeroPass<'_> {
             done => done.map(|all| if all { Moved::Yes } else { Moved::No }),
         }
     }
+}
+
+/// What the windows of one file have judged already: FIEMAP extents up to
+/// an offset, and extents on disk by their start, each with where its
+/// stretches end in the file (forgotten once the windows are past it).
+#[derive(Default)]
+struct Judged {
+    to: u64,
+    disks: HashMap<u64, u64>,
+}
+
+impl Judged {
+    /// Whether extent `e`, named by no extent on disk, is judged now (the
+    /// first window that finds it).
+    fn first_time(&mut self, e: &Extent) -> bool {
+        let first = e.logical >= self.to;
+        if first {
+            self.to = e.logical + e.length;
+        }
+        first
+    }
+}
+
+/// [`ZeroPass::window`] on btrfs: the stretches reaching into `part`, the
+/// whole of the extents on disk they lie in (in this file alone a stretch
+/// of an extent lies within its span), cut and grouped by extent; the
+/// groups reaching into `part` not judged before. `None`: btrfs's items
+/// cannot be read (no `CAP_SYS_ADMIN`).
+fn on_disk(fd: BorrowedFd<'_>, part: Range<u64>, judged: &mut Judged) -> Option<Result<Vec<Vec<Extent>>, Errno>> {
+    let (mut lo, mut hi) = (part.start, part.end);
+    let reach = btrfs_tree::file_extents(fd, part.start.saturating_sub(btrfs_tree::LONGEST_STRETCH)..part.end, |s| {
+        if s.logical + s.length > part.start {
+            (lo, hi) = (lo.min(s.span.0), hi.max(s.span.0 + s.span.1));
+        }
+    });
+    reach.ok()?;
+    let extents = match fiemap(fd, lo, hi - lo) {
+        Ok(e) => e,
+        Err(e) => return Some(Err(e)),
+    };
+    let mut stretches = Vec::new();
+    btrfs_tree::file_extents(fd, lo..hi, |s| stretches.push(s)).ok()?;
+    judged.disks.retain(|_, end| *end > part.start);
+    let mut groups: Vec<(Vec<Extent>, bool)> = Vec::new();
+    let mut of_disk: HashMap<u64, usize> = HashMap::new();
+    for (e, disk) in btrfs_tree::on_disk(&extents, &stretches) {
+        let reaches = e.logical < part.end && e.logical + e.length > part.start;
+        match disk {
+            Some(d) if judged.disks.contains_key(&d) => {}
+            Some(d) => {
+                let i = *of_disk.entry(d).or_insert_with(|| {
+                    groups.push((Vec::new(), false));
+                    groups.len() - 1
+                });
+                groups[i].0.push(e);
+                groups[i].1 |= reaches;
+            }
+            None if reaches && judged.first_time(&e) => groups.push((vec![e], true)),
+            None => {}
+        }
+    }
+    for (&d, &i) in &of_disk {
+        if let (true, Some(last)) = (groups[i].1, groups[i].0.last()) {
+            judged.disks.insert(d, last.logical + last.length);
+        }
+    }
+    Some(Ok(groups.into_iter().filter(|g| g.1).map(|g| g.0).collect()))
 }

@@ -18,6 +18,8 @@ use std::os::fd::{AsRawFd, BorrowedFd};
 
 use nix::errno::Errno;
 
+use super::fiemap::Extent;
+
 /// `struct btrfs_ioctl_search_key`.
 #[repr(C)]
 #[derive(Default)]
@@ -165,14 +167,20 @@ pub struct FileExtent {
     /// middle of an extent splits the file's stretch of it in two, and
     /// the extent stays on disk while either is referenced.
     pub disk: u64,
+    /// Where in the file the extent would begin (`logical` less the
+    /// stretch's offset into it) and its length there (`ram_bytes`): a
+    /// stretch of it in this file alone lies within these bytes.
+    pub span: (u64, u64),
 }
 
 /// Where `struct btrfs_file_extent_item` keeps the type (`u8`), then
 /// `disk_bytenr`, `disk_num_bytes`, `offset` and `num_bytes` (`u64`s),
 /// after generation, ram_bytes (`u64`), compression, encryption (`u8`)
 /// and other_encoding (`u16`); the struct is packed.
+const FILE_EXTENT_RAM_BYTES_AT: usize = 8;
 const FILE_EXTENT_TYPE_AT: usize = 20;
 const FILE_EXTENT_DISK_AT: usize = 21;
+const FILE_EXTENT_OFFSET_AT: usize = 37;
 const FILE_EXTENT_NUM_BYTES_AT: usize = 45;
 
 /// The stretch an item describes, if it lies in an extent on disk (not
@@ -183,26 +191,74 @@ fn file_extent(item: &Item) -> Option<FileExtent> {
         return None;
     }
     let (disk, length) = (u64_at(FILE_EXTENT_DISK_AT)?, u64_at(FILE_EXTENT_NUM_BYTES_AT)?);
-    (disk != 0 && length > 0).then_some(FileExtent { logical: item.offset, length, disk })
+    let (into, ram) = (u64_at(FILE_EXTENT_OFFSET_AT)?, u64_at(FILE_EXTENT_RAM_BYTES_AT)?);
+    let span = (item.offset.saturating_sub(into), ram.max(into + length));
+    (disk != 0 && length > 0).then_some(FileExtent { logical: item.offset, length, disk, span })
 }
 
-/// Every stretch of the file `fd` that lies in an extent on disk, in file
-/// order, each handed to `each` (a file can have millions: the caller
-/// keeps the few it needs). FIEMAP shows the stretches but not which
-/// extent each belongs to; this does.
-pub fn file_extents(fd: BorrowedFd<'_>, mut each: impl FnMut(FileExtent)) -> Result<(), Errno> {
+/// The stretches of the file `fd` that begin in `offsets` and lie in an
+/// extent on disk, in file order, each handed to `each` (a file can have
+/// millions: the caller keeps the few it needs). FIEMAP shows the
+/// stretches but not which extent each belongs to; this does.
+pub fn file_extents(
+    fd: BorrowedFd<'_>,
+    offsets: std::ops::Range<u64>,
+    mut each: impl FnMut(FileExtent),
+) -> Result<(), Errno> {
     let ino = nix::sys::stat::fstat(fd)?.st_ino;
-    let mut from = 0;
-    loop {
-        let items = search(fd, 0, ino, EXTENT_DATA_KEY, from..=u64::MAX)?;
-        let Some(last) = items.last() else { return Ok(()) };
+    let mut from = offsets.start;
+    while from < offsets.end {
+        let items = search(fd, 0, ino, EXTENT_DATA_KEY, from..=offsets.end - 1)?;
+        let Some(last) = items.last() else { break };
         let next = last.offset.checked_add(1);
         items.iter().filter_map(file_extent).for_each(&mut each);
-        match next {
-            Some(n) => from = n,
-            None => return Ok(()),
+        from = next.unwrap_or(u64::MAX);
+    }
+    Ok(())
+}
+
+/// The longest stretch of one extent (`BTRFS_MAX_EXTENT_SIZE` is 128 MiB;
+/// with room for a preallocated extent written in part): a stretch that
+/// reaches an offset begins at most this far before it.
+pub const LONGEST_STRETCH: u64 = 256 << 20;
+
+/// FIEMAP's `extents` (in file order) cut where the file's `stretches`
+/// (in file order, not overlapping) begin and end, each piece with the
+/// extent on disk it lies in. FIEMAP merges stretches that lie end to end
+/// on disk, and names none of them by its extent. Parts no stretch covers
+/// (the file changed in between) are named by none.
+pub fn on_disk(extents: &[Extent], stretches: &[FileExtent]) -> Vec<(Extent, Option<u64>)> {
+    let piece = |e: &Extent, from: u64, to: u64| {
+        let physical = if e.has_address() { e.physical + (from - e.logical) } else { e.physical };
+        Extent { logical: from, physical, length: to - from, flags: e.flags }
+    };
+    let mut out = Vec::with_capacity(extents.len());
+    for e in extents {
+        let end = e.logical + e.length;
+        let first = stretches.partition_point(|s| s.logical + s.length <= e.logical);
+        let mut pos = e.logical;
+        for s in stretches[first..].iter().take_while(|s| s.logical < end) {
+            let (from, to) = (s.logical.max(pos), (s.logical + s.length).min(end));
+            if from > pos {
+                out.push((piece(e, pos, from), None));
+            }
+            if to > from {
+                out.push((piece(e, from, to), Some(s.disk)));
+                pos = to;
+            }
+        }
+        if pos < end {
+            out.push((piece(e, pos, end), None));
         }
     }
+    out
+}
+
+/// Whether stretch `s` lies under one of `extents` (in file order) that
+/// `wanted` picks: only those need naming.
+pub fn under(extents: &[Extent], s: &FileExtent, wanted: impl Fn(&Extent) -> bool) -> bool {
+    let first = extents.partition_point(|e| e.logical + e.length <= s.logical);
+    extents[first..].iter().take_while(|e| e.logical < s.logical + s.length).any(wanted)
 }
 
 /// Make the empty unnamed file `tmp` keep data checksums exactly when
@@ -259,6 +315,7 @@ mod tests {
     fn file_extent_items_name_their_extent_on_disk() {
         fn item(offset: u64, kind: u8, disk: u64, num_bytes: u64) -> Item {
             let mut data = vec![0u8; FILE_EXTENT_TYPE_AT];
+            data[FILE_EXTENT_RAM_BYTES_AT..FILE_EXTENT_RAM_BYTES_AT + 8].copy_from_slice(&(1u64 << 20).to_ne_bytes());
             data.push(kind);
             for v in [disk, 1 << 20, 4096, num_bytes] {
                 data.extend(v.to_ne_bytes());
@@ -266,7 +323,9 @@ mod tests {
             assert_eq!(data.len(), 53); // sizeof(struct btrfs_file_extent_item)
             Item { objectid: 257, kind: EXTENT_DATA_KEY, offset, data }
         }
-        let want = FileExtent { logical: 8192, length: 12288, disk: 1 << 30 };
+        // 12 KiB from 4 KiB into a 1 MiB extent: the extent would begin
+        // at 4 KiB in the file.
+        let want = FileExtent { logical: 8192, length: 12288, disk: 1 << 30, span: (4096, 1 << 20) };
         assert_eq!(file_extent(&item(8192, 1, 1 << 30, 12288)), Some(want));
         // Preallocated: an extent on disk too.
         assert_eq!(file_extent(&item(8192, 2, 1 << 30, 12288)), Some(want));
@@ -278,5 +337,32 @@ mod tests {
         let mut short = item(0, 1, 1 << 30, 4096);
         short.data.truncate(40);
         assert_eq!(file_extent(&short), None);
+    }
+
+    #[test]
+    fn fiemap_extents_are_cut_where_the_stretches_on_disk_begin() {
+        const K: u64 = 4096;
+        let fe = |logical, length, disk| FileExtent { logical, length, disk, span: (logical, length) };
+        let ext = |logical, length, flags| Extent { logical, physical: (1 << 30) + logical, length, flags };
+        // FIEMAP merged two stretches that lie end to end on disk; a third
+        // part of it no stretch covers (changed since).
+        let got = on_disk(&[ext(0, 24 * K, 0), ext(32 * K, 4 * K, 0)], &[fe(0, 8 * K, 1), fe(8 * K, 8 * K, 2)]);
+        let want = [
+            (ext(0, 8 * K, 0), Some(1)),
+            (ext(8 * K, 8 * K, 0), Some(2)),
+            (ext(16 * K, 8 * K, 0), None),
+            (ext(32 * K, 4 * K, 0), None),
+        ];
+        assert_eq!(got, want);
+        // A stretch reaching past the FIEMAP extent is cut to it; the
+        // flags are the FIEMAP extent's.
+        let shared = ext(4 * K, 4 * K, crate::sys::fiemap::flags::SHARED);
+        assert_eq!(on_disk(&[shared], &[fe(0, 16 * K, 3)]), vec![(shared, Some(3))]);
+        // Only stretches under something wanted need naming.
+        let extents = [shared, ext(8 * K, 8 * K, 0)];
+        let unshared = |e: &Extent| !e.is_shared();
+        assert!(!under(&extents, &fe(0, 8 * K, 3), unshared));
+        assert!(under(&extents, &fe(4 * K, 8 * K, 3), unshared));
+        assert!(!under(&extents, &fe(16 * K, 64 * K, 3), unshared));
     }
 }

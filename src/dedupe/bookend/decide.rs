@@ -20,8 +20,9 @@ pub struct DestExtent {
     /// Why it cannot be rewritten (compressed, inline, delalloc or
     /// unknown: no stable block addresses); `None`: it can.
     pub fixed: Option<PinReason>,
-    /// The extent on disk it is a stretch of (btrfs's `disk_bytenr`, from
-    /// [`with_disks`]); `None`: not known, judged as a whole of its own.
+    /// The extent on disk it is a stretch of (btrfs's `disk_bytenr`,
+    /// `sys::btrfs_tree::on_disk`); `None`: not known, judged as a whole
+    /// of its own.
     pub disk: Option<u64>,
 }
 
@@ -32,6 +33,11 @@ impl DestExtent {
     /// copied out by file offsets and shared back, which needs no block
     /// addresses (FIEMAP names only the whole extent).
     pub fn from_fiemap(e: &sys::Extent, compressed_copies: bool) -> DestExtent {
+        Self::named(e, None, compressed_copies)
+    }
+
+    /// [`DestExtent::from_fiemap`], a stretch of extent `disk` on disk.
+    pub fn named(e: &sys::Extent, disk: Option<u64>, compressed_copies: bool) -> DestExtent {
         let fixed = if e.is_inline() {
             Some(PinReason::Inline)
         } else if e.is_encoded() && e.has_address() {
@@ -41,7 +47,7 @@ impl DestExtent {
         } else {
             None
         };
-        DestExtent { logical: e.logical, length: e.length, shared: e.is_shared(), fixed, disk: None }
+        DestExtent { logical: e.logical, length: e.length, shared: e.is_shared(), fixed, disk }
     }
 }
 
@@ -194,43 +200,6 @@ fn on_disk(extents: &[DestExtent]) -> Vec<Vec<&DestExtent>> {
         }
     }
     groups
-}
-
-/// `extents` (FIEMAP's, in file order) cut where the file's stretches
-/// (`stretches`: btrfs's items, in file order, not overlapping) begin and
-/// end, each piece naming the extent on disk it lies in. FIEMAP merges
-/// stretches that lie end to end on disk, and names none of them by its
-/// extent. Parts no stretch covers (the file changed in between) keep
-/// `disk: None`.
-pub fn with_disks(extents: &[DestExtent], stretches: &[sys::btrfs_tree::FileExtent]) -> Vec<DestExtent> {
-    let mut out = Vec::with_capacity(extents.len());
-    for e in extents {
-        let end = e.logical + e.length;
-        let first = stretches.partition_point(|s| s.logical + s.length <= e.logical);
-        let mut pos = e.logical;
-        for s in stretches[first..].iter().take_while(|s| s.logical < end) {
-            let (from, to) = (s.logical.max(pos), (s.logical + s.length).min(end));
-            if from > pos {
-                out.push(DestExtent { logical: pos, length: from - pos, ..*e });
-            }
-            if to > from {
-                out.push(DestExtent { logical: from, length: to - from, disk: Some(s.disk), ..*e });
-                pos = to;
-            }
-        }
-        if pos < end {
-            out.push(DestExtent { logical: pos, length: end - pos, ..*e });
-        }
-    }
-    out
-}
-
-/// Whether [`with_disks`] needs the stretch `s`: it overlaps an extent
-/// the decision could rewrite (not shared, not fixed). A file can have
-/// millions of stretches; only these are kept.
-pub fn worth_naming(extents: &[DestExtent], s: &sys::btrfs_tree::FileExtent) -> bool {
-    let first = extents.partition_point(|e| e.logical + e.length <= s.logical);
-    extents[first..].iter().take_while(|e| e.logical < s.logical + s.length).any(|e| !e.shared && e.fixed.is_none())
 }
 
 /// Bytes of extent `e` that `covered` covers, and its uncovered gaps
@@ -456,27 +425,6 @@ mod tests {
         let mut shared = stretches;
         shared[4].shared = true;
         assert!(decide(&shared, &covered, 256 * K, 4.0).is_empty());
-    }
-
-    #[test]
-    fn fiemap_extents_are_cut_where_the_stretches_on_disk_begin() {
-        use sys::btrfs_tree::FileExtent;
-        let fe = |logical, length, disk| FileExtent { logical, length, disk };
-        // FIEMAP merged two stretches that lie end to end on disk; a third
-        // part of it no stretch covers (changed since).
-        let merged = ext(0, 24 * K);
-        let got = with_disks(&[merged, ext(32 * K, 4 * K)], &[fe(0, 8 * K, 1), fe(8 * K, 8 * K, 2)]);
-        assert_eq!(got, vec![on(1, ext(0, 8 * K)), on(2, ext(8 * K, 8 * K)), ext(16 * K, 8 * K), ext(32 * K, 4 * K)]);
-        // A stretch reaching past the FIEMAP extent is cut to it, and the
-        // flags are the FIEMAP extent's.
-        let shared = DestExtent { shared: true, ..ext(4 * K, 4 * K) };
-        assert_eq!(with_disks(&[shared], &[fe(0, 16 * K, 3)]), vec![DestExtent { disk: Some(3), ..shared }]);
-        // Only stretches under something rewritable are worth naming.
-        let fixed = DestExtent { fixed: Some(PinReason::Compressed), ..ext(16 * K, 4 * K) };
-        let extents = [shared, ext(8 * K, 8 * K), fixed];
-        assert!(!worth_naming(&extents, &fe(0, 8 * K, 3)));
-        assert!(worth_naming(&extents, &fe(12 * K, 8 * K, 3)));
-        assert!(!worth_naming(&extents, &fe(16 * K, 64 * K, 3)));
     }
 
     #[test]
