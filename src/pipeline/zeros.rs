@@ -412,11 +412,16 @@ impl ZeroPass<'_> {
 
 /// What the windows of one file have judged already: FIEMAP extents up to
 /// an offset, and extents on disk by their start, each with where its
-/// stretches end in the file (forgotten once the windows are past it).
+/// stretches end in the file (forgotten once the windows are past it);
+/// and how far btrfs's items were read, with the last stretch read if it
+/// reaches past that (stretches never overlap: at most one does), so that
+/// each item is read about once however many runs the file has.
 #[derive(Default)]
 struct Judged {
     to: u64,
     disks: HashMap<u64, u64>,
+    read_to: u64,
+    carried: Option<btrfs_tree::FileExtent>,
 }
 
 impl Judged {
@@ -429,6 +434,22 @@ impl Judged {
         }
         first
     }
+
+    /// Every stretch reaching into `part` of an extent on disk not judged
+    /// yet, read from where the last window stopped (or from the longest
+    /// stretch's length before `part`).
+    fn reaching(&mut self, fd: BorrowedFd<'_>, part: &Range<u64>) -> Result<Vec<btrfs_tree::FileExtent>, Errno> {
+        let from = self.read_to.max(part.start.saturating_sub(btrfs_tree::LONGEST_STRETCH));
+        let mut seen: Vec<btrfs_tree::FileExtent> = self.carried.take().into_iter().collect();
+        if from < part.end {
+            btrfs_tree::file_extents(fd, from..part.end, |s| seen.push(s))?;
+            self.read_to = part.end;
+        }
+        self.carried = seen.last().filter(|s| s.logical + s.length > part.end).copied();
+        self.disks.retain(|_, end| *end > part.start);
+        seen.retain(|s| s.logical + s.length > part.start && !self.disks.contains_key(&s.disk));
+        Ok(seen)
+    }
 }
 
 /// [`ZeroPass::window`] on btrfs: the stretches reaching into `part`, the
@@ -437,20 +458,19 @@ impl Judged {
 /// groups reaching into `part` not judged before. `None`: btrfs's items
 /// cannot be read (no `CAP_SYS_ADMIN`).
 fn on_disk(fd: BorrowedFd<'_>, part: Range<u64>, judged: &mut Judged) -> Option<Result<Vec<Vec<Extent>>, Errno>> {
-    let (mut lo, mut hi) = (part.start, part.end);
-    let reach = btrfs_tree::file_extents(fd, part.start.saturating_sub(btrfs_tree::LONGEST_STRETCH)..part.end, |s| {
-        if s.logical + s.length > part.start {
-            (lo, hi) = (lo.min(s.span.0), hi.max(s.span.0 + s.span.1));
-        }
-    });
-    reach.ok()?;
+    let reaching = judged.reaching(fd, &part).ok()?;
+    let (Some(lo), Some(hi)) =
+        (reaching.iter().map(|s| s.span.0).min(), reaching.iter().map(|s| s.span.0 + s.span.1).max())
+    else {
+        return Some(Ok(Vec::new())); // nothing there, or all judged
+    };
+    let (lo, hi) = (lo.min(part.start), hi.max(part.end));
     let extents = match fiemap(fd, lo, hi - lo) {
         Ok(e) => e,
         Err(e) => return Some(Err(e)),
     };
     let mut stretches = Vec::new();
     btrfs_tree::file_extents(fd, lo..hi, |s| stretches.push(s)).ok()?;
-    judged.disks.retain(|_, end| *end > part.start);
     let mut groups: Vec<(Vec<Extent>, bool)> = Vec::new();
     let mut of_disk: HashMap<u64, usize> = HashMap::new();
     for (e, disk) in btrfs_tree::on_disk(&extents, &stretches) {
