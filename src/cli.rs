@@ -177,6 +177,15 @@ pub struct ScanArgs {
     #[arg(long)]
     pub include_readonly_snapshots: bool,
 
+    /// Also share btrfs files marked NOCOW ('chattr +C', left alone by
+    /// default: a shared extent is copied on its next write, the rewriting
+    /// NOCOW was set to avoid). For images no longer written, such as the
+    /// golden images of a VM store kept in a NOCOW directory. They are
+    /// shared only with each other (btrfs refuses to mix them with files
+    /// that keep data checksums).
+    #[arg(long)]
+    pub include_nocow: bool,
+
     /// Also share files of different owners. By default a file is shared
     /// only with files of the same owner: sharing is visible to a file's
     /// owner (FIEMAP), so a user could otherwise confirm a guess at the

@@ -87,6 +87,8 @@ pub struct ScanConfig {
     pub incremental: bool,
     /// Share into read-only btrfs snapshots too.
     pub include_readonly_snapshots: bool,
+    /// Share btrfs NOCOW files too (`--include-nocow`).
+    pub include_nocow: bool,
     /// Drop hashed data from the page cache (`--drop-cache`).
     pub drop_cache: bool,
     /// Match and share files of different owners (`--share-across-owners`).
@@ -269,6 +271,7 @@ fn scan_config(scan: ScanArgs, shares: bool) -> Result<ScanConfig> {
         exclude,
         exclude_from,
         include_readonly_snapshots,
+        include_nocow,
         share_across_owners,
         drop_cache,
         max_runtime,
@@ -316,6 +319,7 @@ fn scan_config(scan: ScanArgs, shares: bool) -> Result<ScanConfig> {
         // starts over.
         incremental: !rehash,
         include_readonly_snapshots,
+        include_nocow,
         drop_cache,
         share_across_owners,
         max_runtime,

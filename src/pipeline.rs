@@ -131,6 +131,7 @@ fn run_inner(
     })?;
     let mut policy = Policy::with_excludes(scan.excludes.clone(), Some(&db.own_files()));
     policy.include_readonly_snapshots = scan.include_readonly_snapshots;
+    policy.include_nocow = scan.include_nocow;
     let job = Job { db_path, scan, share, policy, tree };
     let run_id = db.begin_run(job.command(), job.dry_run())?;
     check_fingerprints(&job, &db, progress)?;

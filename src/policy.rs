@@ -62,6 +62,7 @@ pub enum SkipReason {
     /// (btrfs shares between two such files): a shared extent is copied on
     /// its next write, the very rewriting NOCOW was set to avoid (VM
     /// images, databases), and the file would fragment as it is written.
+    /// `--include-nocow` shares them (images no longer written).
     Nocow,
     /// An active swap file.
     Swapfile,
@@ -184,6 +185,8 @@ pub struct Policy {
     swap_files: HashSet<(u64, u64)>,
     /// Enter read-only btrfs snapshots too.
     pub include_readonly_snapshots: bool,
+    /// Hash and share btrfs NOCOW files too (`--include-nocow`).
+    pub include_nocow: bool,
 }
 
 /// The tool's own database files, as the run found them once it had
@@ -248,6 +251,7 @@ impl Policy {
             own_files,
             swap_files,
             include_readonly_snapshots: false,
+            include_nocow: false,
         }
     }
 
@@ -348,11 +352,11 @@ impl Policy {
     }
 
     /// Checks on the inode flags of an opened file.
-    pub fn check_flags(flags: InodeFlags) -> Result<(), SkipReason> {
+    pub fn check_flags(&self, flags: InodeFlags) -> Result<(), SkipReason> {
         match flags {
             f if f.immutable => Err(SkipReason::Immutable),
             f if f.append_only => Err(SkipReason::AppendOnly),
-            f if f.nocow => Err(SkipReason::Nocow),
+            f if f.nocow && !self.include_nocow => Err(SkipReason::Nocow),
             f if f.realtime => Err(SkipReason::Realtime),
             f if f.dax => Err(SkipReason::Dax),
             _ => Ok(()),
@@ -408,11 +412,16 @@ mod tests {
 
     #[test]
     fn flags_map_to_reasons() {
+        let mut p = Policy::new(&[], None).unwrap();
         let f = InodeFlags { immutable: true, ..Default::default() };
-        assert_eq!(Policy::check_flags(f), Err(SkipReason::Immutable));
-        let f = InodeFlags { nocow: true, ..Default::default() };
-        assert_eq!(Policy::check_flags(f), Err(SkipReason::Nocow));
-        assert_eq!(Policy::check_flags(InodeFlags::default()), Ok(()));
+        assert_eq!(p.check_flags(f), Err(SkipReason::Immutable));
+        let nocow = InodeFlags { nocow: true, ..Default::default() };
+        assert_eq!(p.check_flags(nocow), Err(SkipReason::Nocow));
+        assert_eq!(p.check_flags(InodeFlags::default()), Ok(()));
+        // --include-nocow lets NOCOW through, nothing else.
+        p.include_nocow = true;
+        assert_eq!(p.check_flags(nocow), Ok(()));
+        assert_eq!(p.check_flags(InodeFlags { nocow: true, ..f }), Err(SkipReason::Immutable));
     }
 
     #[test]

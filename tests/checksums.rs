@@ -125,3 +125,51 @@ fn btrfs_pairs_of_both_kinds_recorded_before_are_read_again_once() {
     assert_eq!((num(&next.json, "errors"), num(&next.json, "ranges_planned")), (0, 0), "{:#}", next.json);
     before.assert_same(&Snapshot::take(&d));
 }
+
+/// NOCOW files (`chattr +C`: a VM image directory) are left alone by
+/// default; `--include-nocow` shares them, with each other only (they keep
+/// no data checksums), rewrites their remainders and punches their zeros
+/// with unnamed files of their kind, and leaves them NOCOW.
+#[test]
+fn btrfs_nocow_files_are_shared_only_with_include_nocow() {
+    let Some(vol) = Volume::new(Fs::Btrfs, 512) else { return };
+    let (images, plain) = (vol.path("images"), vol.path("plain"));
+    std::fs::create_dir_all(&images).unwrap();
+    std::fs::create_dir_all(&plain).unwrap();
+    // Files made in a NOCOW directory are NOCOW, without checksums.
+    sh(std::process::Command::new("chattr").arg("+C").arg(&images));
+    write_kind(&images, "nocow", 1);
+    let whole = Rng::new(3).bytes(2 << 20);
+    for (dir, name) in [(&images, "whole1"), (&images, "whole2"), (&plain, "whole")] {
+        std::fs::write(dir.join(name), &whole).unwrap();
+    }
+    let nocow = |p: &Path| {
+        let out = std::process::Command::new("lsattr").arg(p).output().unwrap();
+        String::from_utf8_lossy(&out.stdout).split_whitespace().next().unwrap().contains('C')
+    };
+    assert!(nocow(&images.join("whole1")) && !nocow(&plain.join("whole")));
+    let before = (Snapshot::take(&images), Snapshot::take(&plain));
+    let maps = || physical_blocks(&images.join("nocowb"), 0, 512 << 10);
+    let (map0, free0) = (maps(), free_bytes(&vol.mnt));
+
+    let r = run_json(&vol, &[s(&vol.mnt)]);
+    assert_eq!(r["skipped"]["nocow"], 5, "{r:#}");
+    assert_eq!((num(&r, "deduped_bytes"), num(&r, "zeros_to_holes_bytes")), (0, 0), "{r:#}");
+    assert_eq!(maps(), map0, "a NOCOW file was changed without --include-nocow");
+    assert!(free_bytes(&vol.mnt) <= free0 + (64 << 10));
+
+    let r = run_json(&vol, &[s(&vol.mnt), "--include-nocow"]);
+    assert_eq!((num(&r, "errors"), num(&r, "pinned_bytes")), (0, 0), "{r:#}");
+    assert!(r["skipped"].get("nocow").is_none(), "{r:#}");
+    before.0.assert_same(&Snapshot::take(&images));
+    before.1.assert_same(&Snapshot::take(&plain));
+    let (a, b) = (images.join("nocowa"), images.join("nocowb"));
+    assert!(same_physical(&a, 8192, &b, 8192, (512 << 10) - 8192), "{r:#}");
+    assert!(num(&r, "rewritten_bytes") >= 500 << 10, "{r:#}");
+    assert!(physical_blocks(&images.join("nocowz"), 1 << 20, 1 << 20).iter().all(Option::is_none), "zeros kept");
+    assert!(same_physical(&images.join("whole1"), 0, &images.join("whole2"), 0, 2 << 20), "{r:#}");
+    assert!(!same_physical(&images.join("whole1"), 0, &plain.join("whole"), 0, 4096), "kinds mixed");
+    for f in ["nocowa", "nocowb", "nocowz", "whole1", "whole2"] {
+        assert!(nocow(&images.join(f)), "{f} is no longer NOCOW");
+    }
+}

@@ -41,7 +41,7 @@ _dedupscan() {
 
     case "${cmd}" in
         dedupscan)
-            opts="-n -v -q -h -V --incremental --rehash --block-size --threads --exclude --exclude-from --include-readonly-snapshots --share-across-owners --drop-cache --max-runtime --metrics-file --dry-run --min-range --rewrite-ratio --keep-free --share-snapshotted --keep-zeros --list --full-plan-days --db --json --verbose --quiet --log-level --progress --help --version scan report help"
+            opts="-n -v -q -h -V --incremental --rehash --block-size --threads --exclude --exclude-from --include-readonly-snapshots --include-nocow --share-across-owners --drop-cache --max-runtime --metrics-file --dry-run --min-range --rewrite-ratio --keep-free --share-snapshotted --keep-zeros --list --full-plan-days --db --json --verbose --quiet --log-level --progress --help --version scan report help"
             if [[ ${cur} == -* || ${COMP_CWORD} -eq 1 ]] ; then
                 COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
                 return 0
@@ -217,7 +217,7 @@ _dedupscan() {
             return 0
             ;;
         dedupscan__subcmd__scan)
-            opts="-v -q -h --incremental --rehash --block-size --threads --exclude --exclude-from --include-readonly-snapshots --share-across-owners --drop-cache --max-runtime --metrics-file --db --json --verbose --quiet --log-level --progress --help"
+            opts="-v -q -h --incremental --rehash --block-size --threads --exclude --exclude-from --include-readonly-snapshots --include-nocow --share-across-owners --drop-cache --max-runtime --metrics-file --db --json --verbose --quiet --log-level --progress --help"
             if [[ ${cur} == -* || ${COMP_CWORD} -eq 2 ]] ; then
                 COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
                 return 0

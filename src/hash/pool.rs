@@ -300,7 +300,7 @@ fn hash_one(
     }
     policy.check_file_xattr_fd(file.as_fd()).map_err(HashFail::Skip)?;
     let flags = sys::inode_flags(file.as_fd(), opts.fs).map_err(|e| HashFail::Error(ErrorKind::Flags, e.into()))?;
-    Policy::check_flags(flags).map_err(HashFail::Skip)?;
+    policy.check_flags(flags).map_err(HashFail::Skip)?;
     let now = FileFacts::from_metadata(c.path.clone(), key, &before);
     if now.size == 0 {
         return Err(HashFail::Skip(SkipReason::Empty));
@@ -312,8 +312,10 @@ fn hash_one(
     // of files hashed again: a file without them made under an earlier
     // mount meets a refusal once, is marked stale, and is salted when read
     // again (`Executor::checksums_differ`). Unknown (no CAP_SYS_ADMIN):
-    // taken to keep checksums, as most do.
-    let ask = opts.fs == FsKind::Btrfs && (opts.checksum_kinds || known);
+    // taken to keep checksums, as most do. A NOCOW file keeps none (made
+    // NOCOW while empty) or some (flagged after its data was written):
+    // asked always.
+    let ask = opts.fs == FsKind::Btrfs && (opts.checksum_kinds || known || flags.nocow);
     let nodatasum = ask && sys::btrfs_tree::nodatasum(file.as_fd()) == Ok(true);
     let salt = super::checksum_salt(salt, nodatasum);
     // Room for its map before it grows (see `MapBytes`): at most a block's
