@@ -366,8 +366,8 @@ fn share_phase(
     let root = job.scan.paths.first().expect("a path");
     // With --rewrite-ratio 0 the pass still runs: it rewrites nothing but
     // counts what stays pinned.
-    let bookends =
-        (fs.kind == FsKind::Btrfs).then(|| dedupe::Bookends::for_volume(cfg.rewrite_ratio, cfg.keep_free, mode, root));
+    let bookends = (fs.kind == FsKind::Btrfs)
+        .then(|| dedupe::Bookends::for_volume(cfg.rewrite_ratio, (cfg.keep_free, cfg.keep_zeros), mode, root));
     let (block_size, bookends) = (job.scan.block_size, bookends.as_ref());
     let sharing = sharing(job, stats, progress);
     let pending = Pending::of(db, run_id, cfg.dry_run)?;
@@ -382,7 +382,7 @@ fn share_phase(
     bookends.inspect(|b| b.room.measure_again());
     let zeros = ZeroPass::of(job, cfg, bookends)
         .filter(|_| go_on)
-        .map(|z| z.run(db, (allowed, fresh), &mut pending, progress, stop));
+        .map(|z| z.run(db, (allowed, fresh, &out.holed), &mut pending, progress, stop));
     if let Some(r) = &out.refused {
         progress.warn_run(r);
     }
@@ -523,6 +523,7 @@ fn add_sharing(r: &mut Report, e: &Executed) {
     r.deduped_bytes = out.deduped_bytes;
     r.already_shared_bytes = out.already_shared_bytes;
     r.rewritten_bytes = out.rewritten_bytes;
+    (r.zeros_to_holes_files, r.zeros_to_holes_bytes) = (out.zeros_to_holes_files, out.zeros_to_holes_bytes);
     r.pinned_bytes = e.pinned_by_reason.values().sum();
     r.pinned_by_reason = e.pinned_by_reason.iter().map(|(k, n)| (k.name().to_owned(), *n)).collect();
     r.sources_swapped = out.swapped_sources;
@@ -543,7 +544,8 @@ fn add_sharing(r: &mut Report, e: &Executed) {
         r.skip(*k, *n);
     }
     if let Some(z) = &e.zeros {
-        (r.zeros_to_holes_files, r.zeros_to_holes_bytes) = (z.files, z.bytes);
+        r.zeros_to_holes_files += z.files;
+        r.zeros_to_holes_bytes += z.bytes;
         r.rewritten_bytes += z.rewritten;
         r.skip(SkipReason::ChangedDuringScan, z.changed);
         for (k, n) in &z.skipped {

@@ -157,7 +157,8 @@ fn one_and_many_workers_agree(fs: Fs) {
     alter(&one);
     alter(&many);
     let before = Snapshot::take(&vol.mnt);
-    let bookends = (fs == Fs::Btrfs).then(|| Bookends::for_volume(1.0, KeepFree::DEFAULT, Mode::Share, &vol.mnt));
+    let bookends =
+        (fs == Fs::Btrfs).then(|| Bookends::for_volume(1.0, (KeepFree::DEFAULT, false), Mode::Share, &vol.mnt));
 
     // Dry run: compared in user space, nothing changes.
     let dry1 = run(&one, Mode::DryRun, bookends.as_ref(), Sharing::cached(1));

@@ -92,6 +92,26 @@ fn named_on_disk(file: &File, extents: &[sys::Extent], size: u64, compressed_cop
     }
 }
 
+/// `pieces` less `holes` (both sorted, each hole inside a piece).
+pub fn without(pieces: &[(u64, u64)], holes: &[(u64, u64)]) -> Vec<(u64, u64)> {
+    let mut out = Vec::with_capacity(pieces.len() + holes.len());
+    let mut h = holes.iter().peekable();
+    for &(off, len) in pieces {
+        let (mut at, end) = (off, off + len);
+        while let Some(&&(ho, hl)) = h.peek().filter(|&&&(ho, _)| ho < end) {
+            if ho > at {
+                out.push((at, ho - at));
+            }
+            at = at.max(ho + hl);
+            h.next();
+        }
+        if at < end {
+            out.push((at, end - at));
+        }
+    }
+    out
+}
+
 /// A destination whose remainders are to be rewritten.
 struct Rewrite {
     id: FileId,
@@ -99,6 +119,9 @@ struct Rewrite {
     size: u64,
     /// The remainders, as `(offset, length)` in the file.
     pieces: Vec<(u64, u64)>,
+    /// The parts of `pieces` that are written zeros
+    /// ([`Bookends::zero_holes`]), left as holes in the copy.
+    holes: Vec<(u64, u64)>,
     /// Covered bytes of the extents being freed: pinned if this fails.
     rewrite_covered: u64,
     /// Bytes the plan shares into the file: pending if there is no room.
@@ -159,9 +182,10 @@ impl Executor<'_> {
         let mut staged_bytes = 0;
         for (id, covered) in batch {
             let Some(rw) = self.judge_bookends(*id, covered, b) else { continue };
-            match self.copy_out(b, &rw.dest, rw.size, &rw.pieces) {
+            let data = without(&rw.pieces, &rw.holes);
+            match self.copy_out(b, &rw.dest, rw.size, &data) {
                 Ok(tmp) => {
-                    staged_bytes += rw.pieces.iter().map(|p| p.1).sum::<u64>();
+                    staged_bytes += data.iter().map(|p| p.1).sum::<u64>();
                     staged.push((rw, tmp));
                 }
                 Err(e) => self.rewritten(b, &rw, Err(e)),
@@ -183,7 +207,7 @@ impl Executor<'_> {
             let _ = sys::start_writeback(tmp.as_fd());
         }
         for (rw, tmp) in staged {
-            let done = self.share_back(&tmp, &rw.dest, &rw.pieces);
+            let done = self.share_back_rewrite(&tmp, &rw);
             self.rewritten(b, &rw, done);
         }
     }
@@ -217,11 +241,16 @@ impl Executor<'_> {
         if d.rewrite.is_empty() {
             return None;
         }
+        let holes = match b.zero_holes {
+            Some(min) => self.zero_runs(&file, &d.rewrite, min),
+            None => Vec::new(),
+        };
         let rw = Rewrite {
             id,
             dest: file,
             size,
             pieces: d.rewrite,
+            holes,
             rewrite_covered: d.rewrite_covered,
             planned: covered.iter().map(|c| c.1).sum(),
         };
@@ -235,9 +264,17 @@ impl Executor<'_> {
             Mode::DryRun => {
                 // Counted as the run would copy it: within the budget, or
                 // left whole for later ([`Headroom`]'s dry run).
-                let bytes = rw.pieces.iter().map(|p| p.1).sum::<u64>();
+                let holes = rw.holes.iter().map(|p| p.1).sum::<u64>();
+                let bytes = rw.pieces.iter().map(|p| p.1).sum::<u64>() - holes;
                 match b.room.take(bytes) {
-                    Ok(()) => self.out.rewritten_bytes += bytes,
+                    Ok(()) => {
+                        self.out.rewritten_bytes += bytes;
+                        self.out.zeros_to_holes_bytes += holes;
+                        self.out.zeros_to_holes_files += u64::from(holes > 0);
+                        if holes > 0 {
+                            self.out.holed.insert(rw.id, rw.holes.clone());
+                        }
+                    }
                     Err(e) => self.rewritten(b, &rw, Err(e)),
                 }
                 None
@@ -332,6 +369,57 @@ impl Executor<'_> {
         self.out.rewritten_bytes += moved;
         Ok(complete)
     }
+
+    /// Share the remainders of `rw` back from `tmp` ([`share_back`]): the
+    /// data copied, counted as rewritten, and the zeros left as holes in
+    /// `tmp`, which become holes.
+    fn share_back_rewrite(&mut self, tmp: &File, rw: &Rewrite) -> std::io::Result<bool> {
+        let (data, moved) = share_back(tmp, &rw.dest, &without(&rw.pieces, &rw.holes), || true)?;
+        self.out.rewritten_bytes += moved;
+        let (zeros, holed) = share_back(tmp, &rw.dest, &rw.holes, || true)?;
+        self.out.zeros_to_holes_bytes += holed;
+        self.out.zeros_to_holes_files += u64::from(holed > 0);
+        if holed > 0 {
+            self.out.holed.insert(rw.id, rw.holes.clone());
+        }
+        Ok(data && zeros)
+    }
+
+    /// The written zeros of `pieces` of `f`: runs of whole blocks of at
+    /// least `min` bytes (shorter ones would cost an extent item each),
+    /// read through the executor's buffer. Unreadable: none (the copy
+    /// meets the error).
+    fn zero_runs(&mut self, f: &File, pieces: &[(u64, u64)], min: u64) -> Vec<(u64, u64)> {
+        let block = self.ctx.block_size;
+        let mut runs = Vec::new();
+        for &(off, len) in pieces {
+            let mut run: Option<(u64, u64)> = None;
+            let mut pos = off;
+            while pos + block <= off + len {
+                let n = ((off + len - pos) / block * block).min(self.buf_a.len() as u64 / block * block);
+                if f.read_exact_at(&mut self.buf_a[..n as usize], pos).is_err() {
+                    return Vec::new();
+                }
+                for (i, b) in self.buf_a[..n as usize].chunks_exact(block as usize).enumerate() {
+                    let at = pos + i as u64 * block;
+                    match (b.iter().all(|&x| x == 0), run) {
+                        (true, Some((s, _))) => run = Some((s, at + block)),
+                        (true, None) => run = Some((at, at + block)),
+                        (false, Some((s, e))) => {
+                            runs.extend((e - s >= min).then_some((s, e - s)));
+                            run = None;
+                        }
+                        (false, None) => {}
+                    }
+                }
+                pos += n;
+            }
+            if let Some((s, e)) = run {
+                runs.extend((e - s >= min).then_some((s, e - s)));
+            }
+        }
+        runs
+    }
 }
 
 /// Copy `pieces` of `dest` into `tmp`, an unnamed temporary file on the
@@ -417,6 +505,15 @@ mod tests {
     use super::*;
 
     const K: u64 = 4096;
+
+    #[test]
+    fn holes_are_cut_out_of_the_pieces() {
+        let pieces = [(0, 100 * K), (200 * K, 50 * K), (300 * K, 10 * K)];
+        let holes = [(10 * K, 20 * K), (40 * K, 60 * K), (200 * K, 50 * K)];
+        assert_eq!(without(&pieces, &holes), vec![(0, 10 * K), (30 * K, 10 * K), (300 * K, 10 * K)]);
+        assert_eq!(without(&pieces, &[]), pieces.to_vec());
+        assert!(without(&[], &holes).is_empty());
+    }
 
     #[test]
     fn failed_parts_are_merged_per_file_with_what_was_planned_into_it() {

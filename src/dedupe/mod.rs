@@ -75,6 +75,10 @@ pub enum Mode {
     Share,
 }
 
+/// Written zeros left as holes by the bookend pass, by file: `(offset,
+/// length)` runs, sorted.
+pub type Holed = BTreeMap<FileId, Vec<(u64, u64)>>;
+
 /// What executing a plan did.
 #[derive(Debug, Default, Clone)]
 pub struct Outcome {
@@ -100,6 +104,14 @@ pub struct Outcome {
     /// Bytes of partly covered extents copied into fresh extents so the old
     /// ones can be freed (btrfs); in a dry run, what would be.
     pub rewritten_bytes: u64,
+    /// Of those remainders, written zeros left as holes instead of copied
+    /// (btrfs, unless `--keep-zeros`).
+    pub zeros_to_holes_bytes: u64,
+    /// Files with such zeros.
+    pub zeros_to_holes_files: u64,
+    /// Those zeros, by file (in a dry run, those that would be): the zero
+    /// pass leaves them to this (a dry run's would count them twice).
+    pub holed: Holed,
     /// Bytes planned into partly covered extents that stay on disk for
     /// their uncovered rest (btrfs): shared, but freeing nothing; by
     /// destination and why. Only files with such bytes, so it stays small.
@@ -244,6 +256,11 @@ pub struct Bookends {
     pub rewrite_compressed: bool,
     /// What the copies may use of the volume's free space.
     pub room: headroom::Headroom,
+    /// Written zeros in a remainder, in runs of at least this many bytes,
+    /// are left as holes in the copy instead of copied: sharing the copy
+    /// back turns them into holes, as the zero pass would after writing
+    /// them once more (`None`: `--keep-zeros`).
+    pub zero_holes: Option<u64>,
     /// Said once a run that a copy found no room (`ENOSPC`, `EDQUOT`):
     /// the report counts the files.
     said_no_space: std::sync::Once,
@@ -256,9 +273,15 @@ impl Bookends {
     /// The bookend pass for the btrfs volume holding `root`, keeping
     /// `keep` of it free (a dry run counts its copies against the same
     /// budget, measured once: see [`headroom`]).
-    pub fn for_volume(max_ratio: f64, keep: headroom::KeepFree, mode: Mode, root: &std::path::Path) -> Bookends {
+    pub fn for_volume(
+        max_ratio: f64,
+        (keep, keep_zeros): (headroom::KeepFree, bool),
+        mode: Mode,
+        root: &std::path::Path,
+    ) -> Bookends {
         Bookends {
             max_ratio,
+            zero_holes: (!keep_zeros).then_some(zeros::MIN_BYTES),
             rewrite_compressed: crate::sys::mounts::compression_forced(root),
             room: headroom::Headroom::of_volume(root.to_owned(), keep, mode == Mode::DryRun),
             said_no_space: std::sync::Once::new(),
@@ -377,6 +400,13 @@ impl Outcome {
         self.inline_files += o.inline_files;
         self.swapped_sources += o.swapped_sources;
         self.rewritten_bytes += o.rewritten_bytes;
+        self.zeros_to_holes_bytes += o.zeros_to_holes_bytes;
+        self.zeros_to_holes_files += o.zeros_to_holes_files;
+        for (id, h) in o.holed {
+            let mine = self.holed.entry(id).or_default();
+            mine.extend(h);
+            mine.sort_unstable();
+        }
         for (k, n) in o.pinned {
             *self.pinned.entry(k).or_default() += n;
         }

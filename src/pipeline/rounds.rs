@@ -247,7 +247,7 @@ impl Waited<'_> {
 /// no part stays in, the rewritten remainders' included; not the bytes
 /// shared into extents that stay (pinned). Logical bytes.
 fn would_free(o: &dedupe::Outcome) -> u64 {
-    (o.duplicate_bytes + o.rewritten_bytes).saturating_sub(o.pinned_bytes())
+    (o.duplicate_bytes + o.rewritten_bytes + o.zeros_to_holes_bytes).saturating_sub(o.pinned_bytes())
 }
 
 /// Plan the files in `waiting` again, with their groups, as an incremental

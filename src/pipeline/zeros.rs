@@ -37,6 +37,10 @@ use super::pending::Pending;
 /// Files with zero runs looked up and punched at a time.
 const BATCH: usize = 1024;
 
+/// A file of the pass: its zero runs, and whether the bookend pass
+/// counted it already (it left some of its zeros as holes).
+type Candidate = (FileId, Vec<(u64, u64)>, bool);
+
 /// Bytes of a file mapped with one FIEMAP call (as the hasher does).
 const WINDOW: u64 = 256 << 20;
 
@@ -161,17 +165,19 @@ impl ZeroPass<'_> {
     /// The files whose zeros wait for room above `--keep-free` are left
     /// pending (`zeros_keep_free`), so the next run, incremental or not,
     /// tries them again; the rows of those it went through are dropped.
+    /// `holed`: zeros the bookend pass left as holes (or, in a dry run,
+    /// counted as it would), not looked at again.
     pub fn run(
         &self,
         db: &Db,
-        (allowed, fresh): (&IdSet, Option<&HashSet<FileId>>),
+        (allowed, fresh, holed): (&IdSet, Option<&HashSet<FileId>>, &crate::dedupe::Holed),
         pending: &mut Pending,
         progress: &dyn Progress,
         stop: &AtomicBool,
     ) -> Result<ZerosOutcome> {
         let mut st = State { hole: None, keys: SubvolIds::new(), out: ZerosOutcome::default() };
         let keep = |id| allowed.contains(id) && fresh.is_none_or(|f| f.contains(&id));
-        let mut batch: Vec<(FileId, Vec<(u64, u64)>)> = Vec::new();
+        let mut batch: Vec<Candidate> = Vec::new();
         let mut failed: Option<anyhow::Error> = None;
         db.for_each_map(keep, |id, size, enc| {
             if failed.is_some() || stop.load(Ordering::Relaxed) {
@@ -182,9 +188,13 @@ impl ZeroPass<'_> {
                 return;
             }
             let Ok(map) = BlockMap::from_blob(enc) else { return };
-            let runs = zeros::zero_runs(&map, size, self.block, zeros::MIN_BYTES);
+            let mut runs = zeros::zero_runs(&map, size, self.block, zeros::MIN_BYTES);
+            if let Some(h) = holed.get(&id) {
+                runs = crate::dedupe::bookend::without(&runs, h);
+                runs.retain(|r| r.1 >= zeros::MIN_BYTES);
+            }
             if !runs.is_empty() {
-                batch.push((id, runs));
+                batch.push((id, runs, holed.contains_key(&id)));
             }
             if batch.len() >= BATCH {
                 if let Err(e) = self.batch(db, &mut batch, &mut st, pending, (progress, stop)) {
@@ -203,7 +213,7 @@ impl ZeroPass<'_> {
     fn batch(
         &self,
         db: &Db,
-        batch: &mut Vec<(FileId, Vec<(u64, u64)>)>,
+        batch: &mut Vec<Candidate>,
         st: &mut State,
         pending: &mut Pending,
         (progress, stop): (&dyn Progress, &AtomicBool),
@@ -247,13 +257,16 @@ impl ZeroPass<'_> {
         };
         let facts = db.file_facts(batch.iter().map(|b| b.0))?;
         let (mut handled, mut waiting) = (Vec::new(), Vec::new());
-        for (id, runs) in batch.drain(..) {
+        for (id, runs, counted) in batch.drain(..) {
             if stop.load(Ordering::Relaxed) {
                 break;
             }
             let Some(c) = facts.get(&id) else { continue };
-            let was = st.out.bytes;
+            let (was, files) = (st.out.bytes, st.out.files);
             let left = self.file(c, &runs, holes, &mut st.keys, &mut st.out, (progress, stop));
+            if counted {
+                st.out.files = files; // among the bookend pass's files already
+            }
             progress.inc_files(1);
             progress.inc(st.out.bytes - was);
             if left.handled {
