@@ -119,19 +119,16 @@ fn run_inner(
             format!("{}: inside {}, scanned once as part of it", display_path(dropped), display_path(covering))
         });
     }
-    // The database first: a database inside the tree is then there to be
-    // listed (btrfs lists from a directory descriptor only the entries that
-    // existed when it was opened: a first run would not see it, a second
-    // would), and the policy, built once it is open (the globs were compiled
-    // by Config), knows its directory, so its files are left out from the
-    // first run on, those SQLite creates later included.
+    // The database first: btrfs lists from a directory descriptor only the
+    // entries that existed when it was opened, so a database inside the tree
+    // is then listed; the policy, built once it is open, knows its directory
+    // and leaves its files (those SQLite makes later too) out from run one.
     let db = Db::open(db_path, &scan.fs.uuid)?.on_device(scan.device.as_deref())?;
     let tree = Tree::open(&scan.paths).with_context(|| {
         format!("cannot open {}", scan.paths.iter().map(|p| display_path(p)).collect::<Vec<_>>().join(", "))
     })?;
-    let mut policy = Policy::with_excludes(scan.excludes.clone(), Some(&db.own_files()));
-    policy.include_readonly_snapshots = scan.include_readonly_snapshots;
-    policy.include_nocow = scan.include_nocow;
+    let policy = Policy::with_excludes(scan.excludes.clone(), Some(&db.own_files()))
+        .including(scan.include_readonly_snapshots, scan.include_nocow);
     let job = Job { db_path, scan, share, policy, tree };
     let run_id = db.begin_run(job.command(), job.dry_run())?;
     check_fingerprints(&job, &db, progress)?;
@@ -544,8 +541,8 @@ fn add_sharing(r: &mut Report, e: &Executed) {
         r.skip(*k, *n);
     }
     if let Some(z) = &e.zeros {
-        r.zeros_to_holes_files += z.files;
-        r.zeros_to_holes_bytes += z.bytes;
+        (r.zeros_to_holes_files, r.zeros_to_holes_bytes) =
+            (r.zeros_to_holes_files + z.files, r.zeros_to_holes_bytes + z.bytes);
         r.rewritten_bytes += z.rewritten;
         r.skip(SkipReason::ChangedDuringScan, z.changed);
         for (k, n) in &z.skipped {

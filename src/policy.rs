@@ -351,6 +351,14 @@ impl Policy {
         Ok(())
     }
 
+    /// This policy, entering read-only btrfs snapshots
+    /// (`--include-readonly-snapshots`) and taking NOCOW files
+    /// (`--include-nocow`) as asked.
+    pub fn including(mut self, readonly_snapshots: bool, nocow: bool) -> Policy {
+        (self.include_readonly_snapshots, self.include_nocow) = (readonly_snapshots, nocow);
+        self
+    }
+
     /// Checks on the inode flags of an opened file.
     pub fn check_flags(&self, flags: InodeFlags) -> Result<(), SkipReason> {
         match flags {
