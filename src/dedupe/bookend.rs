@@ -394,9 +394,10 @@ impl Executor<'_> {
         let mut runs = Vec::new();
         for &(off, len) in pieces {
             let mut run: Option<(u64, u64)> = None;
-            let mut pos = off;
-            while pos + block <= off + len {
-                let n = ((off + len - pos) / block * block).min(self.buf_a.len() as u64 / block * block);
+            // Whole blocks only: the kernel shares a partial one only at EOF.
+            let (mut pos, end) = (off.div_ceil(block) * block, (off + len) / block * block);
+            while pos < end {
+                let n = (end - pos).min(self.buf_a.len() as u64 / block * block);
                 if f.read_exact_at(&mut self.buf_a[..n as usize], pos).is_err() {
                     return Vec::new();
                 }
