@@ -14,8 +14,9 @@
 #
 # Per build, on a fresh volume of the same bytes (seeded): wall time, peak
 # RSS, freed (statfs), bytes rewritten and zeros turned into holes (the
-# report's), the space the files take after (compsize, where installed)
-# and the distinct non-zero data they hold (what an ideal store keeps).
+# report's), the space the files take after (btrfs: compsize, where
+# installed; else the volume's used space) and the distinct non-zero data
+# they hold (what an ideal store keeps).
 # Every file's SHA-256 is checked after each run. Needs root, python3.
 set -euo pipefail
 FS=btrfs MIB=512 REFLINKED=2 WRITTEN=1 DRY=0 BINS=()
@@ -107,7 +108,7 @@ used() { # what the store's files take on disk
     if command -v compsize >/dev/null && [ "$FS" = btrfs ]; then
         compsize -b "$MNT/store" | awk '/^TOTAL/ { printf "%.1f MiB", $3 / 1048576 }'
     else
-        du -s --block-size=1M "$MNT/store" | awk '{ print $1 " MiB (du)" }'
+        df --output=used -B1M "$MNT" | awk 'NR == 2 { print $1 " MiB (the volume, metadata included)" }'
     fi
 }
 
