@@ -366,7 +366,7 @@ impl ZeroPass<'_> {
     fn window(&self, f: &File, part: Range<u64>, judged: &mut Judged) -> Result<Vec<Vec<Extent>>, Errno> {
         let fd = f.as_fd();
         if self.bookends.is_some() {
-            if let Some(groups) = on_disk(fd, part.clone(), judged) {
+            if let Some(groups) = btrfs_window(fd, part.clone(), judged) {
                 return groups;
             }
         }
@@ -470,7 +470,7 @@ impl Judged {
 /// of an extent lies within its span), cut and grouped by extent; the
 /// groups reaching into `part` not judged before. `None`: btrfs's items
 /// cannot be read (no `CAP_SYS_ADMIN`).
-fn on_disk(fd: BorrowedFd<'_>, part: Range<u64>, judged: &mut Judged) -> Option<Result<Vec<Vec<Extent>>, Errno>> {
+fn btrfs_window(fd: BorrowedFd<'_>, part: Range<u64>, judged: &mut Judged) -> Option<Result<Vec<Vec<Extent>>, Errno>> {
     let reaching = judged.reaching(fd, &part).ok()?;
     let (Some(lo), Some(hi)) =
         (reaching.iter().map(|s| s.span.0).min(), reaching.iter().map(|s| s.span.0 + s.span.1).max())

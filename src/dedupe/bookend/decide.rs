@@ -154,7 +154,7 @@ pub fn remainders(extents: &[DestExtent], covered: &[(u64, u64)], file_size: u64
 /// 280 MiB stayed pinned, 128 MiB extents kept for one block each).
 pub fn decide(extents: &[DestExtent], covered: &[(u64, u64)], file_size: u64, max_ratio: f64) -> Decision {
     let mut out = Decision::default();
-    for group in on_disk(extents) {
+    for group in by_extent(extents) {
         if group.iter().any(|e| e.shared) {
             continue;
         }
@@ -190,7 +190,7 @@ pub fn decide(extents: &[DestExtent], covered: &[(u64, u64)], file_size: u64, ma
 /// `extents` by the extent on disk they are stretches of, in file order
 /// of each group's first stretch; a stretch of no known extent is a group
 /// of its own.
-fn on_disk(extents: &[DestExtent]) -> Vec<Vec<&DestExtent>> {
+fn by_extent(extents: &[DestExtent]) -> Vec<Vec<&DestExtent>> {
     let mut groups: Vec<Vec<&DestExtent>> = Vec::new();
     let mut of_disk: std::collections::HashMap<u64, usize> = std::collections::HashMap::new();
     for e in extents {
