@@ -484,28 +484,20 @@ fn btrfs_window(fd: BorrowedFd<'_>, part: Range<u64>, judged: &mut Judged) -> Op
     };
     let mut stretches = Vec::new();
     btrfs_tree::file_extents(fd, lo..hi, |s| stretches.push(s)).ok()?;
-    let mut groups: Vec<(Vec<Extent>, bool)> = Vec::new();
-    let mut of_disk: HashMap<u64, usize> = HashMap::new();
-    for (e, disk) in btrfs_tree::on_disk(&extents, &stretches) {
-        let reaches = e.logical < part.end && e.logical + e.length > part.start;
-        match disk {
-            Some(d) if judged.disks.contains_key(&d) => {}
-            Some(d) => {
-                let i = *of_disk.entry(d).or_insert_with(|| {
-                    groups.push((Vec::new(), false));
-                    groups.len() - 1
-                });
-                groups[i].0.push(e);
-                groups[i].1 |= reaches;
-            }
-            None if reaches && judged.first_time(&e) => groups.push((vec![e], true)),
-            None => {}
+    let reaches = |e: &Extent| e.logical < part.end && e.logical + e.length > part.start;
+    let fresh = btrfs_tree::on_disk(&extents, &stretches).into_iter().filter(|(e, disk)| match disk {
+        Some(d) => !judged.disks.contains_key(d),
+        None => reaches(e) && judged.first_time(e),
+    });
+    let mut groups = Vec::new();
+    for (disk, group) in btrfs_tree::by_extent(fresh) {
+        if !group.iter().any(reaches) {
+            continue; // judged by the window that reaches it
         }
-    }
-    for (&d, &i) in &of_disk {
-        if let (true, Some(last)) = (groups[i].1, groups[i].0.last()) {
+        if let (Some(d), Some(last)) = (disk, group.last()) {
             judged.disks.insert(d, last.logical + last.length);
         }
+        groups.push(group);
     }
-    Some(Ok(groups.into_iter().filter(|g| g.1).map(|g| g.0).collect()))
+    Some(Ok(groups))
 }

@@ -254,6 +254,21 @@ pub fn on_disk(extents: &[Extent], stretches: &[FileExtent]) -> Vec<(Extent, Opt
     out
 }
 
+/// `pieces` grouped by the extent on disk they lie in (as named by
+/// [`on_disk`]), in the order of each group's first piece; a piece of no
+/// known extent is a group of its own.
+pub fn by_extent<T>(pieces: impl IntoIterator<Item = (T, Option<u64>)>) -> Vec<(Option<u64>, Vec<T>)> {
+    let mut groups: Vec<(Option<u64>, Vec<T>)> = Vec::new();
+    let mut of_disk: std::collections::HashMap<u64, usize> = std::collections::HashMap::new();
+    for (piece, disk) in pieces {
+        match disk.map(|d| *of_disk.entry(d).or_insert(groups.len())) {
+            Some(i) if i < groups.len() => groups[i].1.push(piece),
+            _ => groups.push((disk, vec![piece])),
+        }
+    }
+    groups
+}
+
 /// Whether stretch `s` lies under one of `extents` (in file order) that
 /// `wanted` picks: only those need naming.
 pub fn under(extents: &[Extent], s: &FileExtent, wanted: impl Fn(&Extent) -> bool) -> bool {
@@ -337,6 +352,13 @@ mod tests {
         let mut short = item(0, 1, 1 << 30, 4096);
         short.data.truncate(40);
         assert_eq!(file_extent(&short), None);
+    }
+
+    #[test]
+    fn pieces_are_grouped_by_their_extent_on_disk() {
+        let pieces = [("a", Some(7)), ("b", None), ("c", Some(9)), ("d", Some(7)), ("e", None)];
+        let want = vec![(Some(7), vec!["a", "d"]), (None, vec!["b"]), (Some(9), vec!["c"]), (None, vec!["e"])];
+        assert_eq!(by_extent(pieces), want);
     }
 
     #[test]

@@ -154,7 +154,7 @@ pub fn remainders(extents: &[DestExtent], covered: &[(u64, u64)], file_size: u64
 /// 280 MiB stayed pinned, 128 MiB extents kept for one block each).
 pub fn decide(extents: &[DestExtent], covered: &[(u64, u64)], file_size: u64, max_ratio: f64) -> Decision {
     let mut out = Decision::default();
-    for group in by_extent(extents) {
+    for (_, group) in sys::btrfs_tree::by_extent(extents.iter().map(|e| (e, e.disk))) {
         if group.iter().any(|e| e.shared) {
             continue;
         }
@@ -185,21 +185,6 @@ pub fn decide(extents: &[DestExtent], covered: &[(u64, u64)], file_size: u64, ma
     }
     out.rewrite = union(out.rewrite);
     out
-}
-
-/// `extents` by the extent on disk they are stretches of, in file order
-/// of each group's first stretch; a stretch of no known extent is a group
-/// of its own.
-fn by_extent(extents: &[DestExtent]) -> Vec<Vec<&DestExtent>> {
-    let mut groups: Vec<Vec<&DestExtent>> = Vec::new();
-    let mut of_disk: std::collections::HashMap<u64, usize> = std::collections::HashMap::new();
-    for e in extents {
-        match e.disk.map(|d| *of_disk.entry(d).or_insert(groups.len())) {
-            Some(i) if i < groups.len() => groups[i].push(e),
-            _ => groups.push(vec![e]),
-        }
-    }
-    groups
 }
 
 /// Bytes of extent `e` that `covered` covers, and its uncovered gaps
