@@ -99,6 +99,14 @@ pub struct ScanConfig {
     pub metrics_file: Option<PathBuf>,
 }
 
+impl ScanConfig {
+    /// Whether files found NOCOW when opened to be shared are left alone:
+    /// on btrfs, without `--include-nocow` (see `dedupe::nocow_left`).
+    pub fn leaves_nocow(&self) -> bool {
+        self.fs.kind == crate::sys::FsKind::Btrfs && !self.include_nocow
+    }
+}
+
 /// How to plan and share (the default command).
 #[derive(Debug, Clone)]
 pub struct ShareConfig {

@@ -404,11 +404,11 @@ fn share_phase(
 /// How to run the share phase ([`dedupe::sharing`]); said with `-v` when
 /// the data to compare will be read from disk.
 fn sharing(job: &Job, stats: &PlanStats, progress: &dyn Progress) -> dedupe::Sharing {
-    // A source range is compared with each destination: up to twice the
-    // planned bytes are read, from the page cache or from disk.
+    // Each source range is compared with each destination: up to twice the planned bytes are read.
     let sharing = dedupe::Sharing {
         across_owners: job.scan.share_across_owners,
         pinned_too: job.share.is_some_and(|s| s.share_snapshotted),
+        leave_nocow: job.scan.leaves_nocow(),
         ..dedupe::sharing(stats.bytes.saturating_mul(2), job.scan.drop_cache)
     };
     if sharing.from_disk {

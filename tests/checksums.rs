@@ -15,7 +15,7 @@
 
 mod common;
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 use common::*;
 use dedupscan::corpus::Rng;
@@ -126,13 +126,37 @@ fn btrfs_pairs_of_both_kinds_recorded_before_are_read_again_once() {
     before.assert_same(&Snapshot::take(&d));
 }
 
+#[test]
+fn btrfs_nocow_files_hashed_with_include_nocow_are_left_by_a_later_run_without_it() {
+    let Some((vol, images, _)) = nocow_store() else { return };
+    dedupscan().args(["scan", s(&vol.mnt), "--include-nocow"]).db(vol.db()).expect(0).run();
+    let before = Snapshot::take(&images);
+    let files = ["nocowa", "nocowb", "nocowz", "whole1", "whole2"];
+    let maps = || files.map(|f| physical_blocks(&images.join(f), 0, std::fs::metadata(images.join(f)).unwrap().len()));
+    let (map0, free0) = (maps(), free_bytes(&vol.mnt));
+    for args in [&["--dry-run"][..], &[]] {
+        let r = run_json(&vol, &[&[s(&vol.mnt)][..], args].concat());
+        let done = ["deduped_bytes", "rewritten_bytes", "zeros_to_holes_bytes", "errors"].map(|k| num(&r, k));
+        assert_eq!(done, [0; 4], "{args:?}: {r:#}");
+        assert!(r["skipped"]["nocow"].as_u64().is_some_and(|n| n >= 3), "{args:?}: {r:#}");
+    }
+    assert_eq!(maps(), map0, "a NOCOW file was changed without --include-nocow");
+    before.assert_same(&Snapshot::take(&images));
+    assert!(free_bytes(&vol.mnt) <= free0 + (64 << 10));
+    // The option given again shares them.
+    let r = run_json(&vol, &[s(&vol.mnt), "--include-nocow"]);
+    assert!(same_physical(&images.join("whole1"), 0, &images.join("whole2"), 0, 2 << 20), "{r:#}");
+}
+
 /// NOCOW files (`chattr +C`: a VM image directory) are left alone by
 /// default; `--include-nocow` shares them, with each other only (they keep
 /// no data checksums), rewrites their remainders and punches their zeros
 /// with unnamed files of their kind, and leaves them NOCOW.
-#[test]
-fn btrfs_nocow_files_are_shared_only_with_include_nocow() {
-    let Some(vol) = Volume::new(Fs::Btrfs, 512) else { return };
+/// A volume with a NOCOW directory `images` (made NOCOW while empty, so
+/// its files keep no checksums: `write_kind`'s three files and two copies
+/// of a file) and a plain directory with a third copy.
+fn nocow_store() -> Option<(Volume, PathBuf, PathBuf)> {
+    let vol = Volume::new(Fs::Btrfs, 512)?;
     let (images, plain) = (vol.path("images"), vol.path("plain"));
     std::fs::create_dir_all(&images).unwrap();
     std::fs::create_dir_all(&plain).unwrap();
@@ -143,11 +167,24 @@ fn btrfs_nocow_files_are_shared_only_with_include_nocow() {
     for (dir, name) in [(&images, "whole1"), (&images, "whole2"), (&plain, "whole")] {
         std::fs::write(dir.join(name), &whole).unwrap();
     }
-    let nocow = |p: &Path| {
-        let out = std::process::Command::new("lsattr").arg(p).output().unwrap();
-        String::from_utf8_lossy(&out.stdout).split_whitespace().next().unwrap().contains('C')
-    };
-    assert!(nocow(&images.join("whole1")) && !nocow(&plain.join("whole")));
+    assert!(is_nocow(&images.join("whole1")) && !is_nocow(&plain.join("whole")));
+    Some((vol, images, plain))
+}
+
+/// Whether `lsattr` shows `p` NOCOW.
+fn is_nocow(p: &Path) -> bool {
+    let out = std::process::Command::new("lsattr").arg(p).output().unwrap();
+    String::from_utf8_lossy(&out.stdout).split_whitespace().next().unwrap().contains('C')
+}
+
+/// A NOCOW file hashed under `--include-nocow`, and unchanged since, is
+/// trusted by a later run's plan like any unchanged file (flags are read
+/// when a file is hashed). A later run without the option, dry or not,
+/// must still leave it alone: before, it shared the copies, rewrote the
+/// near-copy's rest and punched the zeros.
+#[test]
+fn btrfs_nocow_files_are_shared_only_with_include_nocow() {
+    let Some((vol, images, plain)) = nocow_store() else { return };
     let before = (Snapshot::take(&images), Snapshot::take(&plain));
     let maps = || physical_blocks(&images.join("nocowb"), 0, 512 << 10);
     let (map0, free0) = (maps(), free_bytes(&vol.mnt));
@@ -170,6 +207,6 @@ fn btrfs_nocow_files_are_shared_only_with_include_nocow() {
     assert!(same_physical(&images.join("whole1"), 0, &images.join("whole2"), 0, 2 << 20), "{r:#}");
     assert!(!same_physical(&images.join("whole1"), 0, &plain.join("whole"), 0, 4096), "kinds mixed");
     for f in ["nocowa", "nocowb", "nocowz", "whole1", "whole2"] {
-        assert!(nocow(&images.join(f)), "{f} is no longer NOCOW");
+        assert!(is_nocow(&images.join(f)), "{f} is no longer NOCOW");
     }
 }

@@ -136,8 +136,7 @@ fn alter(case: &Case) {
 
 /// Four workers, each reading a request's pages before submitting it, as
 /// when the data comes from disk: neither may change what is shared.
-const MANY: Sharing =
-    Sharing { workers: 4, from_disk: true, across_owners: false, pinned_too: false, wait_for_sources: false };
+const MANY: Sharing = Sharing { workers: 4, from_disk: true, ..Sharing::cached(4) };
 
 fn run(case: &Case, mode: Mode, bookends: Option<&Bookends>, sharing: Sharing) -> Outcome {
     let stop = AtomicBool::new(false);

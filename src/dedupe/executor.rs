@@ -2,12 +2,9 @@
 //! source): open each file, check it, map it, and share, counting every
 //! status and leaving what cannot be done now for a later run.
 //!
-//! Every file is opened below the run's starting paths ([`Tree`]: no
-//! symlink in any component, no `..`, no mount crossed), so a directory
-//! swapped since the scan cannot send an open elsewhere. Before a file is
-//! used its identity (device, inode, size, mtime, ctime) is checked on that
-//! descriptor against the scan; a file that changed since is left for the
-//! next run.
+//! Every file is opened below the run's starting paths and checked against
+//! the scan before it is used (`super::reopen`); a file that changed since
+//! is left for the next run.
 //!
 //! The kernel compares the bytes page by page and reads a missing page
 //! synchronously, so before each request both sides are prefetched
@@ -30,7 +27,6 @@
 use std::collections::HashMap;
 use std::fs::File;
 use std::os::fd::{AsFd, BorrowedFd};
-use std::path::Path;
 
 use nix::errno::Errno;
 
@@ -39,11 +35,9 @@ use super::unreadable::ReadFailures;
 use super::workers::{locked, same_source, WorkerContext};
 use super::{no_space, Mode, Outcome, Pending};
 use crate::display::display_path;
-use crate::errors::ErrorKind;
 use crate::file::FileFacts;
 use crate::file::FileId;
 use crate::plan::Range;
-use crate::policy::SkipReason;
 use crate::progress::Progress;
 use crate::sys::fiemap::Extent;
 use crate::sys::{self, dedupe::DestResult, dedupe::MAX_DESTS, dedupe::MAX_REQUEST_LEN, DedupeStatus};
@@ -158,89 +152,6 @@ impl<'a> Executor<'a> {
             }
             // Counted once done, so the bar's ETA covers the group's work.
             self.progress.inc(group.iter().map(|r| r.len).sum());
-        }
-    }
-
-    /// Open a file read-only and check that it is still what was scanned.
-    /// A file found changed or unopenable is counted and warned about by
-    /// the first worker that finds it, and never used again by any.
-    pub(super) fn open(&mut self, id: FileId) -> Option<File> {
-        if locked(&self.ctx.bad).contains(&id) {
-            return None;
-        }
-        let c = self.files.get(&id)?;
-        match self.ctx.tree.open_file(&c.path) {
-            Ok(f) => self.unchanged(id, &f).then_some(f),
-            Err(e) => {
-                // Known leased before it is known bad: see `leased`.
-                if SkipReason::of_reopen(&e) == Some(SkipReason::Leased) {
-                    locked(&self.ctx.leased).insert(id);
-                }
-                if locked(&self.ctx.bad).insert(id) {
-                    self.not_opened(&c.path, &e);
-                }
-                None
-            }
-        }
-    }
-
-    /// Count the file at `path`, which could not be opened again: gone or
-    /// leased is a skip, said with `-v` (users delete files; a file server
-    /// leases them), anything else an error, warned about.
-    fn not_opened(&mut self, path: &Path, e: &std::io::Error) {
-        let Some(why) = SkipReason::of_reopen(e) else {
-            *self.out.errors.entry(ErrorKind::Open).or_default() += 1;
-            if !self.volume_stopped(Errno::from_raw(e.raw_os_error().unwrap_or(0))) {
-                self.progress.warn(&format!("{}: cannot open: {e}", display_path(path)));
-            }
-            return;
-        };
-        *self.out.skipped.entry(why).or_default() += 1;
-        self.progress.info(&format!("{}: not shared: {}", display_path(path), why.not_reopened()));
-    }
-
-    /// Whether file `id`, which could not be opened, is leased: the ranges
-    /// planned into it, or from it into its copies, wait for a later run.
-    fn leased(&self, id: FileId) -> bool {
-        locked(&self.ctx.leased).contains(&id)
-    }
-
-    /// Whether the open file `f` (row `id`) is still what the scan
-    /// recorded (device, inode, size, mtime, ctime); if not, it is left
-    /// alone from here on, counted changed, and said once. Checked at the
-    /// open and on every destination before each request (one `fstat`): a
-    /// name added since the open (a hard link, perhaps behind a `.nodedup`
-    /// marker) changes the ctime, and a file with many ranges, or a large
-    /// one, takes many requests. Sharing itself changes neither time
-    /// (`FIDEDUPERANGE` leaves both).
-    fn unchanged(&mut self, id: FileId, f: &File) -> bool {
-        let files = self.files;
-        let Some(c) = files.get(&id) else { return false };
-        let same = c.is_open_as_recorded(f, &mut self.keys);
-        // A file that cannot even be `fstat`ed may be on a filesystem shut down.
-        if !same && !self.volume_stopped(Errno::EIO) && locked(&self.ctx.bad).insert(id) {
-            self.progress.warn(&format!(
-                "{}: changed since it was scanned; left alone, it is rehashed next run",
-                display_path(&c.path)
-            ));
-            self.out.changed_files += 1;
-        }
-        same
-    }
-
-    /// A destination owned by another user than its source: left alone and
-    /// counted as changed. The plan pairs files of one owner only (their
-    /// fingerprints are salted apart), so an owner that differs now changed
-    /// since the scan; sharing them would show the owner of one, in FIEMAP,
-    /// that it holds the other's content.
-    fn other_owner(&mut self, dest: FileId, src: FileId) {
-        if locked(&self.ctx.bad).insert(dest) {
-            self.progress.warn(&format!(
-                "{}: owned by another user than its source {}; left alone, it is rehashed next run",
-                self.path_of(dest),
-                self.path_of(src)
-            ));
-            self.out.changed_files += 1;
         }
     }
 

@@ -56,6 +56,7 @@ pub mod headroom;
 mod pinned;
 mod ready;
 mod refusal;
+mod reopen;
 mod swap;
 mod unreadable;
 mod verify;
@@ -63,6 +64,7 @@ mod workers;
 pub mod zeros;
 
 pub use bookend::PinReason;
+pub use reopen::nocow_left;
 pub use workers::{default_workers, sharing, Sharing, IO_WORKERS, MAX_WORKERS};
 use workers::{dest_coverage, on_workers, units, used_once, WorkerContext};
 
@@ -331,6 +333,7 @@ pub fn execute(
         from_disk: sharing.from_disk,
         across_owners: sharing.across_owners,
         pinned_too: sharing.pinned_too,
+        leave_nocow: sharing.leave_nocow,
     };
     let mut out = Outcome::default();
     if let Some(b) = bookends {

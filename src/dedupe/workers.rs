@@ -89,12 +89,22 @@ pub struct Sharing {
     /// another round may follow (`pipeline::rounds`), in a dry run too
     /// (so that its rounds preview the run's).
     pub wait_for_sources: bool,
+    /// btrfs without `--include-nocow`: a file found NOCOW when opened to
+    /// be shared is left alone (see `Executor::nocow_now`).
+    pub leave_nocow: bool,
 }
 
 impl Sharing {
     /// `workers` workers on data expected in the page cache.
-    pub fn cached(workers: usize) -> Sharing {
-        Sharing { workers, from_disk: false, across_owners: false, pinned_too: false, wait_for_sources: false }
+    pub const fn cached(workers: usize) -> Sharing {
+        Sharing {
+            workers,
+            from_disk: false,
+            across_owners: false,
+            pinned_too: false,
+            wait_for_sources: false,
+            leave_nocow: false,
+        }
     }
 }
 
@@ -126,7 +136,7 @@ fn sharing_for(bytes: u64, drop_cache: bool, memory: Option<u64>, fd_limit: u64,
     // room for the database, the directories held and the standard streams.
     let fit = fd_limit.saturating_sub(64) / (crate::sys::dedupe::MAX_DESTS as u64 + 1);
     let workers = (fit as usize).clamp(cpu_workers.min(IO_WORKERS), IO_WORKERS);
-    Sharing { workers, from_disk, across_owners: false, pinned_too: false, wait_for_sources: false }
+    Sharing { workers, from_disk, ..Sharing::cached(workers) }
 }
 
 /// Do `work` on every item, on up to `workers` executors, each on its own
@@ -347,6 +357,8 @@ pub(super) struct WorkerContext<'a> {
     pub(super) across_owners: bool,
     /// [`Sharing::pinned_too`].
     pub(super) pinned_too: bool,
+    /// [`Sharing::leave_nocow`].
+    pub(super) leave_nocow: bool,
 }
 
 impl WorkerContext<'_> {

@@ -142,6 +142,8 @@ pub struct ZeroPass<'a> {
     /// for the rest's copy; XFS: `None`.
     pub bookends: Option<&'a Bookends>,
     pub dry_run: bool,
+    /// NOCOW files are left alone (`crate::dedupe::nocow_left`).
+    pub leave_nocow: bool,
 }
 
 impl ZeroPass<'_> {
@@ -156,6 +158,7 @@ impl ZeroPass<'_> {
             block: job.scan.block_size,
             bookends,
             dry_run: cfg.dry_run,
+            leave_nocow: job.scan.leaves_nocow(),
         })
     }
 
@@ -279,6 +282,44 @@ impl ZeroPass<'_> {
         pending.zeros(&handled, &waiting)
     }
 
+    /// Open file `c` again and check it: `None` if it is gone, leased,
+    /// changed since the scan or NOCOW (`crate::dedupe::nocow_left`),
+    /// counted and said here; the error to count otherwise.
+    fn open(
+        &self,
+        c: &FileFacts,
+        keys: &mut SubvolIds,
+        out: &mut ZerosOutcome,
+        progress: &dyn Progress,
+    ) -> Result<Option<File>, (ErrorKind, String, Option<i32>)> {
+        let path = display_path(&c.path);
+        let f = match self.tree.open_file(&c.path) {
+            Ok(f) => f,
+            Err(e) => match SkipReason::of_reopen(&e) {
+                Some(why) => {
+                    *out.skipped.entry(why).or_default() += 1;
+                    progress.info(&format!("{path}: zeros left: {}", why.not_reopened()));
+                    return Ok(None);
+                }
+                None => return Err((ErrorKind::Open, format!("cannot open: {e}"), e.raw_os_error())),
+            },
+        };
+        if !c.is_open_as_recorded(&f, keys) {
+            progress.warn(&format!("{path}: changed since it was scanned; left alone, it is rehashed next run"));
+            out.changed += 1;
+            return Ok(None);
+        }
+        match crate::dedupe::nocow_left(self.leave_nocow, &f) {
+            Ok(false) => Ok(Some(f)),
+            Ok(true) => {
+                *out.skipped.entry(SkipReason::Nocow).or_default() += 1;
+                progress.info(&format!("{path}: zeros left: NOCOW (--include-nocow punches them)"));
+                Ok(None)
+            }
+            Err(e) => Err((ErrorKind::Flags, format!("cannot read its inode flags: {e}"), Some(e as i32))),
+        }
+    }
+
     /// One file: open, check, map, punch.
     fn file(
         &self,
@@ -290,6 +331,7 @@ impl ZeroPass<'_> {
         (progress, stop): (&dyn Progress, &AtomicBool),
     ) -> Left {
         let mut left = Left::default();
+        let opened = self.open(c, keys, out, progress);
         let mut fail = |kind: ErrorKind, why: String, errno: Option<i32>| {
             *out.errors.entry(kind).or_default() += 1;
             // A filesystem that stopped (remounted read-only, shut down)
@@ -300,26 +342,12 @@ impl ZeroPass<'_> {
             }
             Left::default()
         };
-        let f = match self.tree.open_file(&c.path) {
-            Ok(f) => f,
-            Err(e) => match SkipReason::of_reopen(&e) {
-                Some(why) => {
-                    *out.skipped.entry(why).or_default() += 1;
-                    progress.info(&format!("{}: zeros left: {}", display_path(&c.path), why.not_reopened()));
-                    return left;
-                }
-                None => return fail(ErrorKind::Open, format!("cannot open: {e}"), e.raw_os_error()),
-            },
+        let f = match opened {
+            Ok(Some(f)) => f,
+            Ok(None) => return left,
+            Err((kind, why, errno)) => return fail(kind, why, errno),
         };
         let mut same = || c.is_open_as_recorded(&f, keys);
-        if !same() {
-            progress.warn(&format!(
-                "{}: changed since it was scanned; left alone, it is rehashed next run",
-                display_path(&c.path)
-            ));
-            out.changed += 1;
-            return left;
-        }
         let hole = holes.for_file(&f, self.tree);
         // Mapped a window at a time, so a file of millions of extents costs
         // the extents of one window. An extent is judged once, whole, in
