@@ -258,9 +258,11 @@ pub struct RunArgs {
     pub share_snapshotted: bool,
 
     /// Leave written zero blocks as they are. By default runs of at least
-    /// 64 KiB of zeros a file holds alone on disk (thick-provisioned
-    /// images, files preallocated by writing zeros) become holes: the
-    /// kernel compares them with zeros first, and the file reads the same.
+    /// 64 KiB of zeros (thick-provisioned images, files preallocated by
+    /// writing zeros) become holes: the kernel compares them with zeros
+    /// first, and the file reads the same. On btrfs only zeros one file
+    /// holds alone; on XFS also those reflinked copies share, in every
+    /// file that holds them.
     #[arg(long)]
     pub keep_zeros: bool,
 

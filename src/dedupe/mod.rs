@@ -65,6 +65,7 @@ pub mod zeros;
 
 pub use bookend::PinReason;
 pub use reopen::nocow_left;
+pub(crate) use workers::add_span;
 pub use workers::{default_workers, sharing, Sharing, IO_WORKERS, MAX_WORKERS};
 use workers::{dest_coverage, on_workers, units, used_once, WorkerContext};
 

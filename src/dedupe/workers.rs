@@ -396,16 +396,20 @@ impl WorkerContext<'_> {
 }
 
 /// Add `[start, end)` to a set of disjoint spans (start → end), merging it
-/// with every span it overlaps or touches.
-fn add_span(spans: &mut BTreeMap<u64, u64>, mut start: u64, mut end: u64) {
+/// with every span it overlaps or touches; the bytes of it not in the set
+/// before.
+pub(crate) fn add_span(spans: &mut BTreeMap<u64, u64>, mut start: u64, mut end: u64) -> u64 {
+    let mut new = end.saturating_sub(start);
     let touching: Vec<(u64, u64)> =
         spans.range(..=end).rev().take_while(|&(_, &e)| e >= start).map(|(&s, &e)| (s, e)).collect();
     for (s, e) in touching {
+        new -= e.min(end).saturating_sub(s.max(start));
         spans.remove(&s);
         start = start.min(s);
         end = end.max(e);
     }
     spans.insert(start, end);
+    new
 }
 
 /// Whether `[start, end)` overlaps a span of a set built by [`add_span`].
@@ -447,13 +451,17 @@ mod tests {
     #[test]
     fn spans_merge_and_overlap() {
         let mut s = BTreeMap::new();
+        assert_eq!(add_span(&mut s, 100, 200), 100);
+        assert_eq!(add_span(&mut s, 200, 300), 100);
+        assert_eq!(add_span(&mut s, 350, 450), 100);
+        let mut s = BTreeMap::new();
         add_span(&mut s, 100, 200);
         add_span(&mut s, 300, 400);
         assert!(!overlaps(&s, 0, 100) && !overlaps(&s, 200, 300) && !overlaps(&s, 400, 500));
         assert!(overlaps(&s, 150, 160) && overlaps(&s, 50, 101) && overlaps(&s, 399, 1000) && overlaps(&s, 0, 1000));
         // A piece inside a wider span, then one bridging two spans.
-        add_span(&mut s, 120, 130);
-        add_span(&mut s, 150, 350);
+        assert_eq!(add_span(&mut s, 120, 130), 0);
+        assert_eq!(add_span(&mut s, 150, 350), 100);
         assert_eq!(s.into_iter().collect::<Vec<_>>(), [(100, 400)]);
     }
 

@@ -16,8 +16,7 @@
 //! Which zero runs (the map's runs of fingerprint 0 of at least
 //! [`MIN_BYTES`]) are worth it is decided by FIEMAP at share time, one call
 //! per file that has such runs ([`plan_on_disk`]): only written extents the
-//! file holds alone. An extent flagged `SHARED` stays (a reflink or a
-//! snapshot keeps it: freeing our reference frees nothing); `UNWRITTEN`
+//! file holds alone, or, on XFS, shared ones too (below). `UNWRITTEN`
 //! stays (preallocated on purpose with `fallocate`, and it costs no read
 //! anyway); compressed, inline, delayed or unknown extents have no blocks
 //! of their own. On btrfs a hole in part of an extent frees nothing while
@@ -27,6 +26,16 @@
 //! then rewritten first, as the bookend pass does — copied to an unnamed
 //! file and shared back, the kernel comparing every byte — so the old
 //! extent is referenced by nothing and freed ([`plan_on_disk`]).
+//!
+//! An extent flagged `SHARED` (a reflinked clone holds it too: `cp` makes
+//! one by default since coreutils 9) is freed only once every holder lets
+//! go. XFS frees block by block, so there the zeros are punched in every
+//! file of the run that holds them: the last one to let go finds them no
+//! longer shared and frees them, and only that punch counts as freed
+//! ([`ExtentWork::shared`]). A holder outside the run keeps them; the
+//! punches then free nothing but change no byte. On btrfs a shared extent
+//! stays: its holders would have to drop every stretch of it, data too
+//! (rewritten once and shared into each), which is not done.
 //!
 //! The source is a hole, so it carries nobody's data: unlike the plan's
 //! ranges, a destination of any owner may be turned into holes (nothing is
@@ -68,11 +77,11 @@ pub fn zero_runs(map: &BlockMap, size: u64, block: u64, min: u64) -> Vec<(u64, u
     out
 }
 
-/// Whether a zero run in `e` may become a hole: written, held by this file
-/// alone, with blocks of its own (see the module's doc).
+/// Whether a zero run in `e` may become a hole: written, with blocks of its
+/// own (see the module's doc).
 fn eligible(e: &Extent) -> bool {
     use crate::sys::fiemap::flags;
-    !e.is_shared() && e.has_address() && !e.is_encoded() && !e.is_inline() && e.flags & flags::UNWRITTEN == 0
+    e.has_address() && !e.is_encoded() && !e.is_inline() && e.flags & flags::UNWRITTEN == 0
 }
 
 /// What to do with one extent of a file of `size` bytes.
@@ -83,13 +92,17 @@ pub struct ExtentWork {
     /// Byte ranges of data to rewrite first (btrfs), so the extent is
     /// referenced by nothing once `punch` is done.
     pub rewrite: Vec<(u64, u64)>,
+    /// XFS: the extent is shared (with a reflinked clone): `punch` frees
+    /// nothing until every holder has let go, so it is not counted freed.
+    pub shared: bool,
 }
 
 /// The work on one extent given the file's zero `runs` (sorted byte
 /// ranges, whole blocks): its parts in the runs, in whole `block`s. XFS
 /// (`btrfs_ratio` `None`) frees blocks one by one: each part of at least
-/// `min` bytes is punched. btrfs (`Some(ratio)`) frees an extent only
-/// whole: wholly zero, it is punched; else its parts are punched and its
+/// `min` bytes is punched, in a shared extent too (`shared`). btrfs
+/// (`Some(ratio)`) frees an extent only whole, and a shared one not at
+/// all: wholly zero, it is punched; else its parts are punched and its
 /// data rewritten if the zeros come to at least `min` and the data to at
 /// most `ratio` times them; else nothing.
 ///
@@ -109,9 +122,9 @@ pub fn plan_on_disk(
     min: u64,
     btrfs_ratio: Option<f64>,
 ) -> ExtentWork {
-    let mut work = ExtentWork::default();
-    if !stretches.iter().all(eligible) {
-        return work;
+    let mut work = ExtentWork { shared: stretches.iter().any(Extent::is_shared), ..Default::default() };
+    if !stretches.iter().all(eligible) || (work.shared && btrfs_ratio.is_some()) {
+        return ExtentWork::default();
     }
     let mut data = 0;
     for e in stretches {
@@ -267,16 +280,28 @@ mod tests {
     }
 
     #[test]
-    fn only_written_extents_the_file_holds_alone() {
+    fn only_written_extents_with_blocks_of_their_own() {
         let runs = [(0, 1024 * K)];
-        for f in [flags::SHARED, flags::UNWRITTEN, flags::ENCODED, flags::DATA_INLINE, flags::DELALLOC] {
+        for f in [flags::UNWRITTEN, flags::ENCODED, flags::DATA_INLINE, flags::DELALLOC] {
             for ratio in [None, Some(1.0)] {
                 let w = plan_on_disk(&[ext(0, 1024 * K, f)], &runs, 1024 * K, 4 * K, 64 * K, ratio);
                 assert_eq!(w, ExtentWork::default(), "{f:#x}");
             }
         }
         let w = plan_on_disk(&[ext(0, 1024 * K, flags::LAST)], &runs, 1024 * K, 4 * K, 64 * K, Some(1.0));
-        assert_eq!((w.punch, w.rewrite), (vec![(0, 1024 * K)], vec![]));
+        assert_eq!((w.punch, w.rewrite, w.shared), (vec![(0, 1024 * K)], vec![], false));
+    }
+
+    #[test]
+    fn a_shared_extent_is_punched_on_xfs_and_counted_apart_but_left_on_btrfs() {
+        let runs = [(0, 1024 * K)];
+        let shared = ext(0, 1024 * K, flags::SHARED);
+        let w = plan_on_disk(&[shared], &runs, 1024 * K, 4 * K, 64 * K, None);
+        assert_eq!((w.punch, w.rewrite, w.shared), (runs.to_vec(), vec![], true));
+        // Zeros in a shared unwritten extent: nothing to free either way.
+        let unwritten = ext(0, 1024 * K, flags::SHARED | flags::UNWRITTEN);
+        assert_eq!(plan_on_disk(&[unwritten], &runs, 1024 * K, 4 * K, 64 * K, None), ExtentWork::default());
+        assert_eq!(plan_on_disk(&[shared], &runs, 1024 * K, 4 * K, 64 * K, Some(1.0)), ExtentWork::default());
     }
 
     #[test]

@@ -94,6 +94,8 @@ struct State {
     /// said once; the pass does nothing more).
     hole: Option<Result<Holes, ()>>,
     keys: SubvolIds,
+    /// A dry run: the disk space of shared zeros counted (see `freed`).
+    counted: BTreeMap<u64, u64>,
     out: ZerosOutcome,
 }
 
@@ -178,7 +180,8 @@ impl ZeroPass<'_> {
         progress: &dyn Progress,
         stop: &AtomicBool,
     ) -> Result<ZerosOutcome> {
-        let mut st = State { hole: None, keys: SubvolIds::new(), out: ZerosOutcome::default() };
+        let mut st =
+            State { hole: None, keys: SubvolIds::new(), counted: BTreeMap::new(), out: ZerosOutcome::default() };
         let keep = |id| allowed.contains(id) && fresh.is_none_or(|f| f.contains(&id));
         let mut batch: Vec<Candidate> = Vec::new();
         let mut failed: Option<anyhow::Error> = None;
@@ -266,7 +269,7 @@ impl ZeroPass<'_> {
             }
             let Some(c) = facts.get(&id) else { continue };
             let (was, files) = (st.out.bytes, st.out.files);
-            let left = self.file(c, &runs, holes, &mut st.keys, &mut st.out, (progress, stop));
+            let left = self.file(c, &runs, holes, (&mut st.keys, &mut st.counted), &mut st.out, (progress, stop));
             if counted {
                 st.out.files = files; // among the bookend pass's files already
             }
@@ -326,7 +329,7 @@ impl ZeroPass<'_> {
         c: &FileFacts,
         runs: &[(u64, u64)],
         holes: &mut Holes,
-        keys: &mut SubvolIds,
+        (keys, counted): (&mut SubvolIds, &mut BTreeMap<u64, u64>),
         out: &mut ZerosOutcome,
         (progress, stop): (&dyn Progress, &AtomicBool),
     ) -> Left {
@@ -352,7 +355,7 @@ impl ZeroPass<'_> {
         // Mapped a window at a time, so a file of millions of extents costs
         // the extents of one window. An extent is judged once, whole, in
         // the first window that finds it, against all of the file's runs.
-        let (mut done, mut judged) = (zeros::Punched::default(), Judged::default());
+        let (mut done, mut judged, mut holed) = (zeros::Punched::default(), Judged::default(), false);
         for &(off, len) in runs {
             let mut at = off;
             while at < off + len {
@@ -369,7 +372,9 @@ impl ZeroPass<'_> {
                     }
                     match self.extent((c, &f), &w, hole, &mut same, &mut out.rewritten, progress) {
                         Ok((Moved::Yes, p)) => {
-                            (done.bytes, done.differs) = (done.bytes + p.bytes, done.differs + p.differs);
+                            holed |= p.bytes > 0;
+                            done.bytes += self.freed(&w, &g[0], p.bytes, counted);
+                            done.differs += p.differs;
                         }
                         Ok((Moved::No, _)) => {}
                         Ok((Moved::NoRoom, _)) => left.waiting += w.punch.iter().map(|p| p.1).sum::<u64>(),
@@ -379,7 +384,7 @@ impl ZeroPass<'_> {
                 at = end;
             }
         }
-        out.files += u64::from(done.bytes > 0);
+        out.files += u64::from(holed);
         out.bytes += done.bytes;
         left.handled = true;
         left
@@ -400,6 +405,21 @@ impl ZeroPass<'_> {
         }
         let extents = fiemap(fd, part.start, part.end - part.start)?;
         Ok(extents.into_iter().filter(|e| judged.first_time(e)).map(|e| vec![e]).collect())
+    }
+
+    /// The bytes freed by punching `bytes` of `w` in extent `e`: all of
+    /// them, unless the extent is shared (XFS, `zeros::ExtentWork::shared`):
+    /// then only the last holder's punch frees, and that one finds it no
+    /// longer shared. A dry run punches nothing, so there the first file
+    /// found holding shared zeros counts them, once (`counted`: disk
+    /// space), as the run would if every holder is in it.
+    fn freed(&self, w: &zeros::ExtentWork, e: &Extent, bytes: u64, counted: &mut BTreeMap<u64, u64>) -> u64 {
+        if !w.shared || !self.dry_run {
+            return if w.shared { 0 } else { bytes };
+        }
+        let at = |o: u64| e.physical + (o - e.logical);
+        let new: u64 = w.punch.iter().map(|&(o, l)| crate::dedupe::add_span(counted, at(o), at(o) + l)).sum();
+        new.min(bytes)
     }
 
     /// One extent of the open file `f`: the data in it rewritten (see
