@@ -6,11 +6,14 @@
 # into stretches that FIEMAP shows apart (docs/ARCHITECTURE.md, "Bookends").
 #
 #   benches/vm_store.sh [--fs btrfs|xfs] [--size MIB] [--reflinked N]
-#                       [--written N] [--dry-run] [--bin PATH]...
+#                       [--written N] [--filled] [--dry-run] [--bin PATH]...
 #       defaults: btrfs, a 512 MiB image (1 MiB data / 1 MiB zeros), 2
 #       reflinked clones (cp --reflink=always) and 1 written copy
-#       (cp --reflink=never). --dry-run: each build previews too, on the
-#       same volume before its run.
+#       (cp --reflink=never). --filled: the image is written as zeros
+#       first, flushed, then its data written in place (made with dd, then
+#       installed into: on btrfs its zeros in extents of their own).
+#       --dry-run: each build previews too, on the same volume before its
+#       run.
 #
 # Per build, on a fresh volume of the same bytes (seeded): wall time, peak
 # RSS, freed (statfs), bytes rewritten and zeros turned into holes (the
@@ -19,16 +22,17 @@
 # they hold (what an ideal store keeps).
 # Every file's SHA-256 is checked after each run. Needs root, python3.
 set -euo pipefail
-FS=btrfs MIB=512 REFLINKED=2 WRITTEN=1 DRY=0 BINS=()
+FS=btrfs MIB=512 REFLINKED=2 WRITTEN=1 FILLED=0 DRY=0 BINS=()
 while [ $# -gt 0 ]; do
     case "$1" in
         --fs) FS=$2; shift 2 ;;
         --size) MIB=$2; shift 2 ;;
         --reflinked) REFLINKED=$2; shift 2 ;;
         --written) WRITTEN=$2; shift 2 ;;
+        --filled) FILLED=1; shift ;;
         --dry-run) DRY=1; shift ;;
         --bin) BINS+=("$(realpath "$2")"); shift 2 ;;
-        -h | --help) sed -n '2,19p' "$0"; exit 0 ;;
+        -h | --help) sed -n '2,22p' "$0"; exit 0 ;;
         *) echo "unknown argument: $1" >&2; exit 2 ;;
     esac
 done
@@ -55,13 +59,22 @@ fresh_volume() {
     esac
     mount_vol "$FS" "$WORK/vol.img"
     mkdir "$MNT/store"
-    python3 - "$MNT/store/golden.img" "$MIB" <<'PY'
+    python3 - "$MNT/store/golden.img" "$MIB" "$FILLED" <<'PY'
 import os, random, sys
-r, M = random.Random(3), 1 << 20
+r, M, n, filled = random.Random(3), 1 << 20, int(sys.argv[2]) // 2, sys.argv[3] == "1"
 with open(sys.argv[1], 'wb') as f:
-    for _ in range(int(sys.argv[2]) // 2):
-        f.write(r.randbytes(M))
-        f.write(bytes(M))
+    if filled:
+        for _ in range(2 * n):
+            f.write(bytes(M))
+        f.flush()
+        os.fsync(f.fileno())
+        for i in range(n):
+            f.seek(2 * i * M)
+            f.write(r.randbytes(M))
+    else:
+        for _ in range(n):
+            f.write(r.randbytes(M))
+            f.write(bytes(M))
     f.flush()
     os.fsync(f.fileno())
 PY
@@ -123,7 +136,7 @@ print(f"{label:34} wall {float(wall):6.2f} s  peak RSS {int(rss) / 1024:6.1f} Mi
 PY
 }
 
-echo "$FS: a ${MIB} MiB thick image, $REFLINKED reflinked clones, $WRITTEN written copies, 1% of each changed in place"
+echo "$FS: a ${MIB} MiB thick image$([ "$FILLED" = 1 ] && echo ", zeros written first"), $REFLINKED reflinked clones, $WRITTEN written copies, 1% of each changed in place"
 for bin in "${BINS[@]}"; do
     fresh_volume
     (cd "$MNT/store" && sha256sum ./*) >"$WORK/manifest"

@@ -260,9 +260,9 @@ pub struct RunArgs {
     /// Leave written zero blocks as they are. By default runs of at least
     /// 64 KiB of zeros (thick-provisioned images, files preallocated by
     /// writing zeros) become holes: the kernel compares them with zeros
-    /// first, and the file reads the same. On btrfs only zeros one file
-    /// holds alone; on XFS also those reflinked copies share, in every
-    /// file that holds them.
+    /// first, and the file reads the same. Zeros reflinked copies share
+    /// are punched in every file holding them (on btrfs only where every
+    /// holder is in the run and holds nothing of the extent but zeros).
     #[arg(long)]
     pub keep_zeros: bool,
 

@@ -1,7 +1,8 @@
 //! Written zero blocks become holes (`dedupe::zeros`): a thick file's
 //! zeros are freed, its bytes, size, mode and times unchanged; what must
-//! stay allocated stays: preallocated (`fallocate`) space, zeros a reflink
-//! also holds (btrfs; on XFS, where every holder of them is in the run,
+//! stay allocated stays: preallocated (`fallocate`) space, zeros in an
+//! extent a reflink also holds with data in it (btrfs; XFS frees block by
+//! block; zeros reflinks share are freed when every holder is in the run:
 //! each lets go and the last frees them), a `user.nodedup` file, zero runs
 //! shorter than 64 KiB, and
 //! everything with `--keep-zeros`. A dry run predicts the bytes and changes
@@ -50,8 +51,15 @@ fn zeros(fs: Fs) {
     let mut onepass = header[4..].to_vec();
     onepass.resize(16 * MIB as usize, 0);
     std::fs::write(d.join("onepass"), &onepass).unwrap();
+    // Reflinked pairs: zeros in extents of their own; zeros and data
+    // written in one pass, in one extent on btrfs.
     thick(&d.join("cloned"), 16, &header[2..]);
-    sh(Command::new("cp").arg("--reflink=always").arg(d.join("cloned")).arg(d.join("clone")));
+    let mut mixed = header[5..].to_vec();
+    mixed.resize(16 * MIB as usize, 0);
+    std::fs::write(d.join("mixed"), &mixed).unwrap();
+    for (from, to) in [("cloned", "clone"), ("mixed", "mixed2")] {
+        sh(Command::new("cp").arg("--reflink=always").arg(d.join(from)).arg(d.join(to)));
+    }
     sh(Command::new("fallocate").args(["-l", "16M"]).arg(d.join("prealloc")));
     thick(&d.join("private"), 16, &header[3..]);
     set_nodedup(&d.join("private"));
@@ -62,17 +70,24 @@ fn zeros(fs: Fs) {
     }
     std::fs::write(d.join("gaps"), &gaps).unwrap();
     dedupscan::sys::syncfs(std::fs::File::open(&d).unwrap()).unwrap();
+    // A shared extent with data in it stays on btrfs (its data would have
+    // to be rewritten into every holder); XFS frees block by block.
     let xfs = fs == Fs::Xfs;
-    let clones: &[&str] = if xfs { &[] } else { &["cloned", "clone"] };
-    let kept: Vec<_> =
-        [clones, &["prealloc", "private", "gaps"]].concat().into_iter().map(|n| (n, allocated(&d.join(n)))).collect();
+    let (mixed, mixed_kept): (&[&str], &[&str]) =
+        if xfs { (&["mixed", "mixed2"], &[]) } else { (&[], &["mixed", "mixed2"]) };
+    let kept: Vec<_> = [mixed_kept, &["prealloc", "private", "gaps"]]
+        .concat()
+        .into_iter()
+        .map(|n| (n, allocated(&d.join(n))))
+        .collect();
     let before = Snapshot::take(&d);
-    let thick: &[&str] =
-        if xfs { &["thick1", "thick2", "onepass", "cloned", "clone"] } else { &["thick1", "thick2", "onepass"] };
+    let thick = [&["thick1", "thick2", "onepass", "cloned", "clone"], mixed].concat();
     let thick_alloc: u64 = thick.iter().map(|n| allocated(&d.join(n))).sum();
-    // The zeros of thick1 and thick2 around their header and burst, and of
-    // onepass after its header; on XFS those of the clones, counted once.
-    let expected = (48 + 32 - 2) * MIB - 2 * 32 * 1024 + 15 * MIB + if xfs { 15 * MIB - 32 * 1024 } else { 0 };
+    // The zeros of thick1 and thick2 around their header and burst, of
+    // onepass after its header, of a reflinked pair (counted once), and on
+    // XFS of the other pair.
+    let expected =
+        (48 + 32 - 2) * MIB - 2 * 32 * 1024 + 15 * MIB + (15 * MIB - 32 * 1024) + if xfs { 15 * MIB } else { 0 };
 
     // --keep-zeros, then a dry run: nothing changes.
     let keep = dedupscan().args([s(&d), "--keep-zeros", "--rehash"]).json().db(vol.db()).expect(0).run();
@@ -101,8 +116,9 @@ fn zeros(fs: Fs) {
         assert_eq!(num(r, "rewritten_bytes"), num(&dry.json, "rewritten_bytes"), "{r:#}");
     }
     let mut holed = vec![("thick1", 48, true), ("thick2", 32, true), ("onepass", 16, false)];
+    holed.extend([("cloned", 16, true), ("clone", 16, true)]);
     if xfs {
-        holed.extend([("cloned", 16, true), ("clone", 16, true)]);
+        holed.extend([("mixed", 16, false), ("mixed2", 16, false)]);
     }
     for (n, mib, burst) in holed {
         let a = allocated(&d.join(n));
@@ -132,13 +148,48 @@ fn btrfs_written_zeros_become_holes() {
     zeros(Fs::Btrfs);
 }
 
-/// XFS: zeros a reflinked clone outside the run also holds. Each holder in
-/// the run lets go of them (a punch changes no byte), but the clone outside
-/// keeps them: nothing is freed, and nothing is counted freed; the clone
-/// outside is untouched. Deleted later, it frees them itself.
+/// btrfs: an image whose zeros were written first (in extents of their
+/// own), its reflinked clone then written in place in a few blocks, two of
+/// them 36 KiB apart: the clone's zero runs around them are split, one
+/// piece shorter than a run. Every holder is in the run, so each lets go
+/// of the shared zero extent, the short piece too (compared with zeros by
+/// the kernel), and the extent is freed, the parts the header and the
+/// burst overwrote with it. Before, shared extents stayed: nothing freed.
 #[test]
-fn xfs_zeros_a_clone_outside_the_run_holds_are_not_counted_freed() {
-    let Some(vol) = Volume::new(Fs::Xfs, 512) else { return };
+fn btrfs_zeros_a_clone_written_in_place_shares_are_freed() {
+    let Some(vol) = Volume::new(Fs::Btrfs, 512) else { return };
+    let d = vol.path("vm");
+    std::fs::create_dir(&d).unwrap();
+    thick(&d.join("image"), 16, &Rng::new(6).bytes(MIB as usize));
+    sh(Command::new("cp").arg("--reflink=always").arg(d.join("image")).arg(d.join("clone")));
+    let f = std::fs::OpenOptions::new().write(true).open(d.join("clone")).unwrap();
+    for at in [4 * MIB, 4 * MIB + 40 * 1024, 12 * MIB] {
+        f.write_all_at(&Rng::new(at).bytes(4096), at).unwrap();
+    }
+    f.sync_all().unwrap();
+    dedupscan::sys::syncfs(std::fs::File::open(&d).unwrap()).unwrap();
+    let before = Snapshot::take(&d);
+    let free0 = free_bytes(&vol.mnt);
+    let r = run_json(&vol, &[s(&d)]);
+    let freed = free_bytes(&vol.mnt) as i64 - free0 as i64;
+    assert!(freed >= 15 * MIB as i64, "freed {freed}: {r:#}");
+    assert_eq!((num(&r, "zeros_to_holes_files"), num(&r, "errors")), (2, 0), "{r:#}");
+    assert!(num(&r, "zeros_to_holes_bytes") >= 14 * MIB, "{r:#}");
+    assert!(num(&r, "rewritten_bytes") <= 64 * 1024, "{r:#}");
+    before.assert_same(&Snapshot::take(&d));
+    for n in ["image", "clone"] {
+        let map = physical_blocks(&d.join(n), 0, 16 * MIB);
+        assert!(map[(2 * MIB / 4096) as usize].is_none(), "{n}: zeros still mapped");
+    }
+}
+
+/// Zeros a reflinked clone outside the run also holds: it keeps them,
+/// whatever the run does, and is untouched; nothing is freed or counted
+/// freed. btrfs says who holds an extent, so there the files of the run
+/// keep their zeros too; XFS cannot, so each holder in the run lets go (a
+/// punch changes no byte; the file is sparser).
+fn zeros_a_clone_outside_the_run_holds(fs: Fs) {
+    let Some(vol) = Volume::new(fs, 512) else { return };
     let (d, outside) = (vol.path("in"), vol.path("outside"));
     std::fs::create_dir(&d).unwrap();
     std::fs::create_dir(&outside).unwrap();
@@ -152,7 +203,8 @@ fn xfs_zeros_a_clone_outside_the_run_holds_are_not_counted_freed() {
     let free0 = free_bytes(&vol.mnt);
     let r = run_json(&vol, &[s(&d)]);
     assert_eq!((num(&r, "zeros_to_holes_bytes"), num(&r, "errors")), (0, 0), "{r:#}");
-    assert_eq!(num(&r, "zeros_to_holes_files"), 2, "{r:#}");
+    let xfs = fs == Fs::Xfs;
+    assert_eq!(num(&r, "zeros_to_holes_files"), if xfs { 2 } else { 0 }, "{r:#}");
     let freed = free_bytes(&vol.mnt) as i64 - free0 as i64;
     assert!(freed < MIB as i64, "freed {freed} with the zeros held outside: {r:#}");
     before.assert_same(&Snapshot::take(&d));
@@ -160,8 +212,18 @@ fn xfs_zeros_a_clone_outside_the_run_holds_are_not_counted_freed() {
     assert_eq!(physical_blocks(&outside.join("clone"), 0, 16 * MIB), kept_map, "the clone outside was changed");
     for n in ["image", "clone"] {
         let map = physical_blocks(&d.join(n), 0, 16 * MIB);
-        assert!(map[(MIB / 4096) as usize + 1].is_none(), "{n}: zeros still mapped");
+        assert_eq!(map[(MIB / 4096) as usize + 1].is_none(), xfs, "{n}: zeros punched on btrfs, or kept on XFS");
     }
+}
+
+#[test]
+fn xfs_zeros_a_clone_outside_the_run_holds_are_not_counted_freed() {
+    zeros_a_clone_outside_the_run_holds(Fs::Xfs);
+}
+
+#[test]
+fn btrfs_zeros_a_clone_outside_the_run_holds_are_left() {
+    zeros_a_clone_outside_the_run_holds(Fs::Btrfs);
 }
 
 /// On btrfs, zeros written in one extent with data are freed only once the

@@ -33,8 +33,13 @@
 //! file of the run that holds them: the last one to let go finds them no
 //! longer shared and frees them, and only that punch counts as freed
 //! ([`ExtentWork::shared`]). A holder outside the run keeps them; the
-//! punches then free nothing but change no byte. On btrfs a shared extent
-//! stays: its holders would have to drop every stretch of it, data too
+//! punches then free nothing but change no byte. btrfs frees an extent
+//! only when no holder references any of it, so a shared extent is punched
+//! only where the file holds nothing of it but zeros (a zero image written
+//! with `dd`, installed into, and copied; [`gaps_as_zeros`]), and only when
+//! every holder is a file of the run (asked of btrfs,
+//! `pipeline/zeros/shared.rs`). An extent shared with data in it stays:
+//! its holders would have to drop every stretch of it, the data too
 //! (rewritten once and shared into each), which is not done.
 //!
 //! The source is a hole, so it carries nobody's data: unlike the plan's
@@ -92,7 +97,7 @@ pub struct ExtentWork {
     /// Byte ranges of data to rewrite first (btrfs), so the extent is
     /// referenced by nothing once `punch` is done.
     pub rewrite: Vec<(u64, u64)>,
-    /// XFS: the extent is shared (with a reflinked clone): `punch` frees
+    /// The extent is shared (with a reflinked clone): `punch` frees
     /// nothing until every holder has let go, so it is not counted freed.
     pub shared: bool,
 }
@@ -101,10 +106,10 @@ pub struct ExtentWork {
 /// ranges, whole blocks): its parts in the runs, in whole `block`s. XFS
 /// (`btrfs_ratio` `None`) frees blocks one by one: each part of at least
 /// `min` bytes is punched, in a shared extent too (`shared`). btrfs
-/// (`Some(ratio)`) frees an extent only whole, and a shared one not at
-/// all: wholly zero, it is punched; else its parts are punched and its
-/// data rewritten if the zeros come to at least `min` and the data to at
-/// most `ratio` times them; else nothing.
+/// (`Some(ratio)`) frees an extent only whole: wholly zero (in this file's
+/// stretches), it is punched, shared or not; else, not shared, its parts
+/// are punched and its data rewritten if the zeros come to at least `min`
+/// and the data to at most `ratio` times them; else nothing.
 ///
 /// On btrfs the extent is one on disk, and `stretches` all the file's
 /// stretches of it, in file order (a write into its middle splits it;
@@ -123,7 +128,7 @@ pub fn plan_on_disk(
     btrfs_ratio: Option<f64>,
 ) -> ExtentWork {
     let mut work = ExtentWork { shared: stretches.iter().any(Extent::is_shared), ..Default::default() };
-    if !stretches.iter().all(eligible) || (work.shared && btrfs_ratio.is_some()) {
+    if !stretches.iter().all(eligible) {
         return ExtentWork::default();
     }
     let mut data = 0;
@@ -149,9 +154,28 @@ pub fn plan_on_disk(
         work.rewrite.clear();
         return work;
     };
+    if work.shared && data > 0 {
+        return gaps_as_zeros(work, block, min);
+    }
     if data > 0 && (zero_bytes < min || data as f64 > ratio * zero_bytes as f64) {
         return ExtentWork::default();
     }
+    work
+}
+
+/// btrfs, a shared extent: punched only where this file holds nothing of
+/// it but zeros (its data would have to be rewritten into every holder).
+/// The pieces between the runs may be zeros too, if each is shorter than a
+/// run can be (`min`): a reflinked clone written in place in a few blocks
+/// splits its zero runs into pieces, some short. They are punched with the
+/// rest, the kernel comparing each with zeros: one that is data stays, and
+/// so does the extent.
+fn gaps_as_zeros(mut work: ExtentWork, block: u64, min: u64) -> ExtentWork {
+    if work.rewrite.iter().any(|&(o, l)| l >= min || o % block != 0 || l % block != 0) {
+        return ExtentWork::default();
+    }
+    work.punch.append(&mut work.rewrite);
+    work.punch.sort_unstable();
     work
 }
 
@@ -293,7 +317,7 @@ mod tests {
     }
 
     #[test]
-    fn a_shared_extent_is_punched_on_xfs_and_counted_apart_but_left_on_btrfs() {
+    fn a_shared_extent_is_punched_on_xfs_and_where_wholly_zero_on_btrfs() {
         let runs = [(0, 1024 * K)];
         let shared = ext(0, 1024 * K, flags::SHARED);
         let w = plan_on_disk(&[shared], &runs, 1024 * K, 4 * K, 64 * K, None);
@@ -301,7 +325,28 @@ mod tests {
         // Zeros in a shared unwritten extent: nothing to free either way.
         let unwritten = ext(0, 1024 * K, flags::SHARED | flags::UNWRITTEN);
         assert_eq!(plan_on_disk(&[unwritten], &runs, 1024 * K, 4 * K, 64 * K, None), ExtentWork::default());
-        assert_eq!(plan_on_disk(&[shared], &runs, 1024 * K, 4 * K, 64 * K, Some(1.0)), ExtentWork::default());
+        // btrfs: wholly zero in this file, punched (if every holder is in
+        // the run, asked later); with data in it, left.
+        let w = plan_on_disk(&[shared], &runs, 1024 * K, 4 * K, 64 * K, Some(1.0));
+        assert_eq!((w.punch, w.rewrite, w.shared), (runs.to_vec(), vec![], true));
+        let part = [(0, 900 * K)];
+        assert_eq!(plan_on_disk(&[shared], &part, 1024 * K, 4 * K, 64 * K, Some(4.0)), ExtentWork::default());
+        // Pieces between the runs shorter than a run: tried as zeros too.
+        let split = [(0, 500 * K), (504 * K, 400 * K), (960 * K, 64 * K)];
+        let w = plan_on_disk(&[shared], &split, 1024 * K, 4 * K, 64 * K, Some(1.0));
+        assert_eq!(
+            (w.punch, w.rewrite, w.shared),
+            (
+                vec![(0, 500 * K), (500 * K, 4 * K), (504 * K, 400 * K), (904 * K, 56 * K), (960 * K, 64 * K)],
+                vec![],
+                true
+            )
+        );
+        // Not a piece of a partial last block.
+        let w = plan_on_disk(&[shared], &[(0, 1020 * K)], 1022 * K, 4 * K, 64 * K, Some(1.0));
+        assert_eq!(w, ExtentWork::default());
+        let alone = plan_on_disk(&[ext(0, 1024 * K, 0)], &part, 1024 * K, 4 * K, 64 * K, Some(4.0));
+        assert_eq!((alone.punch, alone.rewrite), (part.to_vec(), vec![(900 * K, 124 * K)]));
     }
 
     #[test]

@@ -33,6 +33,9 @@ use crate::sys::SubvolIds;
 use nix::errno::Errno;
 
 use super::pending::Pending;
+use shared::SharedZeros;
+
+mod shared;
 
 /// Files with zero runs looked up and punched at a time.
 const BATCH: usize = 1024;
@@ -89,13 +92,12 @@ enum Moved {
 }
 
 /// What the pass carries from batch to batch.
-struct State {
+struct State<'a> {
     /// The holes requests share from, once made (`Err`: none could be,
     /// said once; the pass does nothing more).
     hole: Option<Result<Holes, ()>>,
     keys: SubvolIds,
-    /// A dry run: the disk space of shared zeros counted (see `freed`).
-    counted: BTreeMap<u64, u64>,
+    shared: SharedZeros<'a>,
     out: ZerosOutcome,
 }
 
@@ -180,8 +182,12 @@ impl ZeroPass<'_> {
         progress: &dyn Progress,
         stop: &AtomicBool,
     ) -> Result<ZerosOutcome> {
-        let mut st =
-            State { hole: None, keys: SubvolIds::new(), counted: BTreeMap::new(), out: ZerosOutcome::default() };
+        let mut st = State {
+            hole: None,
+            keys: SubvolIds::new(),
+            shared: SharedZeros::new(db, allowed),
+            out: ZerosOutcome::default(),
+        };
         let keep = |id| allowed.contains(id) && fresh.is_none_or(|f| f.contains(&id));
         let mut batch: Vec<Candidate> = Vec::new();
         let mut failed: Option<anyhow::Error> = None;
@@ -269,7 +275,7 @@ impl ZeroPass<'_> {
             }
             let Some(c) = facts.get(&id) else { continue };
             let (was, files) = (st.out.bytes, st.out.files);
-            let left = self.file(c, &runs, holes, (&mut st.keys, &mut st.counted), &mut st.out, (progress, stop));
+            let left = self.file(c, &runs, holes, (&mut st.keys, &mut st.shared), &mut st.out, (progress, stop));
             if counted {
                 st.out.files = files; // among the bookend pass's files already
             }
@@ -329,7 +335,7 @@ impl ZeroPass<'_> {
         c: &FileFacts,
         runs: &[(u64, u64)],
         holes: &mut Holes,
-        (keys, counted): (&mut SubvolIds, &mut BTreeMap<u64, u64>),
+        (keys, shared): (&mut SubvolIds, &mut SharedZeros),
         out: &mut ZerosOutcome,
         (progress, stop): (&dyn Progress, &AtomicBool),
     ) -> Left {
@@ -367,13 +373,13 @@ impl ZeroPass<'_> {
                 for g in &groups {
                     let ratio = self.bookends.map(|b| b.max_ratio);
                     let w = zeros::plan_on_disk(g, runs, c.size, self.block, zeros::MIN_BYTES, ratio);
-                    if w.punch.is_empty() {
+                    if w.punch.is_empty() || !shared.may_punch(f.as_fd(), &w, g, self.bookends.is_some()) {
                         continue;
                     }
                     match self.extent((c, &f), &w, hole, &mut same, &mut out.rewritten, progress) {
                         Ok((Moved::Yes, p)) => {
                             holed |= p.bytes > 0;
-                            done.bytes += self.freed(&w, &g[0], p.bytes, counted);
+                            done.bytes += shared.freed(&w, g, p.bytes, self.dry_run);
                             done.differs += p.differs;
                         }
                         Ok((Moved::No, _)) => {}
@@ -405,21 +411,6 @@ impl ZeroPass<'_> {
         }
         let extents = fiemap(fd, part.start, part.end - part.start)?;
         Ok(extents.into_iter().filter(|e| judged.first_time(e)).map(|e| vec![e]).collect())
-    }
-
-    /// The bytes freed by punching `bytes` of `w` in extent `e`: all of
-    /// them, unless the extent is shared (XFS, `zeros::ExtentWork::shared`):
-    /// then only the last holder's punch frees, and that one finds it no
-    /// longer shared. A dry run punches nothing, so there the first file
-    /// found holding shared zeros counts them, once (`counted`: disk
-    /// space), as the run would if every holder is in it.
-    fn freed(&self, w: &zeros::ExtentWork, e: &Extent, bytes: u64, counted: &mut BTreeMap<u64, u64>) -> u64 {
-        if !w.shared || !self.dry_run {
-            return if w.shared { 0 } else { bytes };
-        }
-        let at = |o: u64| e.physical + (o - e.logical);
-        let new: u64 = w.punch.iter().map(|&(o, l)| crate::dedupe::add_span(counted, at(o), at(o) + l)).sum();
-        new.min(bytes)
     }
 
     /// One extent of the open file `f`: the data in it rewritten (see

@@ -1,0 +1,79 @@
+//! Zeros other files share (reflinked copies): which may be punched, and
+//! what a punch of them frees (see `dedupe::zeros`, "An extent flagged
+//! `SHARED`").
+//!
+//! A shared extent is freed only once every holder has let go of it, so a
+//! punch in it frees nothing by itself: only the last holder's punch,
+//! which finds it no longer shared, frees, and only that one is counted
+//! freed. btrfs can say who holds an extent (`BTRFS_IOC_LOGICAL_INO_V2`):
+//! there its zeros are punched only when every holder is a file of the run
+//! (each then lets go in turn). XFS cannot say, and frees block by block:
+//! every holder in the run lets go, and a holder outside keeps the blocks,
+//! the punches then changing no byte and freeing nothing.
+
+use std::collections::{BTreeMap, HashMap};
+use std::os::fd::BorrowedFd;
+
+use crate::db::Db;
+use crate::dedupe::zeros::ExtentWork;
+use crate::file::{FileKey, IdSet};
+use crate::sys::fiemap::Extent;
+
+/// What the pass knows of the zeros other files share.
+pub(super) struct SharedZeros<'a> {
+    db: &'a Db,
+    /// The files of the run.
+    run: &'a IdSet,
+    /// btrfs: whether every holder of the extent at a disk address is a
+    /// file of the run, asked once per address.
+    in_run: HashMap<u64, bool>,
+    /// A dry run: the disk space of shared zeros counted (see `freed`).
+    counted: BTreeMap<u64, u64>,
+}
+
+impl<'a> SharedZeros<'a> {
+    pub(super) fn new(db: &'a Db, run: &'a IdSet) -> SharedZeros<'a> {
+        SharedZeros { db, run, in_run: HashMap::new(), counted: BTreeMap::new() }
+    }
+
+    /// Whether `w` may be punched in the open file `fd` (btrfs: `btrfs`):
+    /// not shared; or shared on XFS; or shared on btrfs with every holder
+    /// of its extent (`stretches[0]`'s) a file of the run, which needs
+    /// `CAP_SYS_ADMIN` (without it, or if the holders cannot all be
+    /// listed, no).
+    pub(super) fn may_punch(&mut self, fd: BorrowedFd<'_>, w: &ExtentWork, stretches: &[Extent], btrfs: bool) -> bool {
+        if !w.shared || !btrfs {
+            return true;
+        }
+        let Some(e) = stretches.first() else { return false };
+        let (db, run) = (self.db, self.run);
+        *self.in_run.entry(e.physical).or_insert_with(|| {
+            crate::sys::fs::extent_owners(fd, e.physical).is_ok_and(|o| {
+                o.complete
+                    && o.refs.iter().all(
+                        |&(volume, ino)| matches!(db.id_of(FileKey { volume, ino }), Ok(Some(id)) if run.contains(id)),
+                    )
+            })
+        })
+    }
+
+    /// The bytes freed by punching `bytes` of `w` in the extent of
+    /// `stretches`: all of them, unless it is shared; then none, as only
+    /// the last holder's punch frees, and that one finds it no longer
+    /// shared. A dry run punches nothing, so there the first file found
+    /// holding shared zeros counts them, once (by disk space), as the run
+    /// frees them if every holder is in it and lets go.
+    pub(super) fn freed(&mut self, w: &ExtentWork, stretches: &[Extent], bytes: u64, dry_run: bool) -> u64 {
+        if !w.shared || !dry_run {
+            return if w.shared { 0 } else { bytes };
+        }
+        let mut new = 0;
+        for &(o, l) in &w.punch {
+            // A part lies in one stretch (the runs are cut at their ends).
+            let Some(e) = stretches.iter().find(|e| e.logical <= o && o < e.logical + e.length) else { continue };
+            let at = e.physical + (o - e.logical);
+            new += crate::dedupe::add_span(&mut self.counted, at, at + l);
+        }
+        new.min(bytes)
+    }
+}
