@@ -183,6 +183,38 @@ fn btrfs_zeros_a_clone_written_in_place_shares_are_freed() {
     }
 }
 
+/// btrfs: a reflinked pair whose extent holds zero runs with small pieces
+/// of data between them (a database's pages between empty ones), written
+/// in one pass. The pieces are shorter than a run, so they might have been
+/// zeros split by writes in place (above); read first, they are data, the
+/// extent stays whatever is punched, and the files are left as they are:
+/// punching their runs would only split their items.
+#[test]
+fn btrfs_a_shared_extent_with_short_data_between_its_zeros_is_left() {
+    let Some(vol) = Volume::new(Fs::Btrfs, 512) else { return };
+    let d = vol.path("db");
+    std::fs::create_dir(&d).unwrap();
+    let mut pages = Vec::new();
+    for i in 0..16 {
+        pages.extend(vec![0; MIB as usize]);
+        pages.extend(Rng::new(40 + i).bytes(16 * 1024));
+    }
+    std::fs::write(d.join("pages"), &pages).unwrap();
+    sh(Command::new("cp").arg("--reflink=always").arg(d.join("pages")).arg(d.join("copy")));
+    dedupscan::sys::syncfs(std::fs::File::open(&d).unwrap()).unwrap();
+    let before = Snapshot::take(&d);
+    let len = pages.len() as u64;
+    let maps = || ["pages", "copy"].map(|n| physical_blocks(&d.join(n), 0, len));
+    let map0 = maps();
+    for args in [&["--dry-run"][..], &[]] {
+        let r = run_json(&vol, &[&[s(&d)][..], args].concat());
+        let done = ["zeros_to_holes_files", "zeros_to_holes_bytes", "rewritten_bytes", "errors"].map(|k| num(&r, k));
+        assert_eq!(done, [0; 4], "{args:?}: {r:#}");
+    }
+    assert_eq!(maps(), map0, "a file was changed");
+    before.assert_same(&Snapshot::take(&d));
+}
+
 /// Zeros a reflinked clone outside the run also holds: it keeps them,
 /// whatever the run does, and is untouched; nothing is freed or counted
 /// freed. btrfs says who holds an extent, so there the files of the run

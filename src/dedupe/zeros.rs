@@ -100,6 +100,10 @@ pub struct ExtentWork {
     /// The extent is shared (with a reflinked clone): `punch` frees
     /// nothing until every holder has let go, so it is not counted freed.
     pub shared: bool,
+    /// btrfs, shared: the parts of `punch` between the zero runs, read
+    /// first (`reads_zero`): if one is data the extent stays, and punching
+    /// the rest would only split the file's items ([`gaps_as_zeros`]).
+    pub gaps: Vec<(u64, u64)>,
 }
 
 /// The work on one extent given the file's zero `runs` (sorted byte
@@ -167,16 +171,30 @@ pub fn plan_on_disk(
 /// it but zeros (its data would have to be rewritten into every holder).
 /// The pieces between the runs may be zeros too, if each is shorter than a
 /// run can be (`min`): a reflinked clone written in place in a few blocks
-/// splits its zero runs into pieces, some short. They are punched with the
-/// rest, the kernel comparing each with zeros: one that is data stays, and
-/// so does the extent.
+/// splits its zero runs into pieces, some short. They are read first
+/// (`gaps`; a database's small pages between empty ones are data, and the
+/// extent then stays), then punched with the rest, the kernel comparing
+/// each with zeros.
 fn gaps_as_zeros(mut work: ExtentWork, block: u64, min: u64) -> ExtentWork {
     if work.rewrite.iter().any(|&(o, l)| l >= min || o % block != 0 || l % block != 0) {
         return ExtentWork::default();
     }
-    work.punch.append(&mut work.rewrite);
+    work.gaps = std::mem::take(&mut work.rewrite);
+    work.punch.extend_from_slice(&work.gaps);
     work.punch.sort_unstable();
     work
+}
+
+/// Whether the `parts` of `f` read as zeros (`buf`: scratch, grown to 1 MiB
+/// at most). A part that cannot be read does not.
+pub fn reads_zero(f: &File, parts: &[(u64, u64)], buf: &mut Vec<u8>) -> bool {
+    parts.iter().all(|&(off, len)| {
+        (0..len).step_by(1 << 20).all(|o| {
+            let n = (len - o).min(1 << 20) as usize;
+            buf.resize(buf.len().max(n), 0);
+            f.read_exact_at(&mut buf[..n], off + o).is_ok() && buf[..n].iter().all(|&b| b == 0)
+        })
+    })
 }
 
 /// The parts of `runs` within `[start, end)`, in whole blocks.
@@ -221,12 +239,7 @@ pub fn punch(
             }
             let n = (off + len - at).min(MAX_REQUEST_LEN);
             let Some(hole) = hole else {
-                buf.resize(1 << 20, 0);
-                let zeros = (0..n).step_by(1 << 20).all(|o| {
-                    let piece = &mut buf[..(n - o).min(1 << 20) as usize];
-                    dest.read_exact_at(piece, at + o).is_ok() && piece.iter().all(|&b| b == 0)
-                });
-                if zeros {
+                if reads_zero(dest, &[(at, n)], &mut buf) {
                     done.bytes += n
                 } else {
                     done.differs += 1
@@ -342,6 +355,7 @@ mod tests {
                 true
             )
         );
+        assert_eq!(w.gaps, vec![(500 * K, 4 * K), (904 * K, 56 * K)]);
         // Not a piece of a partial last block.
         let w = plan_on_disk(&[shared], &[(0, 1020 * K)], 1022 * K, 4 * K, 64 * K, Some(1.0));
         assert_eq!(w, ExtentWork::default());

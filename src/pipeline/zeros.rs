@@ -362,6 +362,7 @@ impl ZeroPass<'_> {
         // the extents of one window. An extent is judged once, whole, in
         // the first window that finds it, against all of the file's runs.
         let (mut done, mut judged, mut holed) = (zeros::Punched::default(), Judged::default(), false);
+        let mut buf = Vec::new();
         for &(off, len) in runs {
             let mut at = off;
             while at < off + len {
@@ -373,7 +374,10 @@ impl ZeroPass<'_> {
                 for g in &groups {
                     let ratio = self.bookends.map(|b| b.max_ratio);
                     let w = zeros::plan_on_disk(g, runs, c.size, self.block, zeros::MIN_BYTES, ratio);
-                    if w.punch.is_empty() || !shared.may_punch(f.as_fd(), &w, g, self.bookends.is_some()) {
+                    if w.punch.is_empty()
+                        || !shared.may_punch(f.as_fd(), &w, g, self.bookends.is_some())
+                        || !zeros::reads_zero(&f, &w.gaps, &mut buf)
+                    {
                         continue;
                     }
                     match self.extent((c, &f), &w, hole, &mut same, &mut out.rewritten, progress) {
