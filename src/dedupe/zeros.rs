@@ -158,30 +158,53 @@ pub fn plan_on_disk(
         work.rewrite.clear();
         return work;
     };
-    if work.shared && data > 0 {
-        return gaps_as_zeros(work, block, min);
+    if data == 0 {
+        return work;
     }
-    if data > 0 && (zero_bytes < min || data as f64 > ratio * zero_bytes as f64) {
+    if short_pieces(&work.rewrite, block, min) {
+        return gaps_as_zeros(work);
+    }
+    if work.shared || zero_bytes < min || data as f64 > ratio * zero_bytes as f64 {
         return ExtentWork::default();
     }
     work
 }
 
-/// btrfs, a shared extent: punched only where this file holds nothing of
-/// it but zeros (its data would have to be rewritten into every holder).
-/// The pieces between the runs may be zeros too, if each is shorter than a
-/// run can be (`min`): a reflinked clone written in place in a few blocks
-/// splits its zero runs into pieces, some short. They are read first
-/// (`gaps`; a database's small pages between empty ones are data, and the
-/// extent then stays), then punched with the rest, the kernel comparing
-/// each with zeros.
-fn gaps_as_zeros(mut work: ExtentWork, block: u64, min: u64) -> ExtentWork {
-    if work.rewrite.iter().any(|&(o, l)| l >= min || o % block != 0 || l % block != 0) {
-        return ExtentWork::default();
-    }
+/// Whether every piece is whole blocks shorter than a zero run can be.
+fn short_pieces(pieces: &[(u64, u64)], block: u64, min: u64) -> bool {
+    pieces.iter().all(|&(o, l)| l < min && o % block == 0 && l % block == 0)
+}
+
+/// btrfs: an extent whose pieces between the zero runs are all shorter than
+/// a run can be. They may be zeros too: a file written in place in a few
+/// blocks (a reflinked clone, a running image) has its zero runs split into
+/// pieces, some short. They are read first (`gaps`; if one is data,
+/// [`gaps_are_data`]), then punched with the runs, the kernel comparing
+/// each with zeros: the extent is freed without a copy. A shared extent is
+/// punched only so: where this file holds nothing of it but zeros (its data
+/// would have to be rewritten into every holder).
+fn gaps_as_zeros(mut work: ExtentWork) -> ExtentWork {
     work.gaps = std::mem::take(&mut work.rewrite);
     work.punch.extend_from_slice(&work.gaps);
     work.punch.sort_unstable();
+    work
+}
+
+/// The work on an extent whose `gaps` read as data after all: none if it is
+/// shared; else its runs punched and the gaps rewritten, if the zeros come
+/// to at least `min` and the gaps to at most `ratio` times them (as
+/// [`plan_on_disk`] weighs them).
+pub fn gaps_are_data(mut work: ExtentWork, ratio: f64, min: u64) -> ExtentWork {
+    if work.shared {
+        return ExtentWork::default();
+    }
+    let gaps = std::mem::take(&mut work.gaps);
+    work.punch.retain(|p| gaps.binary_search(p).is_err());
+    let (zeros, data): (u64, u64) = (work.punch.iter().map(|p| p.1).sum(), gaps.iter().map(|g| g.1).sum());
+    if zeros < min || data as f64 > ratio * zeros as f64 {
+        return ExtentWork::default();
+    }
+    work.rewrite = gaps;
     work
 }
 
@@ -348,14 +371,22 @@ mod tests {
         let split = [(0, 500 * K), (504 * K, 400 * K), (960 * K, 64 * K)];
         let w = plan_on_disk(&[shared], &split, 1024 * K, 4 * K, 64 * K, Some(1.0));
         assert_eq!(
-            (w.punch, w.rewrite, w.shared),
+            (&w.punch, &w.rewrite, w.shared),
             (
-                vec![(0, 500 * K), (500 * K, 4 * K), (504 * K, 400 * K), (904 * K, 56 * K), (960 * K, 64 * K)],
-                vec![],
+                &vec![(0, 500 * K), (500 * K, 4 * K), (504 * K, 400 * K), (904 * K, 56 * K), (960 * K, 64 * K)],
+                &vec![],
                 true
             )
         );
         assert_eq!(w.gaps, vec![(500 * K, 4 * K), (904 * K, 56 * K)]);
+        // Data after all: a shared extent stays; one held alone has its
+        // runs punched and its gaps rewritten, within the ratio.
+        assert_eq!(gaps_are_data(w, 4.0, 64 * K), ExtentWork::default());
+        let alone = plan_on_disk(&[ext(0, 1024 * K, 0)], &split, 1024 * K, 4 * K, 64 * K, Some(1.0));
+        assert_eq!((alone.punch.len(), alone.rewrite.len(), alone.gaps.len()), (5, 0, 2));
+        let w = gaps_are_data(alone.clone(), 1.0, 64 * K);
+        assert_eq!((w.punch, w.rewrite), (split.to_vec(), vec![(500 * K, 4 * K), (904 * K, 56 * K)]));
+        assert_eq!(gaps_are_data(alone, 0.0, 64 * K), ExtentWork::default());
         // Not a piece of a partial last block.
         let w = plan_on_disk(&[shared], &[(0, 1020 * K)], 1022 * K, 4 * K, 64 * K, Some(1.0));
         assert_eq!(w, ExtentWork::default());
@@ -413,7 +444,12 @@ mod tests {
         // data is more than the zeros, and the extent is left.
         let (big, small) = (ext(0, 600 * K, 0), ext(604 * K, 148 * K, 0));
         let runs = [(652 * K, 100 * K)];
-        assert_eq!(plan(&[small], &runs).rewrite, vec![(604 * K, 48 * K)]);
+        // (48K of data is shorter than a run: read first, as it may be
+        // zeros; found data, rewritten.)
+        let alone = plan(&[small], &runs);
+        assert_eq!((&alone.gaps, &alone.rewrite), (&vec![(604 * K, 48 * K)], &vec![]));
+        let data_after_all = gaps_are_data(alone, 1.0, 64 * K);
+        assert_eq!((data_after_all.punch, data_after_all.rewrite), (runs.to_vec(), vec![(604 * K, 48 * K)]));
         assert_eq!(plan(&[big, small], &runs), ExtentWork::default());
         // One stretch shared with another file: the extent stays.
         let shared = Extent { flags: flags::SHARED, ..data };

@@ -373,12 +373,15 @@ impl ZeroPass<'_> {
                 };
                 for g in &groups {
                     let ratio = self.bookends.map(|b| b.max_ratio);
-                    let w = zeros::plan_on_disk(g, runs, c.size, self.block, zeros::MIN_BYTES, ratio);
-                    if w.punch.is_empty()
-                        || !shared.may_punch(f.as_fd(), &w, g, self.bookends.is_some())
-                        || !zeros::reads_zero(&f, &w.gaps, &mut buf)
-                    {
+                    let mut w = zeros::plan_on_disk(g, runs, c.size, self.block, zeros::MIN_BYTES, ratio);
+                    if w.punch.is_empty() || !shared.may_punch(f.as_fd(), &w, g, self.bookends.is_some()) {
                         continue;
+                    }
+                    if !zeros::reads_zero(&f, &w.gaps, &mut buf) {
+                        w = zeros::gaps_are_data(w, ratio.unwrap_or(0.0), zeros::MIN_BYTES);
+                        if w.punch.is_empty() {
+                            continue;
+                        }
                     }
                     match self.extent((c, &f), &w, hole, &mut same, &mut out.rewritten, progress) {
                         Ok((Moved::Yes, p)) => {
