@@ -15,8 +15,8 @@
 //!
 //! Which zero runs (the map's runs of fingerprint 0 of at least
 //! [`MIN_BYTES`]) are worth it is decided by FIEMAP at share time, one call
-//! per file that has such runs ([`plan_on_disk`]): only written extents the
-//! file holds alone, or, on XFS, shared ones too (below). `UNWRITTEN`
+//! per file that has such runs ([`plan_on_disk`]): only written extents
+//! with blocks of their own (shared ones too, below). `UNWRITTEN`
 //! stays (preallocated on purpose with `fallocate`, and it costs no read
 //! anyway); compressed, inline, delayed or unknown extents have no blocks
 //! of their own. On btrfs a hole in part of an extent frees nothing while
@@ -100,9 +100,9 @@ pub struct ExtentWork {
     /// The extent is shared (with a reflinked clone): `punch` frees
     /// nothing until every holder has let go, so it is not counted freed.
     pub shared: bool,
-    /// btrfs, shared: the parts of `punch` between the zero runs, read
-    /// first (`reads_zero`): if one is data the extent stays, and punching
-    /// the rest would only split the file's items ([`gaps_as_zeros`]).
+    /// btrfs: the parts of `punch` between the zero runs, each shorter than
+    /// a run, read first (`reads_zero`); if one is data, see
+    /// [`gaps_are_data`] ([`gaps_as_zeros`]).
     pub gaps: Vec<(u64, u64)>,
 }
 
@@ -111,9 +111,11 @@ pub struct ExtentWork {
 /// (`btrfs_ratio` `None`) frees blocks one by one: each part of at least
 /// `min` bytes is punched, in a shared extent too (`shared`). btrfs
 /// (`Some(ratio)`) frees an extent only whole: wholly zero (in this file's
-/// stretches), it is punched, shared or not; else, not shared, its parts
-/// are punched and its data rewritten if the zeros come to at least `min`
-/// and the data to at most `ratio` times them; else nothing.
+/// stretches), it is punched, shared or not; with every piece between its
+/// runs shorter than a run, those are tried as zeros ([`gaps_as_zeros`]);
+/// else, not shared, its parts are punched and its data rewritten if the
+/// zeros come to at least `min` and the data to at most `ratio` times
+/// them; else nothing.
 ///
 /// On btrfs the extent is one on disk, and `stretches` all the file's
 /// stretches of it, in file order (a write into its middle splits it;
