@@ -36,7 +36,7 @@
 //! punches then free nothing but change no byte. btrfs frees an extent
 //! only when no holder references any of it, so a shared extent is punched
 //! only where the file holds nothing of it but zeros (a zero image written
-//! with `dd`, installed into, and copied; [`gaps_as_zeros`]), and only when
+//! with `dd`, installed into, and copied; `gaps_as_zeros`), and only when
 //! every holder is a file of the run (asked of btrfs,
 //! `pipeline/zeros/shared.rs`). An extent shared with data in it stays:
 //! its holders would have to drop every stretch of it, the data too
@@ -102,7 +102,7 @@ pub struct ExtentWork {
     pub shared: bool,
     /// btrfs: the parts of `punch` between the zero runs, each shorter than
     /// a run, read first (`reads_zero`); if one is data, see
-    /// [`gaps_are_data`] ([`gaps_as_zeros`]).
+    /// [`gaps_are_data`] (`gaps_as_zeros`).
     pub gaps: Vec<(u64, u64)>,
 }
 
@@ -112,7 +112,7 @@ pub struct ExtentWork {
 /// `min` bytes is punched, in a shared extent too (`shared`). btrfs
 /// (`Some(ratio)`) frees an extent only whole: wholly zero (in this file's
 /// stretches), it is punched, shared or not; with every piece between its
-/// runs shorter than a run, those are tried as zeros ([`gaps_as_zeros`]);
+/// runs shorter than a run, those are tried as zeros (`gaps_as_zeros`);
 /// else, not shared, its parts are punched and its data rewritten if the
 /// zeros come to at least `min` and the data to at most `ratio` times
 /// them; else nothing.
