@@ -170,12 +170,18 @@ fn btrfs_zeros_a_clone_written_in_place_shares_are_freed() {
     dedupscan::sys::syncfs(std::fs::File::open(&d).unwrap()).unwrap();
     let before = Snapshot::take(&d);
     let free0 = free_bytes(&vol.mnt);
+    // The preview first: it counts the shared zeros once, by disk space,
+    // as the run's last holder does (but for the blocks the clone wrote).
+    let dry = run_json(&vol, &[s(&d), "--dry-run"]);
     let r = run_json(&vol, &[s(&d)]);
     let freed = free_bytes(&vol.mnt) as i64 - free0 as i64;
     assert!(freed >= 15 * MIB as i64, "freed {freed}: {r:#}");
     assert_eq!((num(&r, "zeros_to_holes_files"), num(&r, "errors")), (2, 0), "{r:#}");
     assert!(num(&r, "zeros_to_holes_bytes") >= 14 * MIB, "{r:#}");
     assert!(num(&r, "rewritten_bytes") <= 64 * 1024, "{r:#}");
+    let (previewed, punched) = (num(&dry, "zeros_to_holes_bytes"), num(&r, "zeros_to_holes_bytes"));
+    assert!(previewed.abs_diff(punched) <= 64 * 1024, "previewed {previewed}, punched {punched}");
+    assert_eq!(num(&dry, "zeros_to_holes_files"), 2, "{dry:#}");
     before.assert_same(&Snapshot::take(&d));
     for n in ["image", "clone"] {
         let map = physical_blocks(&d.join(n), 0, 16 * MIB);
