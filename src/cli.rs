@@ -262,7 +262,8 @@ pub struct RunArgs {
     /// writing zeros) become holes: the kernel compares them with zeros
     /// first, and the file reads the same. Zeros reflinked copies share
     /// are punched in every file holding them (on btrfs only where every
-    /// holder is in the run and holds nothing of the extent but zeros).
+    /// holder is in the run; with data in their extent, that data is
+    /// copied once and shared into every holder).
     #[arg(long)]
     pub keep_zeros: bool,
 

@@ -38,9 +38,9 @@
 //! only where the file holds nothing of it but zeros (a zero image written
 //! with `dd`, installed into, and copied; `gaps_as_zeros`), and only when
 //! every holder is a file of the run (asked of btrfs,
-//! `pipeline/zeros/shared.rs`). An extent shared with data in it stays:
-//! its holders would have to drop every stretch of it, the data too
-//! (rewritten once and shared into each), which is not done.
+//! `pipeline/zeros/shared.rs`). An extent shared with data in it is freed
+//! by all its holders at once: the data copied once and shared into each,
+//! every holder's zeros punched ([`clones`]).
 //!
 //! The source is a hole, so it carries nobody's data: unlike the plan's
 //! ranges, a destination of any owner may be turned into holes (nothing is
@@ -53,6 +53,8 @@ use std::os::unix::fs::FileExt;
 use crate::blockmap::BlockMap;
 use crate::sys::dedupe::{dedupe_range, DedupeStatus, MAX_REQUEST_LEN};
 use crate::sys::fiemap::Extent;
+
+pub mod clones;
 
 /// The shortest zero run turned into a hole: 64 KiB. Scattered zero blocks
 /// inside data (a database's empty pages, padding) would cost an extent
@@ -84,7 +86,7 @@ pub fn zero_runs(map: &BlockMap, size: u64, block: u64, min: u64) -> Vec<(u64, u
 
 /// Whether a zero run in `e` may become a hole: written, with blocks of its
 /// own (see the module's doc).
-fn eligible(e: &Extent) -> bool {
+pub fn eligible(e: &Extent) -> bool {
     use crate::sys::fiemap::flags;
     e.has_address() && !e.is_encoded() && !e.is_inline() && e.flags & flags::UNWRITTEN == 0
 }
@@ -104,6 +106,10 @@ pub struct ExtentWork {
     /// a run, read first (`reads_zero`); if one is data, see
     /// [`gaps_are_data`] (`gaps_as_zeros`).
     pub gaps: Vec<(u64, u64)>,
+    /// btrfs: the extent is shared with data in it, and this file holds
+    /// zeros of it: nothing to do here alone, but all its holders may let
+    /// go together ([`clones`]).
+    pub clones: bool,
 }
 
 /// The work on one extent given the file's zero `runs` (sorted byte
@@ -115,7 +121,8 @@ pub struct ExtentWork {
 /// runs shorter than a run, those are tried as zeros (`gaps_as_zeros`);
 /// else, not shared, its parts are punched and its data rewritten if the
 /// zeros come to at least `min` and the data to at most `ratio` times
-/// them; else nothing.
+/// them; shared, it is left to all its holders at once (`clones`); else
+/// nothing.
 ///
 /// On btrfs the extent is one on disk, and `stretches` all the file's
 /// stretches of it, in file order (a write into its middle splits it;
@@ -166,7 +173,10 @@ pub fn plan_on_disk(
     if short_pieces(&work.rewrite, block, min) {
         return gaps_as_zeros(work);
     }
-    if work.shared || zero_bytes < min || data as f64 > ratio * zero_bytes as f64 {
+    if work.shared {
+        return ExtentWork { clones: zero_bytes > 0, ..Default::default() };
+    }
+    if zero_bytes < min || data as f64 > ratio * zero_bytes as f64 {
         return ExtentWork::default();
     }
     work
@@ -198,7 +208,7 @@ fn gaps_as_zeros(mut work: ExtentWork) -> ExtentWork {
 /// [`plan_on_disk`] weighs them).
 pub fn gaps_are_data(mut work: ExtentWork, ratio: f64, min: u64) -> ExtentWork {
     if work.shared {
-        return ExtentWork::default();
+        return ExtentWork { clones: true, ..Default::default() };
     }
     let gaps = std::mem::take(&mut work.gaps);
     work.punch.retain(|p| gaps.binary_search(p).is_err());
@@ -368,7 +378,8 @@ mod tests {
         let w = plan_on_disk(&[shared], &runs, 1024 * K, 4 * K, 64 * K, Some(1.0));
         assert_eq!((w.punch, w.rewrite, w.shared), (runs.to_vec(), vec![], true));
         let part = [(0, 900 * K)];
-        assert_eq!(plan_on_disk(&[shared], &part, 1024 * K, 4 * K, 64 * K, Some(4.0)), ExtentWork::default());
+        let clones = ExtentWork { clones: true, ..Default::default() };
+        assert_eq!(plan_on_disk(&[shared], &part, 1024 * K, 4 * K, 64 * K, Some(4.0)), clones);
         // Pieces between the runs shorter than a run: tried as zeros too.
         let split = [(0, 500 * K), (504 * K, 400 * K), (960 * K, 64 * K)];
         let w = plan_on_disk(&[shared], &split, 1024 * K, 4 * K, 64 * K, Some(1.0));
@@ -381,17 +392,19 @@ mod tests {
             )
         );
         assert_eq!(w.gaps, vec![(500 * K, 4 * K), (904 * K, 56 * K)]);
-        // Data after all: a shared extent stays; one held alone has its
-        // runs punched and its gaps rewritten, within the ratio.
-        assert_eq!(gaps_are_data(w, 4.0, 64 * K), ExtentWork::default());
+        // Data after all: a shared extent is left to all its holders at
+        // once; one held alone has its runs punched and its gaps
+        // rewritten, within the ratio.
+        assert_eq!(gaps_are_data(w, 4.0, 64 * K), clones);
         let alone = plan_on_disk(&[ext(0, 1024 * K, 0)], &split, 1024 * K, 4 * K, 64 * K, Some(1.0));
         assert_eq!((alone.punch.len(), alone.rewrite.len(), alone.gaps.len()), (5, 0, 2));
         let w = gaps_are_data(alone.clone(), 1.0, 64 * K);
         assert_eq!((w.punch, w.rewrite), (split.to_vec(), vec![(500 * K, 4 * K), (904 * K, 56 * K)]));
         assert_eq!(gaps_are_data(alone, 0.0, 64 * K), ExtentWork::default());
-        // Not a piece of a partial last block.
+        // Not a piece of a partial last block: data, left to all the
+        // holders at once.
         let w = plan_on_disk(&[shared], &[(0, 1020 * K)], 1022 * K, 4 * K, 64 * K, Some(1.0));
-        assert_eq!(w, ExtentWork::default());
+        assert_eq!(w, clones);
         let alone = plan_on_disk(&[ext(0, 1024 * K, 0)], &part, 1024 * K, 4 * K, 64 * K, Some(4.0));
         assert_eq!((alone.punch, alone.rewrite), (part.to_vec(), vec![(900 * K, 124 * K)]));
     }
@@ -453,8 +466,10 @@ mod tests {
         let data_after_all = gaps_are_data(alone, 1.0, 64 * K);
         assert_eq!((data_after_all.punch, data_after_all.rewrite), (runs.to_vec(), vec![(604 * K, 48 * K)]));
         assert_eq!(plan(&[big, small], &runs), ExtentWork::default());
-        // One stretch shared with another file: the extent stays.
+        // One stretch shared with another file: the extent is left to all
+        // its holders at once.
         let shared = Extent { flags: flags::SHARED, ..data };
-        assert_eq!(plan(&[shared, zeros], &[(104 * K, 520 * K)]), ExtentWork::default());
+        let clones = ExtentWork { clones: true, ..Default::default() };
+        assert_eq!(plan(&[shared, zeros], &[(104 * K, 520 * K)]), clones);
     }
 }

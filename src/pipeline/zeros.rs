@@ -35,14 +35,18 @@ use nix::errno::Errno;
 use super::pending::Pending;
 use shared::SharedZeros;
 
+mod clones;
 mod shared;
 
 /// Files with zero runs looked up and punched at a time.
 const BATCH: usize = 1024;
 
-/// A file of the pass: its zero runs, and whether the bookend pass
-/// counted it already (it left some of its zeros as holes).
-type Candidate = (FileId, Vec<(u64, u64)>, bool);
+/// A file of the pass and its zero runs.
+type Candidate = (FileId, Vec<(u64, u64)>);
+
+/// The stretches of a file in one extent on disk, with its address there
+/// where btrfs names it.
+type Group = (Option<u64>, Vec<Extent>);
 
 /// Bytes of a file mapped with one FIEMAP call (as the hasher does).
 const WINDOW: u64 = 256 << 20;
@@ -74,10 +78,12 @@ pub struct ZerosOutcome {
 }
 
 /// What one file's pass left: whether it went through (opened, checked,
-/// every extent judged), and the zero bytes that wait for room.
+/// every extent judged), whether a part of it became holes, and the zero
+/// bytes that wait for room.
 #[derive(Default)]
 struct Left {
     handled: bool,
+    holed: bool,
     waiting: u64,
 }
 
@@ -99,6 +105,28 @@ struct State<'a> {
     keys: SubvolIds,
     shared: SharedZeros<'a>,
     out: ZerosOutcome,
+    /// The files counted in `out.files` (or by the bookend pass): a file
+    /// is also let go of zeros by another file's visit (`clones`).
+    counted: IdSet,
+}
+
+/// What one file's visit works with: the pass's state, lent.
+struct Visit<'s, 'a> {
+    holes: &'s mut Holes,
+    keys: &'s mut SubvolIds,
+    shared: &'s mut SharedZeros<'a>,
+    out: &'s mut ZerosOutcome,
+    counted: &'s mut IdSet,
+}
+
+impl Visit<'_, '_> {
+    /// Count file `id` among the files let go of zeros, once.
+    fn count(&mut self, id: FileId) {
+        if !self.counted.contains(id) {
+            self.counted.insert(id);
+            self.out.files += 1;
+        }
+    }
 }
 
 /// The unnamed files, all hole, that requests share from: the one made
@@ -187,7 +215,9 @@ impl ZeroPass<'_> {
             keys: SubvolIds::new(),
             shared: SharedZeros::new(db, allowed),
             out: ZerosOutcome::default(),
+            counted: IdSet::new(),
         };
+        holed.keys().for_each(|&id| st.counted.insert(id));
         let keep = |id| allowed.contains(id) && fresh.is_none_or(|f| f.contains(&id));
         let mut batch: Vec<Candidate> = Vec::new();
         let mut failed: Option<anyhow::Error> = None;
@@ -206,7 +236,7 @@ impl ZeroPass<'_> {
                 runs.retain(|r| r.1 >= zeros::MIN_BYTES);
             }
             if !runs.is_empty() {
-                batch.push((id, runs, holed.contains_key(&id)));
+                batch.push((id, runs));
             }
             if batch.len() >= BATCH {
                 if let Err(e) = self.batch(db, &mut batch, &mut st, pending, (progress, stop)) {
@@ -269,15 +299,17 @@ impl ZeroPass<'_> {
         };
         let facts = db.file_facts(batch.iter().map(|b| b.0))?;
         let (mut handled, mut waiting) = (Vec::new(), Vec::new());
-        for (id, runs, counted) in batch.drain(..) {
+        for (id, runs) in batch.drain(..) {
             if stop.load(Ordering::Relaxed) {
                 break;
             }
             let Some(c) = facts.get(&id) else { continue };
-            let (was, files) = (st.out.bytes, st.out.files);
-            let left = self.file(c, &runs, holes, (&mut st.keys, &mut st.shared), &mut st.out, (progress, stop));
-            if counted {
-                st.out.files = files; // among the bookend pass's files already
+            let was = st.out.bytes;
+            let mut v =
+                Visit { holes, keys: &mut st.keys, shared: &mut st.shared, out: &mut st.out, counted: &mut st.counted };
+            let left = self.file(db, (id, c), &runs, &mut v, (progress, stop));
+            if left.holed {
+                v.count(id);
             }
             progress.inc_files(1);
             progress.inc(st.out.bytes - was);
@@ -332,36 +364,26 @@ impl ZeroPass<'_> {
     /// One file: open, check, map, punch.
     fn file(
         &self,
-        c: &FileFacts,
+        db: &Db,
+        (id, c): (FileId, &FileFacts),
         runs: &[(u64, u64)],
-        holes: &mut Holes,
-        (keys, shared): (&mut SubvolIds, &mut SharedZeros),
-        out: &mut ZerosOutcome,
+        v: &mut Visit,
         (progress, stop): (&dyn Progress, &AtomicBool),
     ) -> Left {
         let mut left = Left::default();
-        let opened = self.open(c, keys, out, progress);
-        let mut fail = |kind: ErrorKind, why: String, errno: Option<i32>| {
-            *out.errors.entry(kind).or_default() += 1;
-            // A filesystem that stopped (remounted read-only, shut down)
-            // stops the run, said once, not once for every file left.
-            let fs_wide = matches!(errno, Some(libc::EIO | libc::EROFS));
-            if !(fs_wide && self.tree.stop_if_stopped(stop, |w| progress.warn_run(w))) {
-                progress.warn(&format!("{}: {why}", display_path(&c.path)));
-            }
+        let fail = |out: &mut ZerosOutcome, (kind, why, errno): (ErrorKind, String, Option<i32>)| {
+            self.failed(out, c, (kind, &why, errno), (progress, stop));
             Left::default()
         };
-        let f = match opened {
+        let f = match self.open(c, v.keys, v.out, progress) {
             Ok(Some(f)) => f,
             Ok(None) => return left,
-            Err((kind, why, errno)) => return fail(kind, why, errno),
+            Err(e) => return fail(v.out, e),
         };
-        let mut same = || c.is_open_as_recorded(&f, keys);
-        let hole = holes.for_file(&f, self.tree);
         // Mapped a window at a time, so a file of millions of extents costs
         // the extents of one window. An extent is judged once, whole, in
         // the first window that finds it, against all of the file's runs.
-        let (mut done, mut judged, mut holed) = (zeros::Punched::default(), Judged::default(), false);
+        let (mut done, mut judged) = (zeros::Punched::default(), Judged::default());
         let mut buf = Vec::new();
         for &(off, len) in runs {
             let mut at = off;
@@ -369,38 +391,59 @@ impl ZeroPass<'_> {
                 let end = (at + WINDOW).min(off + len);
                 let groups = match self.window(&f, at..end, &mut judged) {
                     Ok(g) => g,
-                    Err(e) => return fail(ErrorKind::Open, format!("cannot map its extents: {e}"), Some(e as i32)),
+                    Err(e) => {
+                        return fail(v.out, (ErrorKind::Open, format!("cannot map its extents: {e}"), Some(e as i32)))
+                    }
                 };
-                for g in &groups {
+                for (disk, g) in &groups {
                     let ratio = self.bookends.map(|b| b.max_ratio);
                     let mut w = zeros::plan_on_disk(g, runs, c.size, self.block, zeros::MIN_BYTES, ratio);
-                    if w.punch.is_empty() || !shared.may_punch(f.as_fd(), &w, g, self.bookends.is_some()) {
+                    if w.punch.is_empty() || !v.shared.may_punch(f.as_fd(), &w, g, self.bookends.is_some()) {
+                        done.bytes += self.clones_of(db, (id, &f), (*disk, g), w.clones, v, (progress, stop));
                         continue;
                     }
                     if !zeros::reads_zero(&f, &w.gaps, &mut buf) {
                         w = zeros::gaps_are_data(w, ratio.unwrap_or(0.0), zeros::MIN_BYTES);
                         if w.punch.is_empty() {
+                            done.bytes += self.clones_of(db, (id, &f), (*disk, g), w.clones, v, (progress, stop));
                             continue;
                         }
                     }
-                    match self.extent((c, &f), &w, hole, &mut same, &mut out.rewritten, progress) {
+                    let hole = v.holes.for_file(&f, self.tree);
+                    let mut same = || c.is_open_as_recorded(&f, v.keys);
+                    match self.extent((c, &f), &w, hole, &mut same, &mut v.out.rewritten, progress) {
                         Ok((Moved::Yes, p)) => {
-                            holed |= p.bytes > 0;
-                            done.bytes += shared.freed(&w, g, p.bytes, self.dry_run);
+                            left.holed |= p.bytes > 0;
+                            done.bytes += v.shared.freed(&w, g, p.bytes, self.dry_run);
                             done.differs += p.differs;
                         }
                         Ok((Moved::No, _)) => {}
                         Ok((Moved::NoRoom, _)) => left.waiting += w.punch.iter().map(|p| p.1).sum::<u64>(),
-                        Err((why, errno)) => return fail(error_kind(errno), why, errno),
+                        Err((why, errno)) => return fail(v.out, (error_kind(errno), why, errno)),
                     }
                 }
                 at = end;
             }
         }
-        out.files += u64::from(holed);
-        out.bytes += done.bytes;
+        v.out.bytes += done.bytes;
         left.handled = true;
         left
+    }
+
+    /// Count a failure of file `c` (said, unless the filesystem stopped:
+    /// that stops the run, said once, not once for every file left).
+    fn failed(
+        &self,
+        out: &mut ZerosOutcome,
+        c: &FileFacts,
+        (kind, why, errno): (ErrorKind, &str, Option<i32>),
+        (progress, stop): (&dyn Progress, &AtomicBool),
+    ) {
+        *out.errors.entry(kind).or_default() += 1;
+        let fs_wide = matches!(errno, Some(libc::EIO | libc::EROFS));
+        if !(fs_wide && self.tree.stop_if_stopped(stop, |w| progress.warn_run(w))) {
+            progress.warn(&format!("{}: {why}", display_path(&c.path)));
+        }
     }
 
     /// The extents of `f` to judge for the part `part` of a zero run, none
@@ -409,7 +452,7 @@ impl ZeroPass<'_> {
     /// to the whole of every extent on disk it touches, so that each is
     /// judged with all its stretches; elsewhere (and on XFS, which frees
     /// block by block) each FIEMAP extent stands alone.
-    fn window(&self, f: &File, part: Range<u64>, judged: &mut Judged) -> Result<Vec<Vec<Extent>>, Errno> {
+    fn window(&self, f: &File, part: Range<u64>, judged: &mut Judged) -> Result<Vec<Group>, Errno> {
         let fd = f.as_fd();
         if self.bookends.is_some() {
             if let Some(groups) = btrfs_window(fd, part.clone(), judged) {
@@ -417,7 +460,7 @@ impl ZeroPass<'_> {
             }
         }
         let extents = fiemap(fd, part.start, part.end - part.start)?;
-        Ok(extents.into_iter().filter(|e| judged.first_time(e)).map(|e| vec![e]).collect())
+        Ok(extents.into_iter().filter(|e| judged.first_time(e)).map(|e| (None, vec![e])).collect())
     }
 
     /// One extent of the open file `f`: the data in it rewritten (see
@@ -516,7 +559,7 @@ impl Judged {
 /// of an extent lies within its span), cut and grouped by extent; the
 /// groups reaching into `part` not judged before. `None`: btrfs's items
 /// cannot be read (no `CAP_SYS_ADMIN`).
-fn btrfs_window(fd: BorrowedFd<'_>, part: Range<u64>, judged: &mut Judged) -> Option<Result<Vec<Vec<Extent>>, Errno>> {
+fn btrfs_window(fd: BorrowedFd<'_>, part: Range<u64>, judged: &mut Judged) -> Option<Result<Vec<Group>, Errno>> {
     let reaching = judged.reaching(fd, &part).ok()?;
     let (Some(lo), Some(hi)) =
         (reaching.iter().map(|s| s.span.0).min(), reaching.iter().map(|s| s.span.0 + s.span.1).max())
@@ -543,7 +586,7 @@ fn btrfs_window(fd: BorrowedFd<'_>, part: Range<u64>, judged: &mut Judged) -> Op
         if let (Some(d), Some(last)) = (disk, group.last()) {
             judged.disks.insert(d, last.logical + last.length);
         }
-        groups.push(group);
+        groups.push((disk, group));
     }
     Some(Ok(groups))
 }

@@ -322,6 +322,9 @@ pub struct ExtentOwners {
     /// `(subvolume id, inode)` of every reference (one per file extent
     /// item, so a file may appear more than once).
     pub refs: Vec<(u64, u64)>,
+    /// Where each reference's stretch begins in its file (the item's
+    /// offset), in the order of `refs`.
+    pub offsets: Vec<u64>,
     /// False when the answer did not fit: there are more owners.
     pub complete: bool,
 }
@@ -357,6 +360,7 @@ pub fn extent_owners(fd: BorrowedFd<'_>, logical: u64) -> Result<ExtentOwners, E
     let vals = &buf[2..(2 + elem_cnt).min(buf.len())];
     Ok(ExtentOwners {
         refs: vals.chunks_exact(3).map(|v| (v[2], v[0])).collect(),
+        offsets: vals.chunks_exact(3).map(|v| v[1]).collect(),
         complete: elem_missed == 0 && bytes_missing == 0,
     })
 }

@@ -11,12 +11,13 @@
 //! every holder in the run lets go, and a holder outside keeps the blocks,
 //! the punches then changing no byte and freeing nothing.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, HashMap, HashSet, VecDeque};
 use std::os::fd::BorrowedFd;
 
+use crate::blockmap::BlockMap;
 use crate::db::Db;
 use crate::dedupe::zeros::ExtentWork;
-use crate::file::{FileKey, IdSet};
+use crate::file::{FileId, FileKey, IdSet};
 use crate::sys::fiemap::Extent;
 
 /// What the pass knows of the zeros other files share.
@@ -29,11 +30,28 @@ pub(super) struct SharedZeros<'a> {
     in_run: HashMap<u64, bool>,
     /// A dry run: the disk space of shared zeros counted (see `freed`).
     counted: BTreeMap<u64, u64>,
+    /// btrfs: the extents (by disk address) their holders were asked to
+    /// let go of together (`clones`), each tried once.
+    tried: HashSet<u64>,
+    /// The zero runs of the last holders of such extents, most recent
+    /// first: an image's extents are held by the same files, extent after
+    /// extent, and its map is decoded once, not once an extent.
+    runs: VecDeque<(FileId, Vec<(u64, u64)>)>,
 }
+
+/// The holders whose zero runs are kept (`SharedZeros::runs`).
+const RUNS_KEPT: usize = 16;
 
 impl<'a> SharedZeros<'a> {
     pub(super) fn new(db: &'a Db, run: &'a IdSet) -> SharedZeros<'a> {
-        SharedZeros { db, run, in_run: HashMap::new(), counted: BTreeMap::new() }
+        SharedZeros {
+            db,
+            run,
+            in_run: HashMap::new(),
+            counted: BTreeMap::new(),
+            tried: HashSet::new(),
+            runs: VecDeque::new(),
+        }
     }
 
     /// Whether `w` may be punched in the open file `fd` (btrfs: `btrfs`):
@@ -55,6 +73,56 @@ impl<'a> SharedZeros<'a> {
                     )
             })
         })
+    }
+
+    /// btrfs: every stretch of the extent holding disk address `physical`
+    /// (a FIEMAP address), as the holder's id and where the stretch begins
+    /// in its file, if every holder is a file of the run (`None`
+    /// otherwise, or if they cannot all be listed).
+    pub(super) fn holders(&self, fd: BorrowedFd<'_>, physical: u64) -> Option<Vec<(FileId, u64)>> {
+        let o = crate::sys::fs::extent_owners(fd, physical).ok().filter(|o| o.complete)?;
+        o.refs
+            .iter()
+            .zip(&o.offsets)
+            .map(|(&(volume, ino), &at)| match self.db.id_of(FileKey { volume, ino }) {
+                Ok(Some(id)) if self.run.contains(id) => Some((id, at)),
+                _ => None,
+            })
+            .collect()
+    }
+
+    /// Whether the extent at disk address `disk` is tried for the first
+    /// time (a dry run, or a try that did not go through, leaves it where
+    /// it was: its other holders would try it again).
+    pub(super) fn first_try(&mut self, disk: u64) -> bool {
+        self.tried.insert(disk)
+    }
+
+    /// The zero runs of at least `zeros::MIN_BYTES` of file `id` of `size`
+    /// bytes (`None`: its map cannot be read).
+    pub(super) fn zero_runs(&mut self, id: FileId, size: u64, block: u64) -> Option<Vec<(u64, u64)>> {
+        let kept = match self.runs.iter().position(|r| r.0 == id) {
+            Some(i) => self.runs.remove(i)?,
+            None => {
+                let map = BlockMap::from_blob(&self.db.encoded_map(id).ok()??).ok()?;
+                (id, crate::dedupe::zeros::zero_runs(&map, size, block, crate::dedupe::zeros::MIN_BYTES))
+            }
+        };
+        let runs = kept.1.clone();
+        self.runs.push_front(kept);
+        self.runs.truncate(RUNS_KEPT);
+        Some(runs)
+    }
+
+    /// The bytes freed by letting go of the `zeros` (offsets into it) of
+    /// the extent at disk address `disk` in all its holders: all of them;
+    /// a dry run counts them as `freed` does, by disk space, once.
+    pub(super) fn freed_clones(&mut self, disk: u64, zeros: &[(u64, u64)], dry_run: bool) -> u64 {
+        let bytes = zeros.iter().map(|z| z.1).sum();
+        if !dry_run {
+            return bytes;
+        }
+        zeros.iter().map(|&(o, l)| crate::dedupe::add_span(&mut self.counted, disk + o, disk + o + l)).sum()
     }
 
     /// The bytes freed by punching `bytes` of `w` in the extent of

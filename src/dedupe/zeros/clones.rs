@@ -1,0 +1,325 @@
+//! btrfs: the zeros of an extent that reflinked clones share, with data in
+//! it too (a thick image written in one pass, then copied with `cp`).
+//!
+//! btrfs frees an extent only when nothing references any of it, so no
+//! holder can let go of its zeros alone: each must also stop referencing
+//! the extent's data. Holder by holder, each would rewrite the data into
+//! an extent of its own, and the copies would cost what the zeros free; a
+//! holder with no zeros in it (a copy the share phase shared from it)
+//! would never let go at all. So all the holders go together ([`plan`]):
+//! the data is copied once, out of the first holder that needs it, into a
+//! fresh extent, and shared from there into every other holder (the kernel
+//! compares every byte); every holder's zeros are turned into holes. The
+//! old extent is then referenced by nothing and freed; the copy costs the
+//! data once, as the rewrite of an extent held by one file does, and the
+//! same `--rewrite-ratio` weighs it.
+//!
+//! Everything is counted in offsets into the extent: every holder's
+//! stretch of it reads the same bytes there, whatever its place in its
+//! file.
+
+use std::collections::BTreeMap;
+
+/// One holder's stretch of the extent.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Held {
+    /// Which holder (an index into the caller's list of files).
+    pub holder: usize,
+    /// Where the stretch begins in the holder's file.
+    pub file: u64,
+    /// Where it begins in the extent.
+    pub at: u64,
+    /// Its length, in bytes.
+    pub len: u64,
+}
+
+/// One step of the work, done in order; any that does not go through
+/// stops the rest (the extent then stays, and no byte has changed).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Step {
+    /// Rewrite the byte ranges `parts` of `holder`'s file into a fresh
+    /// extent (copied out and shared back: `zeros::rewrite`).
+    Copy {
+        /// Whose file.
+        holder: usize,
+        /// Sorted byte ranges of it.
+        parts: Vec<(u64, u64)>,
+    },
+    /// Share `len` bytes at `from_at` in holder `from`'s file (copied by an
+    /// earlier step) into `to_at` in holder `to`'s.
+    Share {
+        /// The file shared from.
+        from: usize,
+        /// Where in it.
+        from_at: u64,
+        /// The file shared into.
+        to: usize,
+        /// Where in it.
+        to_at: u64,
+        /// How many bytes.
+        len: u64,
+    },
+    /// Turn the byte ranges `parts` of `holder`'s file into holes.
+    Punch {
+        /// Whose file.
+        holder: usize,
+        /// Sorted byte ranges of it.
+        parts: Vec<(u64, u64)>,
+    },
+}
+
+/// The work on one extent, and what it comes to.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ClonesWork {
+    /// What to do, in order.
+    pub steps: Vec<Step>,
+    /// The parts of the extent that become holes in every holder, as
+    /// sorted `(offset into it, length)`.
+    pub zeros: Vec<(u64, u64)>,
+    /// Bytes of the extent copied once.
+    pub data: u64,
+}
+
+/// The work that frees the extent its holders hold in `held` (every
+/// stretch of every holder, holder 0 first), given each holder's zero runs
+/// (`zeros[holder]`: sorted byte ranges of its file, whole `block`s). Its
+/// zeros are the parts any holder's runs cover, in pieces of at least
+/// `min` bytes (shorter ones are copied with the data: they would only
+/// split the items); its data, the rest any holder holds. A holder's own
+/// runs may be cut short by its writes in place (a clone's): another
+/// holder's runs cover the pieces.
+/// `None` when there is nothing to do this way: no data (each holder then
+/// lets go alone), zeros under `min`, data over `ratio` times the zeros,
+/// or a stretch not in whole blocks (a partial last block can only be
+/// shared at the end of both files).
+pub fn plan(held: &[Held], zeros: &[Vec<(u64, u64)>], block: u64, min: u64, ratio: f64) -> Option<ClonesWork> {
+    if held.iter().any(|h| h.at % block != 0 || h.len % block != 0 || h.file % block != 0) {
+        return None;
+    }
+    let (mut zero, mut covered) = (BTreeMap::new(), BTreeMap::new());
+    for h in held {
+        crate::dedupe::add_span(&mut covered, h.at, h.at + h.len);
+        for (o, l) in super::zeros_in(zeros.get(h.holder)?, h.file, h.file + h.len, block) {
+            let at = h.at + (o - h.file);
+            crate::dedupe::add_span(&mut zero, at, at + l);
+        }
+    }
+    zero.retain(|&s, &mut e| e - s >= min);
+    let zero_bytes: u64 = zero.iter().map(|(s, e)| e - s).sum();
+    let data = covered.iter().map(|(s, e)| e - s).sum::<u64>() - zero_bytes;
+    if data == 0 || zero_bytes < min || data as f64 > ratio * zero_bytes as f64 {
+        return None;
+    }
+    let mut homes = Homes::default();
+    let mut steps = Vec::new();
+    let holders = held.iter().map(|h| h.holder).max().map_or(0, |m| m + 1);
+    for holder in 0..holders {
+        let mut mine: Vec<Held> = held.iter().filter(|h| h.holder == holder).copied().collect();
+        mine.sort_unstable_by_key(|h| h.at);
+        let (mut copy, mut shares, mut punch) = (Vec::new(), Vec::new(), Vec::new());
+        for h in &mine {
+            for (a, b, is_zero) in cut(&zero, h.at, h.at + h.len) {
+                let in_file = |x: u64| h.file + (x - h.at);
+                if is_zero {
+                    punch.push((in_file(a), b - a));
+                    continue;
+                }
+                for (x, y, home) in homes.cut(a, b) {
+                    match home {
+                        Some((from, from_at)) => {
+                            shares.push(Step::Share { from, from_at, to: holder, to_at: in_file(x), len: y - x })
+                        }
+                        None => copy.push((in_file(x), y - x)),
+                    }
+                }
+                homes.add(a, b, holder, in_file(a));
+            }
+        }
+        if !copy.is_empty() {
+            copy.sort_unstable();
+            steps.push(Step::Copy { holder, parts: copy });
+        }
+        steps.extend(shares);
+        if !punch.is_empty() {
+            punch.sort_unstable();
+            steps.push(Step::Punch { holder, parts: punch });
+        }
+    }
+    Some(ClonesWork { steps, zeros: zero.iter().map(|(&s, &e)| (s, e - s)).collect(), data })
+}
+
+impl ClonesWork {
+    /// The bytes of the extent that become holes: freed once all is done.
+    pub fn zero_bytes(&self) -> u64 {
+        self.zeros.iter().map(|z| z.1).sum()
+    }
+}
+
+/// `[from, to)` cut at the edges of the `zero` spans: `(start, end, zero)`.
+fn cut(zero: &BTreeMap<u64, u64>, from: u64, to: u64) -> Vec<(u64, u64, bool)> {
+    let mut out = Vec::new();
+    let mut at = from;
+    let first = zero.range(..=from).next_back().map_or(from, |(&s, _)| s);
+    for (&s, &e) in zero.range(first..to) {
+        let (s, e) = (s.max(from), e.min(to));
+        if e <= s {
+            continue;
+        }
+        if s > at {
+            out.push((at, s, false));
+        }
+        out.push((s, e, true));
+        at = e;
+    }
+    if at < to {
+        out.push((at, to, false));
+    }
+    out
+}
+
+/// A piece of the extent: where it begins and ends, and where its data
+/// is (the holder and the file offset of its start), if anywhere yet.
+type Piece = (u64, u64, Option<(usize, u64)>);
+
+/// Where the extent's data is once copied: spans of it (start → end), each
+/// with the holder and the file offset of its start.
+#[derive(Default)]
+struct Homes(BTreeMap<u64, (u64, usize, u64)>);
+
+impl Homes {
+    /// `[from, to)` cut at the edges of the homes: `(start, end, home)`,
+    /// with the holder and file offset of `start` where a home has it.
+    fn cut(&self, from: u64, to: u64) -> Vec<Piece> {
+        let mut out = Vec::new();
+        let mut at = from;
+        let first = self.0.range(..=from).next_back().map_or(from, |(&s, _)| s);
+        for (&s, &(e, holder, file)) in self.0.range(first..to) {
+            let (x, y) = (s.max(from), e.min(to));
+            if y <= x {
+                continue;
+            }
+            if x > at {
+                out.push((at, x, None));
+            }
+            out.push((x, y, Some((holder, file + (x - s)))));
+            at = y;
+        }
+        if at < to {
+            out.push((at, to, None));
+        }
+        out
+    }
+
+    /// Record that `[from, to)` is at `file` in `holder`'s file from now
+    /// on, where no home has it yet.
+    fn add(&mut self, from: u64, to: u64, holder: usize, file: u64) {
+        for (x, y, home) in self.cut(from, to) {
+            if home.is_none() {
+                self.0.insert(x, (y, holder, file + (x - from)));
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const K: u64 = 1024;
+    const M: u64 = K * K;
+
+    fn held(holder: usize, file: u64, at: u64, len: u64) -> Held {
+        Held { holder, file, at, len }
+    }
+
+    #[test]
+    fn an_image_and_its_clone_copy_the_data_once_and_punch_the_zeros_in_both() {
+        // An 8 MiB extent: 1 MiB data, 1 MiB zeros, four times over; the
+        // image holds it at 0, its clone at 16 MiB.
+        let zeros: Vec<(u64, u64)> = (0..4).map(|i| (i * 2 * M + M, M)).collect();
+        let clone_zeros: Vec<(u64, u64)> = zeros.iter().map(|&(o, l)| (o + 16 * M, l)).collect();
+        let w = plan(
+            &[held(0, 0, 0, 8 * M), held(1, 16 * M, 0, 8 * M)],
+            &[zeros.clone(), clone_zeros.clone()],
+            4 * K,
+            64 * K,
+            4.0,
+        )
+        .unwrap();
+        assert_eq!((w.zero_bytes(), w.data), (4 * M, 4 * M));
+        let data: Vec<(u64, u64)> = (0..4).map(|i| (i * 2 * M, M)).collect();
+        let mut want = vec![Step::Copy { holder: 0, parts: data.clone() }, Step::Punch { holder: 0, parts: zeros }];
+        want.extend(data.iter().map(|&(o, l)| Step::Share { from: 0, from_at: o, to: 1, to_at: o + 16 * M, len: l }));
+        want.push(Step::Punch { holder: 1, parts: clone_zeros });
+        assert_eq!(w.steps, want);
+    }
+
+    #[test]
+    fn a_holder_of_data_alone_shares_it_and_one_that_lacks_a_part_copies_it() {
+        // Extent of 4 MiB: data, zeros, data, zeros (1 MiB each). Holder 0
+        // holds only the first 2 MiB; holder 1 (a copy the share phase
+        // shared) only the data at 2 MiB, without zeros of its own.
+        let w = plan(
+            &[held(0, 0, 0, 2 * M), held(1, 8 * M, 2 * M, M), held(2, 0, 0, 4 * M)],
+            &[vec![(M, M)], vec![], vec![(M, M), (3 * M, M)]],
+            4 * K,
+            64 * K,
+            4.0,
+        )
+        .unwrap();
+        assert_eq!((w.zero_bytes(), w.data), (2 * M, 2 * M));
+        assert_eq!(
+            w.steps,
+            vec![
+                Step::Copy { holder: 0, parts: vec![(0, M)] },
+                Step::Punch { holder: 0, parts: vec![(M, M)] },
+                Step::Copy { holder: 1, parts: vec![(8 * M, M)] },
+                Step::Share { from: 0, from_at: 0, to: 2, to_at: 0, len: M },
+                Step::Share { from: 1, from_at: 8 * M, to: 2, to_at: 2 * M, len: M },
+                Step::Punch { holder: 2, parts: vec![(M, M), (3 * M, M)] },
+            ]
+        );
+    }
+
+    #[test]
+    fn a_clone_written_in_place_punches_its_short_pieces_of_a_long_run() {
+        // Holder 1 wrote 4 KiB at 1 MiB + 32 KiB: its stretches of the
+        // extent are cut there, its own runs too short to count; the
+        // image's run covers them.
+        let w = plan(
+            &[held(0, 0, 0, 2 * M), held(1, 0, 0, M + 32 * K), held(1, M + 36 * K, M + 36 * K, M - 36 * K)],
+            &[vec![(M, M)], vec![(M, 32 * K), (M + 36 * K, M - 36 * K)]],
+            4 * K,
+            64 * K,
+            4.0,
+        )
+        .unwrap();
+        assert_eq!((w.zero_bytes(), w.data), (M, M));
+        assert_eq!(w.steps[2], Step::Share { from: 0, from_at: 0, to: 1, to_at: 0, len: M });
+        assert_eq!(w.steps[3], Step::Punch { holder: 1, parts: vec![(M, 32 * K), (M + 36 * K, M - 36 * K)] });
+    }
+
+    #[test]
+    fn nothing_without_data_or_with_too_much_or_with_a_partial_block() {
+        let b = 4 * K;
+        // Only zeros: each holder lets go alone.
+        assert_eq!(plan(&[held(0, 0, 0, M), held(1, 0, 0, M)], &[vec![(0, M)], vec![(0, M)]], b, 64 * K, 4.0), None);
+        // Data five times the zeros.
+        assert_eq!(plan(&[held(0, 0, 0, 6 * M)], &[vec![(0, M)]], b, 64 * K, 4.0), None);
+        // Zeros shorter than a run: data.
+        assert_eq!(plan(&[held(0, 0, 0, M)], &[vec![(0, 32 * K)]], b, 64 * K, 4.0), None);
+        // A stretch ending in a partial block.
+        assert_eq!(plan(&[held(0, 0, 0, 2 * M - 100)], &[vec![(0, M)]], b, 64 * K, 4.0), None);
+        // A holder with no runs given.
+        assert_eq!(plan(&[held(1, 0, 0, 2 * M)], &[vec![(0, M)]], b, 64 * K, 4.0), None);
+    }
+
+    #[test]
+    fn a_short_zero_piece_between_data_is_copied_with_it() {
+        // data 1 MiB, zeros 32 KiB, data, zeros 1 MiB.
+        let z = vec![(M, 32 * K), (2 * M + 32 * K, M)];
+        let w = plan(&[held(0, 0, 0, 3 * M + 32 * K)], &[z], 4 * K, 64 * K, 4.0).unwrap();
+        assert_eq!((w.zero_bytes(), w.data), (M, 2 * M + 32 * K));
+        assert_eq!(w.steps[0], Step::Copy { holder: 0, parts: vec![(0, 2 * M + 32 * K)] });
+    }
+}

@@ -1,0 +1,209 @@
+//! btrfs: an extent reflinked clones share with data in it, freed by all
+//! its holders at once (`dedupe::zeros::clones` says why and how).
+//!
+//! btrfs lists the holders (`BTRFS_IOC_LOGICAL_INO_V2`, as root); every
+//! one must be a file of the run (so no file outside the starting paths,
+//! excluded or marked `user.nodedup`, and no read-only snapshot, is
+//! touched or keeps the extent). Each is opened below the starting paths
+//! and checked to be what was scanned before anything is done, and again
+//! before each step; its stretches of the extent are read from its items.
+//! The holders already share the extent, so sharing its data among them
+//! shows no one anything FIEMAP did not.
+
+use std::fs::File;
+use std::os::fd::AsFd;
+use std::sync::atomic::AtomicBool;
+
+use crate::db::Db;
+use crate::dedupe::headroom::kept_free;
+use crate::dedupe::zeros::{self, clones};
+use crate::display::display_path;
+use crate::errors::ErrorKind;
+use crate::file::{FileFacts, FileId};
+use crate::progress::Progress;
+use crate::sys::btrfs_tree;
+use crate::sys::dedupe::{dedupe_range, DedupeStatus, MAX_REQUEST_LEN};
+use crate::sys::fiemap::Extent;
+
+use super::{error_kind, Visit, ZeroPass};
+
+/// A holder of the extent, opened and checked.
+struct Holder {
+    id: FileId,
+    facts: FileFacts,
+    file: File,
+}
+
+/// Why the work on an extent stopped: said with `-v` (the holder's own
+/// visit says more), or an error counted and said.
+enum Stop {
+    Left(String),
+    Failed(usize, ErrorKind, String, Option<i32>),
+}
+
+impl ZeroPass<'_> {
+    /// The stretches `g` of the open file `f` (id `id`) lie in an extent
+    /// shared with data in it (`wanted`: `ExtentWork::clones`), at `disk`:
+    /// free it with all its holders at once, if they are all files of the
+    /// run and the ratio allows; tried once a run. The bytes freed (a dry
+    /// run: that would be).
+    pub(super) fn clones_of(
+        &self,
+        db: &Db,
+        (id, f): (FileId, &File),
+        (disk, g): (Option<u64>, &[Extent]),
+        wanted: bool,
+        v: &mut Visit,
+        (progress, stop): (&dyn Progress, &AtomicBool),
+    ) -> u64 {
+        let (Some(b), Some(disk), Some(first)) = (self.bookends.filter(|_| wanted), disk, g.first()) else { return 0 };
+        if !v.shared.first_try(disk) {
+            return 0;
+        }
+        // At most 2,730 stretches (`sys::fs::extent_owners`): an extent
+        // held by more (a file of many small reflinks into it) stays.
+        let Some(refs) = v.shared.holders(f.as_fd(), first.physical) else { return 0 };
+        let Some((holders, held)) = self.holders(db, (id, disk), &refs, v) else { return 0 };
+        let zero_runs: Option<Vec<_>> =
+            holders.iter().map(|h| v.shared.zero_runs(h.id, h.facts.size, self.block)).collect();
+        let Some(work) = zero_runs.and_then(|z| clones::plan(&held, &z, self.block, zeros::MIN_BYTES, b.max_ratio))
+        else {
+            return 0;
+        };
+        match self.steps(&work, &holders, b, v) {
+            Ok(()) => {
+                for (i, h) in holders.iter().enumerate() {
+                    if work.steps.iter().any(|s| matches!(s, clones::Step::Punch { holder, .. } if *holder == i)) {
+                        v.count(h.id);
+                    }
+                }
+                v.shared.freed_clones(disk, &work.zeros, self.dry_run)
+            }
+            Err(Stop::Left(why)) => {
+                progress.info(&format!("{}: zeros its clones share left: {why}", display_path(&holders[0].facts.path)));
+                0
+            }
+            Err(Stop::Failed(i, kind, why, errno)) => {
+                self.failed(v.out, &holders[i].facts, (kind, &why, errno), (progress, stop));
+                0
+            }
+        }
+    }
+
+    /// Every holder of the extent at `disk`, opened and checked (`id`'s
+    /// first), with its stretches of it (`refs`: holder id and where a
+    /// stretch begins in its file). `None` if one is not as scanned, or
+    /// its stretch is not in the extent, or reaches past the end of its
+    /// file.
+    fn holders(
+        &self,
+        db: &Db,
+        (id, disk): (FileId, u64),
+        refs: &[(FileId, u64)],
+        v: &mut Visit,
+    ) -> Option<(Vec<Holder>, Vec<clones::Held>)> {
+        let mut ids: Vec<FileId> = refs.iter().map(|r| r.0).collect();
+        ids.sort_unstable_by_key(|&i| (i != id, i));
+        ids.dedup();
+        let mut facts = db.file_facts(ids.iter().copied()).ok()?;
+        let mut holders = Vec::with_capacity(ids.len());
+        for hid in ids {
+            let facts = facts.remove(&hid)?;
+            let file = self.tree.open_file(&facts.path).ok()?;
+            if !facts.is_open_as_recorded(&file, v.keys)
+                || crate::dedupe::nocow_left(self.leave_nocow, &file) != Ok(false)
+            {
+                return None;
+            }
+            holders.push(Holder { id: hid, facts, file });
+        }
+        let mut held = Vec::with_capacity(refs.len());
+        for &(hid, off) in refs {
+            let holder = holders.iter().position(|h| h.id == hid)?;
+            let h = &holders[holder];
+            let mut found = None;
+            btrfs_tree::file_extents(h.file.as_fd(), off..off + 1, |s| found = found.or(Some(s))).ok()?;
+            let s = found.filter(|s| s.logical == off && s.disk == disk && s.logical + s.length <= h.facts.size)?;
+            held.push(clones::Held { holder, file: s.logical, at: s.logical - s.span.0, len: s.length });
+        }
+        Some((holders, held))
+    }
+
+    /// Do the `work`'s steps in order; the first that does not go through
+    /// stops the rest. A dry run copies nothing and shares nothing (the
+    /// holders hold the same bytes: they share them), and reads back what
+    /// it would punch.
+    fn steps(
+        &self,
+        work: &clones::ClonesWork,
+        holders: &[Holder],
+        b: &crate::dedupe::Bookends,
+        v: &mut Visit,
+    ) -> Result<(), Stop> {
+        let changed =
+            |i: usize| Stop::Left(format!("{} changed since it was scanned", display_path(&holders[i].facts.path)));
+        for step in &work.steps {
+            match step {
+                clones::Step::Copy { holder, parts } => {
+                    let h = &holders[*holder];
+                    let same = || h.facts.is_open_as_recorded(&h.file, v.keys);
+                    let tmp = || self.tree.tmpfile();
+                    match zeros::rewrite(&b.room, tmp, &h.file, h.facts.size, parts, self.dry_run, same) {
+                        Ok(true) => v.out.rewritten += parts.iter().map(|p| p.1).sum::<u64>(),
+                        Ok(false) => return Err(changed(*holder)),
+                        Err(e) if kept_free(&e) => return Err(Stop::Left(e.to_string())),
+                        Err(e) => {
+                            let why = format!("data not rewritten: {e}");
+                            return Err(Stop::Failed(*holder, error_kind(e.raw_os_error()), why, e.raw_os_error()));
+                        }
+                    }
+                }
+                clones::Step::Share { from, from_at, to, to_at, len } => {
+                    let (s, d) = (&holders[*from], &holders[*to]);
+                    if !d.facts.is_open_as_recorded(&d.file, v.keys) {
+                        return Err(changed(*to));
+                    }
+                    if !self.dry_run {
+                        share(&s.file, *from_at, &d.file, *to_at, *len).map_err(|e| match e {
+                            Some(e) => {
+                                Stop::Failed(*to, ErrorKind::Zeros, format!("data not shared: {e}"), Some(e as i32))
+                            }
+                            None => changed(*to),
+                        })?;
+                    }
+                }
+                clones::Step::Punch { holder, parts } => {
+                    let h = &holders[*holder];
+                    let hole = v.holes.for_file(&h.file, self.tree);
+                    let same = || h.facts.is_open_as_recorded(&h.file, v.keys);
+                    match zeros::punch(hole, &h.file, parts, same) {
+                        Ok(p) if p.bytes == parts.iter().map(|p| p.1).sum::<u64>() => {}
+                        Ok(_) => return Err(changed(*holder)),
+                        Err(e) => {
+                            let why = format!("written zero blocks not turned into holes: {e}");
+                            return Err(Stop::Failed(*holder, error_kind(Some(e as i32)), why, Some(e as i32)));
+                        }
+                    }
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Share `len` bytes at `from_at` of `src` into `to_at` of `dest`, a
+/// request at a time. `Err(None)`: the kernel found them different (the
+/// file changed).
+fn share(src: &File, from_at: u64, dest: &File, to_at: u64, len: u64) -> Result<(), Option<nix::errno::Errno>> {
+    let mut done = 0;
+    while done < len {
+        let n = (len - done).min(MAX_REQUEST_LEN);
+        let r = dedupe_range(src.as_fd(), from_at + done, n, &[(dest.as_fd(), to_at + done)]).map_err(Some)?[0];
+        match r.status {
+            DedupeStatus::Same if r.bytes_deduped == n => done += n,
+            DedupeStatus::Error(e) => return Err(Some(e)),
+            _ => return Err(None),
+        }
+    }
+    Ok(())
+}
