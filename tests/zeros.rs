@@ -352,6 +352,8 @@ fn btrfs_zeros_a_clone_outside_the_run_holds_are_left() {
 /// still become holes; they are left pending (`zeros_keep_free`), so the
 /// next run frees them once there is room, an incremental one included
 /// (which used to find nothing new, leaving them to the weekly full plan).
+/// The file written in one pass has a reflinked clone: the two let go of
+/// the extent together, the header copied once, and wait together.
 #[test]
 fn btrfs_zeros_that_need_a_rewrite_wait_for_room_above_keep_free() {
     let Some(vol) = Volume::new(Fs::Btrfs, 512) else { return };
@@ -361,6 +363,7 @@ fn btrfs_zeros_that_need_a_rewrite_wait_for_room_above_keep_free() {
     let mut onepass = header.clone();
     onepass.resize(16 * MIB as usize, 0);
     std::fs::write(d.join("onepass"), &onepass).unwrap();
+    sh(Command::new("cp").arg("--reflink=always").arg(d.join("onepass")).arg(d.join("clone")));
     thick(&d.join("thick"), 16, &header[1..]);
     dedupscan::sys::syncfs(std::fs::File::open(&d).unwrap()).unwrap();
     let before = Snapshot::take(&d);
@@ -393,9 +396,9 @@ fn btrfs_zeros_that_need_a_rewrite_wait_for_room_above_keep_free() {
     // Room: the next incremental run frees them and leaves nothing pending.
     let r = run_json(&vol, &[s(&d), "--incremental"]);
     assert_eq!(first + num(&r, "zeros_to_holes_bytes"), thick_zeros + 15 * MIB, "{r:#}");
-    assert!(num(&r, "rewritten_bytes") >= MIB, "{r:#}");
+    assert!((MIB..2 * MIB).contains(&num(&r, "rewritten_bytes")), "{r:#}");
     assert_eq!(num(&r, "pending_bytes"), 0, "{r:#}");
-    assert!(allocated(&d.join("onepass")) <= 2 * MIB);
+    assert!(allocated(&d.join("onepass")) <= 2 * MIB && allocated(&d.join("clone")) <= 2 * MIB);
     before.assert_same(&Snapshot::take(&d));
 
     // A file left waiting, then removed: no longer pending, though the run

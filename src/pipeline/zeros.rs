@@ -33,9 +33,11 @@ use crate::sys::SubvolIds;
 use nix::errno::Errno;
 
 use super::pending::Pending;
+use holes::Holes;
 use shared::SharedZeros;
 
 mod clones;
+mod holes;
 mod shared;
 
 /// Files with zero runs looked up and punched at a time.
@@ -125,42 +127,6 @@ impl Visit<'_, '_> {
         if !self.counted.contains(id) {
             self.counted.insert(id);
             self.out.files += 1;
-        }
-    }
-}
-
-/// The unnamed files, all hole, that requests share from: the one made
-/// first, with the data checksums the volume's mount options give (or
-/// not), and, when a file first needs it, one the other way: btrfs refuses
-/// to share between a file with checksums and one without
-/// (`sys::btrfs_tree`). A dry run makes none (`made` is `None`), once it
-/// knows the run could.
-struct Holes {
-    made: Option<File>,
-    /// Whether `made` keeps no checksums, asked once.
-    made_kind: Option<Result<bool, nix::errno::Errno>>,
-    other: Option<Option<File>>,
-}
-
-impl Holes {
-    /// The hole to share into `f` from: `made`, unless it keeps checksums
-    /// and `f` not, or the other way (where either is unknown: `made`).
-    fn for_file(&mut self, f: &File, tree: &Tree) -> Option<&File> {
-        use crate::sys::btrfs_tree::nodatasum;
-        use std::os::fd::AsFd;
-        let made = self.made.as_ref()?;
-        let has = *self.made_kind.get_or_insert_with(|| nodatasum(made.as_fd()));
-        match (nodatasum(f.as_fd()), has) {
-            (Ok(want), Ok(has)) if want != has => {
-                let other = self.other.get_or_insert_with(|| {
-                    let t = tree.tmpfile().ok()?;
-                    crate::sys::btrfs_tree::match_checksums(t.as_fd(), f.as_fd()).ok()?;
-                    t.set_len(crate::sys::dedupe::MAX_REQUEST_LEN).ok()?;
-                    Some(t)
-                });
-                other.as_ref().or(Some(made))
-            }
-            _ => Some(made),
         }
     }
 }
@@ -279,7 +245,7 @@ impl ZeroPass<'_> {
                 progress.finish_phase("");
                 let label = if self.dry_run { "3/3 verify: zeros to holes" } else { "3/3 share: zeros to holes" };
                 progress.phase(label, None, true);
-                Holes { made, made_kind: None, other: None }
+                Holes::new(made)
             });
             st.hole = Some(hole.map_err(|e| {
                 *st.out.errors.entry(ErrorKind::Zeros).or_default() += 1;
@@ -396,18 +362,12 @@ impl ZeroPass<'_> {
                     }
                 };
                 for (disk, g) in &groups {
-                    let ratio = self.bookends.map(|b| b.max_ratio);
-                    let mut w = zeros::plan_on_disk(g, runs, c.size, self.block, zeros::MIN_BYTES, ratio);
-                    if w.punch.is_empty() || !v.shared.may_punch(f.as_fd(), &w, g, self.bookends.is_some()) {
-                        done.bytes += self.clones_of(db, (id, &f), (*disk, g), w.clones, v, (progress, stop));
+                    let w = self.judge(&f, g, (runs, c.size), v.shared, &mut buf);
+                    if w.punch.is_empty() {
+                        let (freed, waiting) = self.clones_of(db, (id, &f), (*disk, g), w.clones, v, (progress, stop));
+                        done.bytes += freed;
+                        left.waiting += waiting;
                         continue;
-                    }
-                    if !zeros::reads_zero(&f, &w.gaps, &mut buf) {
-                        w = zeros::gaps_are_data(w, ratio.unwrap_or(0.0), zeros::MIN_BYTES);
-                        if w.punch.is_empty() {
-                            done.bytes += self.clones_of(db, (id, &f), (*disk, g), w.clones, v, (progress, stop));
-                            continue;
-                        }
                     }
                     let hole = v.holes.for_file(&f, self.tree);
                     let mut same = || c.is_open_as_recorded(&f, v.keys);
@@ -428,6 +388,34 @@ impl ZeroPass<'_> {
         v.out.bytes += done.bytes;
         left.handled = true;
         left
+    }
+
+    /// The work on the stretches `g` of `f`, one extent, given the file's
+    /// zero `runs` and `size` (`zeros::plan_on_disk`): nothing to punch
+    /// here if shared zeros may not be (`SharedZeros::may_punch`), and the
+    /// short pieces between its runs tried as zeros only if they read as
+    /// zeros (`zeros::gaps_are_data`). An extent clones share with data
+    /// in it comes back with nothing to punch and `clones` set.
+    fn judge(
+        &self,
+        f: &File,
+        g: &[Extent],
+        (runs, size): (&[(u64, u64)], u64),
+        shared: &mut SharedZeros,
+        buf: &mut Vec<u8>,
+    ) -> zeros::ExtentWork {
+        let ratio = self.bookends.map(|b| b.max_ratio);
+        let w = zeros::plan_on_disk(g, runs, size, self.block, zeros::MIN_BYTES, ratio);
+        if w.punch.is_empty() {
+            return w;
+        }
+        if !shared.may_punch(f.as_fd(), &w, g, self.bookends.is_some()) {
+            return zeros::ExtentWork::default();
+        }
+        match zeros::reads_zero(f, &w.gaps, buf) {
+            true => w,
+            false => zeros::gaps_are_data(w, ratio.unwrap_or(0.0), zeros::MIN_BYTES),
+        }
     }
 
     /// Count a failure of file `c` (said, unless the filesystem stopped:

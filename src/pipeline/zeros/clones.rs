@@ -35,9 +35,11 @@ struct Holder {
 }
 
 /// Why the work on an extent stopped: said with `-v` (the holder's own
-/// visit says more), or an error counted and said.
+/// visit says more); no room above `--keep-free` for the copy (said once
+/// a run); or an error of a holder, counted and said.
 enum Stop {
     Left(String),
+    NoRoom(std::io::Error),
     Failed(usize, ErrorKind, String, Option<i32>),
 }
 
@@ -46,7 +48,8 @@ impl ZeroPass<'_> {
     /// shared with data in it (`wanted`: `ExtentWork::clones`), at `disk`:
     /// free it with all its holders at once, if they are all files of the
     /// run and the ratio allows; tried once a run. The bytes freed (a dry
-    /// run: that would be).
+    /// run: that would be), and those that wait for room above
+    /// `--keep-free` (the visiting file is left pending for them).
     pub(super) fn clones_of(
         &self,
         db: &Db,
@@ -55,20 +58,22 @@ impl ZeroPass<'_> {
         wanted: bool,
         v: &mut Visit,
         (progress, stop): (&dyn Progress, &AtomicBool),
-    ) -> u64 {
-        let (Some(b), Some(disk), Some(first)) = (self.bookends.filter(|_| wanted), disk, g.first()) else { return 0 };
+    ) -> (u64, u64) {
+        let (Some(b), Some(disk), Some(first)) = (self.bookends.filter(|_| wanted), disk, g.first()) else {
+            return (0, 0);
+        };
         if !v.shared.first_try(disk) {
-            return 0;
+            return (0, 0);
         }
         // At most 2,730 stretches (`sys::fs::extent_owners`): an extent
         // held by more (a file of many small reflinks into it) stays.
-        let Some(refs) = v.shared.holders(f.as_fd(), first.physical) else { return 0 };
-        let Some((holders, held)) = self.holders(db, (id, disk), &refs, v) else { return 0 };
+        let Some(refs) = v.shared.holders(f.as_fd(), first.physical) else { return (0, 0) };
+        let Some((holders, held)) = self.holders(db, (id, disk), &refs, v) else { return (0, 0) };
         let zero_runs: Option<Vec<_>> =
             holders.iter().map(|h| v.shared.zero_runs(h.id, h.facts.size, self.block)).collect();
         let Some(work) = zero_runs.and_then(|z| clones::plan(&held, &z, self.block, zeros::MIN_BYTES, b.max_ratio))
         else {
-            return 0;
+            return (0, 0);
         };
         match self.steps(&work, &holders, b, v) {
             Ok(()) => {
@@ -77,15 +82,23 @@ impl ZeroPass<'_> {
                         v.count(h.id);
                     }
                 }
-                v.shared.freed_clones(disk, &work.zeros, self.dry_run)
+                (v.shared.freed_clones(disk, &work.zeros, self.dry_run), 0)
             }
             Err(Stop::Left(why)) => {
                 progress.info(&format!("{}: zeros its clones share left: {why}", display_path(&holders[0].facts.path)));
-                0
+                (0, 0)
+            }
+            Err(Stop::NoRoom(e)) => {
+                if b.room.first_refusal() {
+                    let not = if self.dry_run { "would not be" } else { "not" };
+                    let path = display_path(&holders[0].facts.path);
+                    progress.warn(&format!("{path}: written zeros its clones share {not} turned into holes: {e}"));
+                }
+                (0, work.zero_bytes())
             }
             Err(Stop::Failed(i, kind, why, errno)) => {
                 self.failed(v.out, &holders[i].facts, (kind, &why, errno), (progress, stop));
-                0
+                (0, 0)
             }
         }
     }
@@ -151,7 +164,7 @@ impl ZeroPass<'_> {
                     match zeros::rewrite(&b.room, tmp, &h.file, h.facts.size, parts, self.dry_run, same) {
                         Ok(true) => v.out.rewritten += parts.iter().map(|p| p.1).sum::<u64>(),
                         Ok(false) => return Err(changed(*holder)),
-                        Err(e) if kept_free(&e) => return Err(Stop::Left(e.to_string())),
+                        Err(e) if kept_free(&e) => return Err(Stop::NoRoom(e)),
                         Err(e) => {
                             let why = format!("data not rewritten: {e}");
                             return Err(Stop::Failed(*holder, error_kind(e.raw_os_error()), why, e.raw_os_error()));
