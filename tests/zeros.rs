@@ -302,6 +302,51 @@ fn btrfs_an_image_written_in_one_pass_and_its_clones_let_go_of_its_zeros_togethe
     before.assert_same(&Snapshot::take(&d));
 }
 
+/// btrfs: an image written in one pass in a subvolume, a writable
+/// snapshot of it and a read-only one. The read-only snapshot keeps the
+/// image's extent (it is no file of the run: skipped), so nothing is
+/// done; once it is deleted, the image and its writable snapshot let go
+/// of the zeros together, across subvolumes (holders are known by
+/// subvolume id and inode).
+#[test]
+fn btrfs_an_image_and_its_writable_snapshot_let_go_of_its_zeros_together_unless_a_read_only_one_keeps_them() {
+    let Some(vol) = Volume::new(Fs::Btrfs, 512) else { return };
+    let d = vol.path("vm");
+    std::fs::create_dir(&d).unwrap();
+    btrfs(&["subvolume", "create"], &d.join("a"));
+    let mut bytes = Vec::new();
+    for i in 0..8 {
+        bytes.extend(Rng::new(110 + i).bytes(MIB as usize));
+        bytes.resize(bytes.len() + MIB as usize, 0);
+    }
+    std::fs::write(d.join("a/img"), &bytes).unwrap();
+    dedupscan::sys::syncfs(std::fs::File::open(d.join("a")).unwrap()).unwrap();
+    btrfs(&["subvolume", "snapshot", s(&d.join("a"))], &d.join("b"));
+    btrfs(&["subvolume", "snapshot", "-r", s(&d.join("a"))], &d.join("ro"));
+    let files = || [Snapshot::take(&d.join("a")), Snapshot::take(&d.join("b"))];
+    let before = files();
+    let maps = || ["a/img", "b/img"].map(|n| physical_blocks(&d.join(n), 0, 16 * MIB));
+    let map0 = maps();
+    let r = run_json(&vol, &[s(&d)]);
+    let done = ["zeros_to_holes_files", "zeros_to_holes_bytes", "rewritten_bytes", "errors"].map(|k| num(&r, k));
+    assert_eq!(done, [0; 4], "{r:#}");
+    assert_eq!(maps(), map0, "a file the read-only snapshot keeps was changed");
+    before.iter().zip(files()).for_each(|(b, a)| b.assert_same(&a));
+
+    btrfs(&["subvolume", "delete", "--commit-after"], &d.join("ro"));
+    btrfs(&["subvolume", "sync"], &vol.mnt);
+    let free0 = free_bytes(&vol.mnt);
+    let r = run_json(&vol, &[s(&d), "--rehash"]);
+    let freed = free_bytes(&vol.mnt) as i64 - free0 as i64;
+    let done = ["zeros_to_holes_files", "zeros_to_holes_bytes", "rewritten_bytes", "errors"].map(|k| num(&r, k));
+    assert_eq!(done, [2, 8 * MIB, 8 * MIB, 0], "{r:#}");
+    assert!(freed >= 7 * MIB as i64, "freed {freed}: {r:#}");
+    before.iter().zip(files()).for_each(|(b, a)| b.assert_same(&a));
+    let [a, b] = maps();
+    assert!(a[(MIB / 4096) as usize].is_none() && b[(MIB / 4096) as usize].is_none(), "zeros still mapped");
+    assert!(a[0].is_some() && a[0] == b[0] && a[0] != map0[0][0], "the data not moved and shared");
+}
+
 /// Zeros a reflinked clone outside the run also holds: it keeps them,
 /// whatever the run does, and is untouched; nothing is freed or counted
 /// freed. btrfs says who holds an extent, so there the files of the run
