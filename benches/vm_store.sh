@@ -6,10 +6,11 @@
 # into stretches that FIEMAP shows apart (docs/ARCHITECTURE.md, "Bookends").
 #
 #   benches/vm_store.sh [--fs btrfs|xfs] [--size MIB] [--reflinked N]
-#                       [--written N] [--filled] [--dry-run] [--bin PATH]...
+#                       [--written N] [--filled] [--changed PCT] [--dry-run]
+#                       [--bin PATH]...
 #       defaults: btrfs, a 512 MiB image (1 MiB data / 1 MiB zeros), 2
 #       reflinked clones (cp --reflink=always) and 1 written copy
-#       (cp --reflink=never). --filled: the image is written as zeros
+#       (cp --reflink=never), 1% of each changed. --filled: the image is written as zeros
 #       first, flushed, then its data written in place (made with dd, then
 #       installed into: on btrfs its zeros in extents of their own).
 #       --dry-run: each build previews too, on the same volume before its
@@ -22,7 +23,7 @@
 # they hold (what an ideal store keeps).
 # Every file's SHA-256 is checked after each run. Needs root, python3.
 set -euo pipefail
-FS=btrfs MIB=512 REFLINKED=2 WRITTEN=1 FILLED=0 DRY=0 BINS=()
+FS=btrfs MIB=512 REFLINKED=2 WRITTEN=1 FILLED=0 DRY=0 CHANGED=1 BINS=()
 while [ $# -gt 0 ]; do
     case "$1" in
         --fs) FS=$2; shift 2 ;;
@@ -30,9 +31,10 @@ while [ $# -gt 0 ]; do
         --reflinked) REFLINKED=$2; shift 2 ;;
         --written) WRITTEN=$2; shift 2 ;;
         --filled) FILLED=1; shift ;;
+        --changed) CHANGED=$2; shift 2 ;;
         --dry-run) DRY=1; shift ;;
         --bin) BINS+=("$(realpath "$2")"); shift 2 ;;
-        -h | --help) sed -n '2,22p' "$0"; exit 0 ;;
+        -h | --help) sed -n '2,23p' "$0"; exit 0 ;;
         *) echo "unknown argument: $1" >&2; exit 2 ;;
     esac
 done
@@ -88,13 +90,13 @@ PY
         names+=("copy$i.img")
     done
     sync
-    (cd "$MNT/store" && python3 - "${names[@]}" <<'PY'
+    (cd "$MNT/store" && python3 - "$CHANGED" "${names[@]}" <<'PY'
 import os, random, sys
-for i, name in enumerate(sys.argv[1:]):
+for i, name in enumerate(sys.argv[2:]):
     r = random.Random(10 + i)
     fd = os.open(name, os.O_WRONLY)
     blocks = os.fstat(fd).st_size // 4096
-    for _ in range(blocks // 100):
+    for _ in range(blocks * int(sys.argv[1]) // 100):
         os.pwrite(fd, r.randbytes(4096), r.randrange(blocks) * 4096)
     os.fsync(fd)
     os.close(fd)
@@ -136,7 +138,7 @@ print(f"{label:34} wall {float(wall):6.2f} s  peak RSS {int(rss) / 1024:6.1f} Mi
 PY
 }
 
-echo "$FS: a ${MIB} MiB thick image$([ "$FILLED" = 1 ] && echo ", zeros written first"), $REFLINKED reflinked clones, $WRITTEN written copies, 1% of each changed in place"
+echo "$FS: a ${MIB} MiB thick image$([ "$FILLED" = 1 ] && echo ", zeros written first"), $REFLINKED reflinked clones, $WRITTEN written copies, $CHANGED% of each changed in place"
 for bin in "${BINS[@]}"; do
     fresh_volume
     (cd "$MNT/store" && sha256sum ./*) >"$WORK/manifest"

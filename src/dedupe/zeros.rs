@@ -115,7 +115,8 @@ pub struct ExtentWork {
 /// The work on one extent given the file's zero `runs` (sorted byte
 /// ranges, whole blocks): its parts in the runs, in whole `block`s. XFS
 /// (`btrfs_ratio` `None`) frees blocks one by one: each part of at least
-/// `min` bytes is punched, in a shared extent too (`shared`). btrfs
+/// `min` bytes is punched, or that is the whole extent, in a shared extent
+/// too (`shared`). btrfs
 /// (`Some(ratio)`) frees an extent only whole: wholly zero (in this file's
 /// stretches), it is punched, shared or not; with every piece between its
 /// runs shorter than a run, those are tried as zeros (`gaps_as_zeros`);
@@ -163,7 +164,12 @@ pub fn plan_on_disk(
     let zero_bytes: u64 = work.punch.iter().map(|z| z.1).sum();
     let data = data - zero_bytes;
     let Some(ratio) = btrfs_ratio else {
-        work.punch.retain(|z| z.1 >= min);
+        // A part that is the whole extent splits nothing, whatever its
+        // length: a clone written in place keeps such pieces of shared
+        // zeros between its writes, the only holder once the others let
+        // go.
+        let whole = |z: &(u64, u64)| stretches.iter().any(|e| (e.logical, e.logical + e.length) == (z.0, z.0 + z.1));
+        work.punch.retain(|z| z.1 >= min || whole(z));
         work.rewrite.clear();
         return work;
     };
@@ -180,6 +186,25 @@ pub fn plan_on_disk(
         return ExtentWork::default();
     }
     work
+}
+
+/// The byte ranges to map for the sorted zero `runs`: runs one after the
+/// other together, each range at most `window` bytes (a longer run cut),
+/// so that a file of many runs costs a FIEMAP call a window, not a run.
+pub fn windows(runs: &[(u64, u64)], window: u64) -> Vec<std::ops::Range<u64>> {
+    let mut out: Vec<std::ops::Range<u64>> = Vec::new();
+    for &(o, l) in runs {
+        let mut at = o;
+        while at < o + l {
+            let end = (at + window).min(o + l);
+            match out.last_mut() {
+                Some(w) if end - w.start <= window => w.end = end,
+                _ => out.push(at..end),
+            }
+            at = end;
+        }
+    }
+    out
 }
 
 /// Whether every piece is whole blocks shorter than a zero run can be.
@@ -418,6 +443,22 @@ mod tests {
         // Clipped to the extent: under the minimum, left.
         let w = plan_on_disk(&[ext(360 * K, 100 * K, 0)], &runs, 1024 * K, 4 * K, 64 * K, None);
         assert!(w.punch.is_empty());
+        // A short run that is a whole extent (between two writes in place
+        // of a clone) splits nothing: punched.
+        let short = [(64 * K, 36 * K)];
+        let w = plan_on_disk(&[ext(64 * K, 36 * K, flags::SHARED)], &short, 1024 * K, 4 * K, 64 * K, None);
+        assert_eq!((w.punch, w.shared), (short.to_vec(), true));
+        let w = plan_on_disk(&[ext(60 * K, 40 * K, flags::SHARED)], &short, 1024 * K, 4 * K, 64 * K, None);
+        assert!(w.punch.is_empty());
+    }
+
+    #[test]
+    fn windows_hold_runs_one_after_the_other_up_to_their_length() {
+        let runs = [(0, 10), (20, 10), (40, 30), (100, 5)];
+        assert_eq!(windows(&runs, 32), vec![0..30, 40..70, 100..105]);
+        assert_eq!(windows(&runs, 200), vec![0..105]);
+        assert_eq!(windows(&[(0, 70)], 32), vec![0..32, 32..64, 64..70]);
+        assert_eq!(windows(&[], 32), vec![]);
     }
 
     #[test]

@@ -347,42 +347,40 @@ impl ZeroPass<'_> {
             Err(e) => return fail(v.out, e),
         };
         // Mapped a window at a time, so a file of millions of extents costs
-        // the extents of one window. An extent is judged once, whole, in
-        // the first window that finds it, against all of the file's runs.
+        // the extents of one window (and a file of many runs, a call a
+        // window). An extent is judged once, whole, in the first window
+        // that finds it, against all of the file's runs.
         let (mut done, mut judged) = (zeros::Punched::default(), Judged::default());
         let mut buf = Vec::new();
-        for &(off, len) in runs {
-            let mut at = off;
-            while at < off + len {
-                let end = (at + WINDOW).min(off + len);
-                let groups = match self.window(&f, at..end, &mut judged) {
-                    Ok(g) => g,
-                    Err(e) => {
-                        return fail(v.out, (ErrorKind::Open, format!("cannot map its extents: {e}"), Some(e as i32)))
-                    }
-                };
-                for (disk, g) in &groups {
-                    let w = self.judge(&f, g, (runs, c.size), v.shared, &mut buf);
-                    if w.punch.is_empty() {
-                        let (freed, waiting) = self.clones_of(db, (id, &f), (*disk, g), w.clones, v, (progress, stop));
-                        done.bytes += freed;
-                        left.waiting += waiting;
-                        continue;
-                    }
-                    let hole = v.holes.for_file(&f, self.tree);
-                    let mut same = || c.is_open_as_recorded(&f, v.keys);
-                    match self.extent((c, &f), &w, hole, &mut same, &mut v.out.rewritten, progress) {
-                        Ok((Moved::Yes, p)) => {
-                            left.holed |= p.bytes > 0;
-                            done.bytes += v.shared.freed(&w, g, p.bytes, self.dry_run);
-                            done.differs += p.differs;
-                        }
-                        Ok((Moved::No, _)) => {}
-                        Ok((Moved::NoRoom, _)) => left.waiting += w.punch.iter().map(|p| p.1).sum::<u64>(),
-                        Err((why, errno)) => return fail(v.out, (error_kind(errno), why, errno)),
-                    }
+        let short = self.bookends.is_none().then(|| short_runs(db, id, c.size, self.block)).flatten();
+        let runs = short.as_deref().unwrap_or(runs);
+        for part in zeros::windows(runs, WINDOW) {
+            let groups = match self.window(&f, part, &mut judged) {
+                Ok(g) => g,
+                Err(e) => {
+                    return fail(v.out, (ErrorKind::Open, format!("cannot map its extents: {e}"), Some(e as i32)))
                 }
-                at = end;
+            };
+            for (disk, g) in &groups {
+                let w = self.judge(&f, g, (runs, c.size), v.shared, &mut buf);
+                if w.punch.is_empty() {
+                    let (freed, waiting) = self.clones_of(db, (id, &f), (*disk, g), w.clones, v, (progress, stop));
+                    done.bytes += freed;
+                    left.waiting += waiting;
+                    continue;
+                }
+                let hole = v.holes.for_file(&f, self.tree);
+                let mut same = || c.is_open_as_recorded(&f, v.keys);
+                match self.extent((c, &f), &w, hole, &mut same, &mut v.out.rewritten, progress) {
+                    Ok((Moved::Yes, p)) => {
+                        left.holed |= p.bytes > 0;
+                        done.bytes += v.shared.freed(&w, g, p.bytes, self.dry_run);
+                        done.differs += p.differs;
+                    }
+                    Ok((Moved::No, _)) => {}
+                    Ok((Moved::NoRoom, _)) => left.waiting += w.punch.iter().map(|p| p.1).sum::<u64>(),
+                    Err((why, errno)) => return fail(v.out, (error_kind(errno), why, errno)),
+                }
             }
         }
         v.out.bytes += done.bytes;
@@ -499,6 +497,19 @@ impl ZeroPass<'_> {
         }
     }
 }
+
+/// XFS: the zero runs of file `id` of any length (a whole extent of zeros
+/// is punched however short: `zeros::plan_on_disk`), read from its map;
+/// `None` if it cannot be read or has more than [`MAX_SHORT_RUNS`] (the
+/// runs of at least `zeros::MIN_BYTES` then do).
+fn short_runs(db: &Db, id: FileId, size: u64, block: u64) -> Option<Vec<(u64, u64)>> {
+    let map = BlockMap::from_blob(&db.encoded_map(id).ok()??).ok()?;
+    Some(zeros::zero_runs(&map, size, block, block)).filter(|r| r.len() <= MAX_SHORT_RUNS)
+}
+
+/// The most zero runs of one file looked at whatever their length: 16 MiB
+/// of them.
+const MAX_SHORT_RUNS: usize = 1 << 20;
 
 /// What the windows of one file have judged already: FIEMAP extents up to
 /// an offset, and extents on disk by their start, each with where its

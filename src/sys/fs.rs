@@ -327,27 +327,46 @@ pub struct ExtentOwners {
     pub offsets: Vec<u64>,
     /// False when the answer did not fit: there are more owners.
     pub complete: bool,
+    /// The bytes of room the answer lacked.
+    pub missing: u32,
 }
 
 /// Every `(subvolume, inode)` referencing the data extent holding disk
 /// address `logical` (a FIEMAP `fe_physical`), with
 /// `BTRFS_IOC_LOGICAL_INO_V2` (needs CAP_SYS_ADMIN; a back-reference walk,
 /// about what FIEMAP's SHARED flag costs). Read-only snapshots are
-/// subvolumes like any other, so their references are listed too.
+/// subvolumes like any other, so their references are listed too. At most
+/// 2,730 references (64 KiB); more is answered incomplete.
 pub fn extent_owners(fd: BorrowedFd<'_>, logical: u64) -> Result<ExtentOwners, Errno> {
-    // 64 KiB: room for 2,730 references; more is answered incomplete.
-    const SIZE: usize = 64 << 10;
-    let mut buf = vec![0u64; SIZE / 8];
+    logical_ino(fd, logical, 64 << 10)
+}
+
+/// [`extent_owners`], asked again with room for all of them when 64 KiB
+/// did not hold them, up to the kernel's 16 MiB (699,050 references): the
+/// zero pass lists every stretch of an extent clones written in place
+/// hold, thousands of them.
+pub fn extent_owners_all(fd: BorrowedFd<'_>, logical: u64) -> Result<ExtentOwners, Errno> {
+    const MAX: u64 = 16 << 20;
+    let first = logical_ino(fd, logical, 64 << 10)?;
+    match first.missing {
+        0 => Ok(first),
+        missing => logical_ino(fd, logical, ((64 << 10) + u64::from(missing)).min(MAX) as usize),
+    }
+}
+
+/// One `BTRFS_IOC_LOGICAL_INO_V2` call with `size` bytes of room.
+fn logical_ino(fd: BorrowedFd<'_>, logical: u64, size: usize) -> Result<ExtentOwners, Errno> {
+    let mut buf = vec![0u64; size.div_ceil(8)];
     let mut a = LogicalInoArgs {
         logical,
-        size: SIZE as u64,
+        size: (buf.len() * 8) as u64,
         flags: BTRFS_LOGICAL_INO_ARGS_IGNORE_OFFSET,
         inodes: buf.as_mut_ptr() as u64,
         ..Default::default()
     };
     // SAFETY: `a` is a valid `btrfs_ioctl_logical_ino_args`; `inodes` points
-    // at `buf`, SIZE writable bytes, 8-byte aligned, which outlives the call;
-    // the kernel writes at most `size` bytes there.
+    // at `buf`, `a.size` writable bytes, 8-byte aligned, which outlives the
+    // call; the kernel writes at most `size` bytes there.
     unsafe { ioctl_btrfs_logical_ino_v2(fd.as_raw_fd(), &mut a) }?;
     // struct btrfs_data_container: bytes_left, bytes_missing, elem_cnt,
     // elem_missed (u32 each), then elem_cnt u64 values, three per reference
@@ -362,6 +381,7 @@ pub fn extent_owners(fd: BorrowedFd<'_>, logical: u64) -> Result<ExtentOwners, E
         refs: vals.chunks_exact(3).map(|v| (v[2], v[0])).collect(),
         offsets: vals.chunks_exact(3).map(|v| v[1]).collect(),
         complete: elem_missed == 0 && bytes_missing == 0,
+        missing: bytes_missing,
     })
 }
 

@@ -65,8 +65,6 @@ impl ZeroPass<'_> {
         if !v.shared.first_try(disk) {
             return (0, 0);
         }
-        // At most 2,730 stretches (`sys::fs::extent_owners`): an extent
-        // held by more (a file of many small reflinks into it) stays.
         let Some(refs) = v.shared.holders(f.as_fd(), first.physical) else { return (0, 0) };
         let Some((holders, held)) = self.holders(db, (id, disk), &refs, v) else { return (0, 0) };
         let zero_runs: Option<Vec<_>> =

@@ -80,7 +80,7 @@ impl<'a> SharedZeros<'a> {
     /// in its file, if every holder is a file of the run (`None`
     /// otherwise, or if they cannot all be listed).
     pub(super) fn holders(&self, fd: BorrowedFd<'_>, physical: u64) -> Option<Vec<(FileId, u64)>> {
-        let o = crate::sys::fs::extent_owners(fd, physical).ok().filter(|o| o.complete)?;
+        let o = crate::sys::fs::extent_owners_all(fd, physical).ok().filter(|o| o.complete)?;
         o.refs
             .iter()
             .zip(&o.offsets)
