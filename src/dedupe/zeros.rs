@@ -14,9 +14,10 @@
 //! file reads the same, byte for byte; only its allocation changes.
 //!
 //! Which zero runs (the map's runs of fingerprint 0 of at least
-//! [`MIN_BYTES`]) are worth it is decided by FIEMAP at share time, one call
-//! per file that has such runs ([`plan_on_disk`]): only written extents
-//! with blocks of their own (shared ones too, below). `UNWRITTEN`
+//! [`MIN_BYTES`]; on XFS also a shorter one that is a whole extent, which
+//! splits nothing) are worth it is decided by FIEMAP at share time, a call
+//! per window of a file that has such runs ([`plan_on_disk`]): only written
+//! extents with blocks of their own (shared ones too, below). `UNWRITTEN`
 //! stays (preallocated on purpose with `fallocate`, and it costs no read
 //! anyway); compressed, inline, delayed or unknown extents have no blocks
 //! of their own. On btrfs a hole in part of an extent frees nothing while
