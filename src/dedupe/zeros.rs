@@ -189,17 +189,20 @@ pub fn plan_on_disk(
     work
 }
 
-/// The byte ranges to map for the sorted zero `runs`: runs one after the
-/// other together, each range at most `window` bytes (a longer run cut),
-/// so that a file of many runs costs a FIEMAP call a window, not a run.
-pub fn windows(runs: &[(u64, u64)], window: u64) -> Vec<std::ops::Range<u64>> {
+/// The byte ranges to map for the sorted zero `runs`: runs at most `gap`
+/// bytes apart together (the short runs between a clone's writes, with
+/// the long ones around them), each range at most `window` bytes (a
+/// longer run cut), so that such a file costs a FIEMAP call a window, not
+/// a run. Runs further apart are mapped apart: the data between them is
+/// not mapped (on btrfs, FIEMAP asks who shares each extent it lists).
+pub fn windows(runs: &[(u64, u64)], window: u64, gap: u64) -> Vec<std::ops::Range<u64>> {
     let mut out: Vec<std::ops::Range<u64>> = Vec::new();
     for &(o, l) in runs {
         let mut at = o;
         while at < o + l {
             let end = (at + window).min(o + l);
             match out.last_mut() {
-                Some(w) if end - w.start <= window => w.end = end,
+                Some(w) if at - w.end <= gap && end - w.start <= window => w.end = end,
                 _ => out.push(at..end),
             }
             at = end;
@@ -454,12 +457,13 @@ mod tests {
     }
 
     #[test]
-    fn windows_hold_runs_one_after_the_other_up_to_their_length() {
+    fn windows_hold_runs_close_to_each_other_up_to_their_length() {
         let runs = [(0, 10), (20, 10), (40, 30), (100, 5)];
-        assert_eq!(windows(&runs, 32), vec![0..30, 40..70, 100..105]);
-        assert_eq!(windows(&runs, 200), vec![0..105]);
-        assert_eq!(windows(&[(0, 70)], 32), vec![0..32, 32..64, 64..70]);
-        assert_eq!(windows(&[], 32), vec![]);
+        assert_eq!(windows(&runs, 32, 10), vec![0..30, 40..70, 100..105]);
+        assert_eq!(windows(&runs, 200, 30), vec![0..105]);
+        assert_eq!(windows(&runs, 200, 10), vec![0..70, 100..105]);
+        assert_eq!(windows(&[(0, 70)], 32, 0), vec![0..32, 32..64, 64..70]);
+        assert_eq!(windows(&[], 32, 10), vec![]);
     }
 
     #[test]

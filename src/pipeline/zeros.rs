@@ -347,14 +347,14 @@ impl ZeroPass<'_> {
             Err(e) => return fail(v.out, e),
         };
         // Mapped a window at a time, so a file of millions of extents costs
-        // the extents of one window (and a file of many runs, a call a
-        // window). An extent is judged once, whole, in the first window
+        // the extents of one window (and runs close to each other, a call
+        // a window). An extent is judged once, whole, in the first window
         // that finds it, against all of the file's runs.
         let (mut done, mut judged) = (zeros::Punched::default(), Judged::default());
         let mut buf = Vec::new();
         let short = self.bookends.is_none().then(|| short_runs(db, id, c.size, self.block)).flatten();
         let runs = short.as_deref().unwrap_or(runs);
-        for part in zeros::windows(runs, WINDOW) {
+        for part in zeros::windows(runs, WINDOW, zeros::MIN_BYTES) {
             let groups = match self.window(&f, part, &mut judged) {
                 Ok(g) => g,
                 Err(e) => {

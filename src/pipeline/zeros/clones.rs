@@ -27,6 +27,10 @@ use crate::sys::fiemap::Extent;
 
 use super::{error_kind, Visit, ZeroPass};
 
+/// The most files holding one extent freed together (all are open at
+/// once): an extent more hold stays.
+const MAX_HOLDERS: usize = 256;
+
 /// A holder of the extent, opened and checked.
 struct Holder {
     id: FileId,
@@ -105,7 +109,7 @@ impl ZeroPass<'_> {
     /// first), with its stretches of it (`refs`: holder id and where a
     /// stretch begins in its file). `None` if one is not as scanned, or
     /// its stretch is not in the extent, or reaches past the end of its
-    /// file.
+    /// file, or there are more than [`MAX_HOLDERS`].
     fn holders(
         &self,
         db: &Db,
@@ -116,6 +120,9 @@ impl ZeroPass<'_> {
         let mut ids: Vec<FileId> = refs.iter().map(|r| r.0).collect();
         ids.sort_unstable_by_key(|&i| (i != id, i));
         ids.dedup();
+        if ids.len() > MAX_HOLDERS {
+            return None;
+        }
         let mut facts = db.file_facts(ids.iter().copied()).ok()?;
         let mut holders = Vec::with_capacity(ids.len());
         for hid in ids {
