@@ -112,12 +112,12 @@ pub fn plan(held: &[Held], zeros: &[Vec<(u64, u64)>], block: u64, min: u64, rati
     }
     let mut homes = Homes::default();
     let mut steps = Vec::new();
-    let holders = held.iter().map(|h| h.holder).max().map_or(0, |m| m + 1);
-    for holder in 0..holders {
-        let mut mine: Vec<Held> = held.iter().filter(|h| h.holder == holder).copied().collect();
-        mine.sort_unstable_by_key(|h| h.at);
+    let mut sorted = held.to_vec();
+    sorted.sort_unstable_by_key(|h| (h.holder, h.at));
+    for mine in sorted.chunk_by(|a, b| a.holder == b.holder) {
+        let holder = mine[0].holder;
         let (mut copy, mut shares, mut punch) = (Vec::new(), Vec::new(), Vec::new());
-        for h in &mine {
+        for h in mine {
             for (a, b, is_zero) in cut(&zero, h.at, h.at + h.len) {
                 let in_file = |x: u64| h.file + (x - h.at);
                 if is_zero {

@@ -10,6 +10,7 @@
 //! The holders already share the extent, so sharing its data among them
 //! shows no one anything FIEMAP did not.
 
+use std::collections::HashMap;
 use std::fs::File;
 use std::os::fd::AsFd;
 use std::sync::atomic::AtomicBool;
@@ -135,9 +136,10 @@ impl ZeroPass<'_> {
             }
             holders.push(Holder { id: hid, facts, file });
         }
+        let index: HashMap<FileId, usize> = holders.iter().enumerate().map(|(i, h)| (h.id, i)).collect();
         let mut held = Vec::with_capacity(refs.len());
         for &(hid, off) in refs {
-            let holder = holders.iter().position(|h| h.id == hid)?;
+            let holder = *index.get(&hid)?;
             let h = &holders[holder];
             let mut found = None;
             btrfs_tree::file_extents(h.file.as_fd(), off..off + 1, |s| found = found.or(Some(s))).ok()?;
