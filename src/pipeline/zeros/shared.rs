@@ -81,14 +81,15 @@ impl<'a> SharedZeros<'a> {
     /// otherwise, or if they cannot all be listed).
     pub(super) fn holders(&self, fd: BorrowedFd<'_>, physical: u64) -> Option<Vec<(FileId, u64)>> {
         let o = crate::sys::fs::extent_owners_all(fd, physical).ok().filter(|o| o.complete)?;
-        o.refs
-            .iter()
-            .zip(&o.offsets)
-            .map(|(&(volume, ino), &at)| match self.db.id_of(FileKey { volume, ino }) {
-                Ok(Some(id)) if self.run.contains(id) => Some((id, at)),
-                _ => None,
+        // A file holds many stretches (a clone written in place: thousands):
+        // each file is looked up once.
+        let mut ids: HashMap<(u64, u64), Option<FileId>> = HashMap::new();
+        let mut id_of = |(volume, ino): (u64, u64)| {
+            *ids.entry((volume, ino)).or_insert_with(|| {
+                self.db.id_of(FileKey { volume, ino }).ok().flatten().filter(|&id| self.run.contains(id))
             })
-            .collect()
+        };
+        o.refs.iter().zip(&o.offsets).map(|(&key, &at)| id_of(key).map(|id| (id, at))).collect()
     }
 
     /// Whether the extent at disk address `disk` is tried for the first
