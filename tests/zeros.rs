@@ -19,6 +19,18 @@ use dedupscan::corpus::Rng;
 
 const MIB: u64 = 1 << 20;
 
+/// A 16 MiB image written in one pass: 1 MiB of data (seeded from `seed`
+/// up), then 1 MiB of zeros, eight times (on btrfs, data and zeros in one
+/// extent).
+fn write_one_pass(p: &Path, seed: u64) {
+    let mut bytes = Vec::new();
+    for i in 0..8 {
+        bytes.extend(Rng::new(seed + i).bytes(MIB as usize));
+        bytes.resize(bytes.len() + MIB as usize, 0);
+    }
+    std::fs::write(p, &bytes).unwrap();
+}
+
 /// Bytes allocated to `p` (`st_blocks`).
 fn allocated(p: &Path) -> u64 {
     std::fs::metadata(p).unwrap().blocks() * 512
@@ -256,15 +268,7 @@ fn btrfs_an_image_written_in_one_pass_and_its_clones_let_go_of_its_zeros_togethe
     let (d, outside) = (vol.path("vm"), vol.path("outside"));
     std::fs::create_dir(&d).unwrap();
     std::fs::create_dir(&outside).unwrap();
-    let image = |name: &Path, seed: u64| {
-        let mut bytes = Vec::new();
-        for i in 0..8 {
-            bytes.extend(Rng::new(seed + i).bytes(MIB as usize));
-            bytes.resize(bytes.len() + MIB as usize, 0);
-        }
-        std::fs::write(name, &bytes).unwrap();
-    };
-    image(&d.join("image"), 70);
+    write_one_pass(&d.join("image"), 70);
     let cp = |from: &Path, to: &Path, how: &str| sh(Command::new("cp").arg(how).arg(from).arg(to));
     for (to, how) in [("clone1", "--reflink=always"), ("clone2", "--reflink=always"), ("copy", "--reflink=never")] {
         cp(&d.join("image"), &d.join(to), how);
@@ -274,9 +278,9 @@ fn btrfs_an_image_written_in_one_pass_and_its_clones_let_go_of_its_zeros_togethe
         f.write_all_at(&Rng::new(at).bytes(4096), at).unwrap();
     }
     f.sync_all().unwrap();
-    image(&d.join("held"), 80);
+    write_one_pass(&d.join("held"), 80);
     cp(&d.join("held"), &outside.join("held"), "--reflink=always");
-    image(&d.join("marked"), 90);
+    write_one_pass(&d.join("marked"), 90);
     cp(&d.join("marked"), &d.join("marked.clone"), "--reflink=always");
     set_nodedup(&d.join("marked.clone"));
     dedupscan::sys::syncfs(std::fs::File::open(&d).unwrap()).unwrap();
@@ -329,12 +333,7 @@ fn btrfs_an_image_and_its_writable_snapshot_let_go_of_its_zeros_together_unless_
     let d = vol.path("vm");
     std::fs::create_dir(&d).unwrap();
     btrfs(&["subvolume", "create"], &d.join("a"));
-    let mut bytes = Vec::new();
-    for i in 0..8 {
-        bytes.extend(Rng::new(110 + i).bytes(MIB as usize));
-        bytes.resize(bytes.len() + MIB as usize, 0);
-    }
-    std::fs::write(d.join("a/img"), &bytes).unwrap();
+    write_one_pass(&d.join("a/img"), 110);
     dedupscan::sys::syncfs(std::fs::File::open(d.join("a")).unwrap()).unwrap();
     btrfs(&["subvolume", "snapshot", s(&d.join("a"))], &d.join("b"));
     btrfs(&["subvolume", "snapshot", "-r", s(&d.join("a"))], &d.join("ro"));
