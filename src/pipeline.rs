@@ -20,7 +20,6 @@ mod scan;
 mod zeros;
 
 use std::collections::{BTreeMap, HashMap, HashSet};
-use std::os::fd::AsFd;
 use std::path::Path;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Instant;
@@ -38,7 +37,7 @@ use crate::progress::Progress;
 use crate::file::{FileFacts, FileId, IdSet};
 use crate::report::{List, Listed, ListedRange, Report, RewriteWhatIf};
 use crate::sys::beneath::Tree;
-use crate::sys::{self, FsKind};
+use crate::sys::FsKind;
 use batches::Batches;
 use complete::Complete;
 use fingerprints::check_fingerprints;
@@ -229,21 +228,15 @@ fn plan_phase(
     // only the groups that hold a newer file (unless that is old: see there).
     let paths = (&job.scan.paths[..], &plan_settings(cfg)[..]);
     let base = complete::base(db, paths, (job.scan.incremental, cfg.full_plan_days), progress)?;
-    // Destinations an earlier run left pending are planned again, even when
-    // nothing changed: those that ran out of space every time (the space may
-    // be back), those whose extents a file outside the plan kept only once
-    // FIEMAP no longer flags those extents shared (the snapshot is gone);
-    // replanning a still-pinned file's group every night would cost a
-    // nightly run as much as the group.
+    // Files an earlier run left pending are planned again, even when
+    // nothing changed (see `pending::retried`).
     let pending = db.pending()?;
-    let pinned = dedupe::Pending::Pinned.name();
-    let pinned_facts = db.file_facts(pending.iter().filter(|p| p.1 == pinned).map(|p| p.0))?;
-    let retry = |p: &&PendingRow| p.1 != pinned || !still_shared(&job.tree, pinned_facts.get(&p.0));
+    let retried = pending::retried(&job.tree, db, &pending)?;
     let fresh = match base.run() {
         Some(last) => Some(
             // Hashed since (this run's files included), by the database.
             (db.hashed_after(last)?.into_iter())
-                .chain(pending.iter().filter(retry).map(|p| p.0))
+                .chain(retried)
                 .filter(|&id| allowed.contains(id))
                 .collect::<HashSet<_>>(),
         ),
@@ -579,19 +572,6 @@ fn listed_ranges(plan: &Plan, files: &HashMap<FileId, FileFacts>) -> Vec<ListedR
             unshared_bytes: None,
         })
         .collect()
-}
-
-/// Whether the recorded file `c` still has an extent FIEMAP flags shared
-/// (metadata only). A file that cannot be opened or mapped is retried.
-fn still_shared(tree: &Tree, c: Option<&FileFacts>) -> bool {
-    let Some(c) = c else { return false };
-    let Ok(f) = tree.open_file(&c.path) else { return false };
-    let mut shared = false;
-    let mapped = sys::fiemap::fiemap_each(f.as_fd(), 0, c.size.max(1), |e| {
-        shared = e.is_shared();
-        !shared
-    });
-    mapped.is_ok() && shared
 }
 
 /// Milliseconds since `t`.

@@ -188,7 +188,9 @@ pub struct Report {
     /// a rewrite's copy, see `dedupe::Pending::RewriteNotAllowed`;
     /// `zeros_keep_free`: bytes of written zeros not turned into holes, the
     /// copy of the data sharing their extent having no room above
-    /// `--keep-free`; `leased`: another process held a lease on the
+    /// `--keep-free`; `zeros_referenced_outside_run`: bytes of written
+    /// zeros a file outside the run also holds, tried again once that
+    /// holder is gone; `leased`: another process held a lease on the
     /// destination or its source when the share phase opened it): the next
     /// run, incremental or not, tries them again.
     /// In a dry run, what the run would leave.

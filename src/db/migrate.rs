@@ -27,6 +27,7 @@ pub const MIGRATIONS: &[&str] = &[
     include_str!("../../schema/0011_wider_fingerprints.sql"),
     include_str!("../../schema/0012_shared_runs.sql"),
     include_str!("../../schema/0013_too_large.sql"),
+    include_str!("../../schema/0014_zeros_held.sql"),
 ];
 
 /// The schema version this build writes.

@@ -184,6 +184,14 @@ pub enum Pending {
     /// `--keep-free` keeps (`pipeline::zeros`). Tried again by every run,
     /// not only the weekly full plan, until there is room.
     ZerosKeepFree,
+    /// btrfs: its written zeros were not turned into holes because a file
+    /// outside the run also holds their extent (a read-only snapshot, a
+    /// clone outside the starting paths, excluded or `user.nodedup`), so
+    /// letting go of them would free nothing. The newest such holder is
+    /// recorded (`zeros_held`); the next run, incremental or not, tries
+    /// the file again once that holder is gone (snapper deleted the
+    /// snapshot), not every night.
+    ZerosHeld,
     /// Another process held a lease on it, or on the source of its ranges,
     /// when the share phase opened it (a file server's oplock or
     /// delegation): opened `O_NONBLOCK`, it is not waited for.
@@ -192,13 +200,14 @@ pub enum Pending {
 
 impl Pending {
     /// Every reason (for label sets that must not lose a series).
-    pub const ALL: [Pending; 7] = [
+    pub const ALL: [Pending; 8] = [
         Pending::NoSpaceRewrite,
         Pending::NoSpaceShare,
         Pending::Pinned,
         Pending::KeepFree,
         Pending::RewriteNotAllowed,
         Pending::ZerosKeepFree,
+        Pending::ZerosHeld,
         Pending::Leased,
     ];
 
@@ -211,6 +220,7 @@ impl Pending {
             Pending::KeepFree => "keep_free",
             Pending::RewriteNotAllowed => "rewrite_not_allowed",
             Pending::ZerosKeepFree => "zeros_keep_free",
+            Pending::ZerosHeld => "zeros_referenced_outside_run",
             Pending::Leased => "leased",
         }
     }

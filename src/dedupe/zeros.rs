@@ -85,6 +85,18 @@ pub fn zero_runs(map: &BlockMap, size: u64, block: u64, min: u64) -> Vec<(u64, u
     out
 }
 
+/// The bytes of the zero `runs` (sorted, not overlapping) that lie in the
+/// stretches `g` of one extent: what the file would let go of there.
+pub fn within(runs: &[(u64, u64)], g: &[Extent]) -> u64 {
+    g.iter()
+        .map(|e| {
+            let (lo, hi) = (e.logical, e.logical + e.length);
+            let from = runs.partition_point(|r| r.0 + r.1 <= lo);
+            runs[from..].iter().take_while(|r| r.0 < hi).map(|r| (r.0 + r.1).min(hi) - r.0.max(lo)).sum::<u64>()
+        })
+        .sum()
+}
+
 /// Whether a zero run in `e` may become a hole: written, with blocks of its
 /// own (see the module's doc).
 pub fn eligible(e: &Extent) -> bool {
@@ -359,6 +371,15 @@ mod tests {
 
     fn ext(logical: u64, length: u64, flags: u32) -> Extent {
         Extent { logical, physical: 1 << 30, length, flags }
+    }
+
+    #[test]
+    fn within_counts_the_runs_inside_the_stretches_only() {
+        let runs = [(0, 64 * K), (128 * K, 128 * K), (512 * K, 64 * K)];
+        let g = [ext(32 * K, 160 * K, 0), ext(500 * K, 8 * K, 0)];
+        // 32 KiB of the first run, 64 KiB of the second, none of the third.
+        assert_eq!(within(&runs, &g), 96 * K);
+        assert_eq!(within(&[], &g), 0);
     }
 
     #[test]

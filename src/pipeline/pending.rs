@@ -9,14 +9,30 @@
 //! `--keep-free` would make wait), not what an earlier run left.
 
 use std::collections::{BTreeMap, HashSet};
+use std::os::fd::AsFd;
 
 use anyhow::Result;
 
+use crate::db::pending::ZerosRow;
 use crate::db::Db;
 use crate::dedupe;
-use crate::file::FileId;
+use crate::file::{FileFacts, FileId};
 use crate::plan::Plan;
 use crate::report::Report;
+use crate::sys::beneath::Tree;
+
+/// What the zero pass left of a batch of files.
+#[derive(Default)]
+pub(super) struct ZerosLeft {
+    /// The files it went through.
+    pub handled: Vec<FileId>,
+    /// Files whose zeros wait for room above `--keep-free`, with their
+    /// bytes of zeros.
+    pub waiting: Vec<(FileId, u64)>,
+    /// Files whose zeros a file outside the run holds: their bytes of
+    /// zeros, and the newest such holder (subvolume id, inode).
+    pub held: Vec<(FileId, u64, (u64, u64))>,
+}
 
 /// A row of the `pending` table: destination, why, planned bytes.
 pub(super) type PendingRow = (FileId, String, u64);
@@ -63,21 +79,25 @@ impl<'a> Pending<'a> {
         Ok(())
     }
 
-    /// Record what the zero pass left: rows of its reason for the files it
-    /// went through (`handled`) dropped, those `waiting` for room added
-    /// where the file has no row ([`Db::save_zeros_pending`]).
-    pub(super) fn zeros(&mut self, handled: &[FileId], waiting: &[(FileId, u64)]) -> Result<()> {
-        let why = dedupe::Pending::ZerosKeepFree.name();
+    /// Record what the zero pass left: rows of its reasons for the files
+    /// it went through dropped, those waiting for room or held by a file
+    /// outside the run added where the file has no row
+    /// ([`Db::save_zeros_pending`]).
+    pub(super) fn zeros(&mut self, left: &ZerosLeft) -> Result<()> {
+        let (room, held) = (dedupe::Pending::ZerosKeepFree.name(), dedupe::Pending::ZerosHeld.name());
+        let rows: Vec<ZerosRow> = (left.waiting.iter().map(|&(id, b)| (id, room, b, None)))
+            .chain(left.held.iter().map(|&(id, b, by)| (id, held, b, Some(by))))
+            .collect();
         match self {
-            Pending::Db(db, run_id) => db.save_zeros_pending(handled, waiting, why, *run_id)?,
-            Pending::Preview(rows) => {
-                for id in handled {
-                    if rows.get(id).is_some_and(|(w, _)| w == why) {
-                        rows.remove(id);
+            Pending::Db(db, run_id) => db.save_zeros_pending(&left.handled, [room, held], &rows, *run_id)?,
+            Pending::Preview(rows_now) => {
+                for id in &left.handled {
+                    if rows_now.get(id).is_some_and(|(w, _)| w == room || w == held) {
+                        rows_now.remove(id);
                     }
                 }
-                for &(id, bytes) in waiting {
-                    rows.entry(id).or_insert((why.to_owned(), bytes));
+                for (id, why, bytes, _) in rows {
+                    rows_now.entry(id).or_insert((why.to_owned(), bytes));
                 }
             }
         }
@@ -91,6 +111,46 @@ impl<'a> Pending<'a> {
             Pending::Preview(rows) => rows.into_iter().map(|(id, (why, bytes))| (id, why, bytes)).collect(),
         })
     }
+}
+
+/// The files an earlier run left pending (`rows`) that this run plans
+/// again, even when nothing changed: those that ran out of space every
+/// time (the space may be back); those whose extents a file outside the
+/// plan kept only once FIEMAP no longer flags those extents shared (the
+/// snapshot is gone); those whose zeros a file outside the run holds only
+/// once the holder recorded is gone (its inode or subvolume has no name
+/// left). Replanning a still-pinned file's group every night would cost a
+/// nightly run as much as the group; looking at a still-held file's zeros
+/// every night, a backreference walk of each of its extents.
+pub(super) fn retried(tree: &Tree, db: &Db, rows: &[PendingRow]) -> Result<Vec<FileId>> {
+    let (pinned, held) = (dedupe::Pending::Pinned.name(), dedupe::Pending::ZerosHeld.name());
+    let pinned_facts = db.file_facts(rows.iter().filter(|p| p.1 == pinned).map(|p| p.0))?;
+    // A file keeps its sharing row (`Db::save_zeros_pending`), so the
+    // holders are asked whatever the row's reason.
+    let holders = db.zeros_holders()?;
+    let volume = tree.root(0).map(|r| r.1);
+    let gone = |&(root, ino): &(u64, u64)| {
+        volume.is_none_or(|fd| !crate::sys::fs::btrfs_inode_exists(fd, root, ino).unwrap_or(false))
+    };
+    let retry = |p: &&PendingRow| match &p.1 {
+        w if w == pinned => !still_shared(tree, pinned_facts.get(&p.0)),
+        w => w != held,
+    };
+    let rows = rows.iter().filter(retry).map(|p| p.0);
+    Ok(rows.chain(holders.iter().filter(|h| gone(&h.1)).map(|h| h.0)).collect())
+}
+
+/// Whether the recorded file `c` still has an extent FIEMAP flags shared
+/// (metadata only). A file that cannot be opened or mapped is retried.
+fn still_shared(tree: &Tree, c: Option<&FileFacts>) -> bool {
+    let Some(c) = c else { return false };
+    let Ok(f) = tree.open_file(&c.path) else { return false };
+    let mut shared = false;
+    let mapped = crate::sys::fiemap::fiemap_each(f.as_fd(), 0, c.size.max(1), |e| {
+        shared = e.is_shared();
+        !shared
+    });
+    mapped.is_ok() && shared
 }
 
 /// Put the pending work into the report, by reason.
@@ -145,14 +205,24 @@ mod tests {
     }
 
     /// The zero pass drops its own rows of the files it went through
-    /// (7: freed now), keeps the sharing's (8), adds what waits (9), and
-    /// does not overwrite a sharing row with its own (8 again).
+    /// (7: freed now), keeps the sharing's (8), adds what waits (9) and
+    /// what a file outside the run holds (11: waiting for room before),
+    /// and does not overwrite a sharing row with its own (8 again).
     #[test]
     fn the_zero_pass_replaces_only_its_own_rows() {
         let z = "zeros_keep_free";
-        let mut p = preview(&[row(7, z, 100), row(8, "no_space_share", 50), row(10, z, 5)]);
-        p.zeros(&[FileId(7), FileId(8), FileId(9)], &[(FileId(8), 20), (FileId(9), 30)]).unwrap();
-        assert_eq!(p.rows().unwrap(), vec![row(8, "no_space_share", 50), row(9, z, 30), row(10, z, 5)]);
+        let mut p = preview(&[row(7, z, 100), row(8, "no_space_share", 50), row(10, z, 5), row(11, z, 9)]);
+        let left = ZerosLeft {
+            handled: vec![FileId(7), FileId(8), FileId(9), FileId(11)],
+            waiting: vec![(FileId(8), 20), (FileId(9), 30)],
+            held: vec![(FileId(11), 40, (300, 257))],
+        };
+        p.zeros(&left).unwrap();
+        let held = "zeros_referenced_outside_run";
+        assert_eq!(
+            p.rows().unwrap(),
+            vec![row(8, "no_space_share", 50), row(9, z, 30), row(10, z, 5), row(11, held, 40)]
+        );
     }
 
     #[test]

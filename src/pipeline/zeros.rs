@@ -9,10 +9,10 @@
 //! and checked to be what was scanned, as the share workers do, then mapped
 //! with FIEMAP and punched.
 
-use std::collections::{BTreeMap, HashMap, HashSet};
+use std::collections::{BTreeMap, HashSet};
 use std::fs::File;
 use std::ops::Range;
-use std::os::fd::{AsFd, BorrowedFd};
+use std::os::fd::AsFd;
 use std::sync::atomic::{AtomicBool, Ordering};
 
 use anyhow::Result;
@@ -27,18 +27,19 @@ use crate::file::{FileFacts, FileId, IdSet};
 use crate::policy::SkipReason;
 use crate::progress::Progress;
 use crate::sys::beneath::Tree;
-use crate::sys::btrfs_tree;
 use crate::sys::fiemap::{fiemap, Extent};
 use crate::sys::SubvolIds;
 use nix::errno::Errno;
 
-use super::pending::Pending;
+use super::pending::{Pending, ZerosLeft};
 use holes::Holes;
 use shared::SharedZeros;
+use window::{btrfs_window, Judged};
 
 mod clones;
 mod holes;
 mod shared;
+mod window;
 
 /// Files with zero runs looked up and punched at a time.
 const BATCH: usize = 1024;
@@ -80,13 +81,30 @@ pub struct ZerosOutcome {
 }
 
 /// What one file's pass left: whether it went through (opened, checked,
-/// every extent judged), whether a part of it became holes, and the zero
-/// bytes that wait for room.
+/// every extent judged), whether a part of it became holes, the zero
+/// bytes that wait for room, and those a file outside the run holds, with
+/// the newest such holder.
 #[derive(Default)]
 struct Left {
     handled: bool,
     holed: bool,
     waiting: u64,
+    held: Option<(u64, Outside)>,
+}
+
+/// A file outside the run holding zeros of the pass's files: subvolume
+/// id and inode (btrfs).
+pub(super) type Outside = (u64, u64);
+
+impl Left {
+    /// `bytes` more zeros held by `by` (`None`: its holders could not all
+    /// be listed, or one is no longer as scanned: nothing to wait for).
+    fn hold(&mut self, bytes: u64, by: Option<Outside>) {
+        let Some(by) = by else { return };
+        let (b, newest) = self.held.get_or_insert((0, by));
+        *b += bytes;
+        *newest = by.max(*newest);
+    }
 }
 
 /// How an extent's data was rewritten before its zeros are punched.
@@ -165,7 +183,10 @@ impl ZeroPass<'_> {
     ///
     /// The files whose zeros wait for room above `--keep-free` are left
     /// pending (`zeros_keep_free`), so the next run, incremental or not,
-    /// tries them again; the rows of those it went through are dropped.
+    /// tries them again; so are those whose zeros a file outside the run
+    /// holds on btrfs (`zeros_referenced_outside_run`, with the newest
+    /// such holder: tried again once it is gone, `pending::retried`). The
+    /// rows of the files it went through are dropped.
     /// `holed`: zeros the bookend pass left as holes (or, in a dry run,
     /// counted as it would), not looked at again.
     pub fn run(
@@ -264,7 +285,7 @@ impl ZeroPass<'_> {
             return Ok(());
         };
         let facts = db.file_facts(batch.iter().map(|b| b.0))?;
-        let (mut handled, mut waiting) = (Vec::new(), Vec::new());
+        let mut done = ZerosLeft::default();
         for (id, runs) in batch.drain(..) {
             if stop.load(Ordering::Relaxed) {
                 break;
@@ -280,13 +301,16 @@ impl ZeroPass<'_> {
             progress.inc_files(1);
             progress.inc(st.out.bytes - was);
             if left.handled {
-                handled.push(id);
+                done.handled.push(id);
             }
             if left.waiting > 0 {
-                waiting.push((id, left.waiting));
+                done.waiting.push((id, left.waiting));
+            }
+            if let Some((bytes, by)) = left.held {
+                done.held.push((id, bytes, by));
             }
         }
-        pending.zeros(&handled, &waiting)
+        pending.zeros(&done)
     }
 
     /// Open file `c` again and check it: `None` if it is gone, leased,
@@ -362,11 +386,20 @@ impl ZeroPass<'_> {
                 }
             };
             for (disk, g) in &groups {
-                let w = self.judge(&f, g, (runs, c.size), v.shared, &mut buf);
+                let w = match self.judge(&f, g, (runs, c.size), v.shared, &mut buf) {
+                    Ok(w) => w,
+                    Err(by) => {
+                        left.hold(zeros::within(runs, g), by);
+                        continue;
+                    }
+                };
                 if w.punch.is_empty() {
-                    let (freed, waiting) = self.clones_of(db, (id, &f), (*disk, g), w.clones, v, (progress, stop));
-                    done.bytes += freed;
-                    left.waiting += waiting;
+                    let o = self.clones_of(db, (id, &f), (*disk, g), w.clones, v, (progress, stop));
+                    done.bytes += o.freed;
+                    left.waiting += o.waiting;
+                    if let Some(by) = o.held {
+                        left.hold(zeros::within(runs, g), Some(by));
+                    }
                     continue;
                 }
                 let hole = v.holes.for_file(&f, self.tree);
@@ -393,7 +426,9 @@ impl ZeroPass<'_> {
     /// here if shared zeros may not be (`SharedZeros::may_punch`), and the
     /// short pieces between its runs tried as zeros only if they read as
     /// zeros (`zeros::gaps_are_data`). An extent clones share with data
-    /// in it comes back with nothing to punch and `clones` set.
+    /// in it comes back with nothing to punch and `clones` set. Shared
+    /// zeros that may not be punched come back as the holder outside the
+    /// run that keeps them, if one does.
     fn judge(
         &self,
         f: &File,
@@ -401,19 +436,17 @@ impl ZeroPass<'_> {
         (runs, size): (&[(u64, u64)], u64),
         shared: &mut SharedZeros,
         buf: &mut Vec<u8>,
-    ) -> zeros::ExtentWork {
+    ) -> Result<zeros::ExtentWork, Option<Outside>> {
         let ratio = self.bookends.map(|b| b.max_ratio);
         let w = zeros::plan_on_disk(g, runs, size, self.block, zeros::MIN_BYTES, ratio);
         if w.punch.is_empty() {
-            return w;
+            return Ok(w);
         }
-        if !shared.may_punch(f.as_fd(), &w, g, self.bookends.is_some()) {
-            return zeros::ExtentWork::default();
-        }
-        match zeros::reads_zero(f, &w.gaps, buf) {
+        shared.may_punch(f.as_fd(), &w, g, self.bookends.is_some())?;
+        Ok(match zeros::reads_zero(f, &w.gaps, buf) {
             true => w,
             false => zeros::gaps_are_data(w, ratio.unwrap_or(0.0), zeros::MIN_BYTES),
-        }
+        })
     }
 
     /// Count a failure of file `c` (said, unless the filesystem stopped:
@@ -510,82 +543,3 @@ fn short_runs(db: &Db, id: FileId, size: u64, block: u64) -> Option<Vec<(u64, u6
 /// The most zero runs of one file looked at whatever their length: 16 MiB
 /// of them.
 const MAX_SHORT_RUNS: usize = 1 << 20;
-
-/// What the windows of one file have judged already: FIEMAP extents up to
-/// an offset, and extents on disk by their start, each with where its
-/// stretches end in the file (forgotten once the windows are past it);
-/// and how far btrfs's items were read, with the last stretch read if it
-/// reaches past that (stretches never overlap: at most one does), so that
-/// each item is read about once however many runs the file has.
-#[derive(Default)]
-struct Judged {
-    to: u64,
-    disks: HashMap<u64, u64>,
-    read_to: u64,
-    carried: Option<btrfs_tree::FileExtent>,
-}
-
-impl Judged {
-    /// Whether extent `e`, named by no extent on disk, is judged now (the
-    /// first window that finds it).
-    fn first_time(&mut self, e: &Extent) -> bool {
-        let first = e.logical >= self.to;
-        if first {
-            self.to = e.logical + e.length;
-        }
-        first
-    }
-
-    /// Every stretch reaching into `part` of an extent on disk not judged
-    /// yet, read from where the last window stopped (or from the longest
-    /// stretch's length before `part`).
-    fn reaching(&mut self, fd: BorrowedFd<'_>, part: &Range<u64>) -> Result<Vec<btrfs_tree::FileExtent>, Errno> {
-        let from = self.read_to.max(part.start.saturating_sub(btrfs_tree::LONGEST_STRETCH));
-        let mut seen: Vec<btrfs_tree::FileExtent> = self.carried.take().into_iter().collect();
-        if from < part.end {
-            btrfs_tree::file_extents(fd, from..part.end, |s| seen.push(s))?;
-            self.read_to = part.end;
-        }
-        self.carried = seen.last().filter(|s| s.logical + s.length > part.end).copied();
-        self.disks.retain(|_, end| *end > part.start);
-        seen.retain(|s| s.logical + s.length > part.start && !self.disks.contains_key(&s.disk));
-        Ok(seen)
-    }
-}
-
-/// [`ZeroPass::window`] on btrfs: the stretches reaching into `part`, the
-/// whole of the extents on disk they lie in (in this file alone a stretch
-/// of an extent lies within its span), cut and grouped by extent; the
-/// groups reaching into `part` not judged before. `None`: btrfs's items
-/// cannot be read (no `CAP_SYS_ADMIN`).
-fn btrfs_window(fd: BorrowedFd<'_>, part: Range<u64>, judged: &mut Judged) -> Option<Result<Vec<Group>, Errno>> {
-    let reaching = judged.reaching(fd, &part).ok()?;
-    let (Some(lo), Some(hi)) =
-        (reaching.iter().map(|s| s.span.0).min(), reaching.iter().map(|s| s.span.0 + s.span.1).max())
-    else {
-        return Some(Ok(Vec::new())); // nothing there, or all judged
-    };
-    let (lo, hi) = (lo.min(part.start), hi.max(part.end));
-    let extents = match fiemap(fd, lo, hi - lo) {
-        Ok(e) => e,
-        Err(e) => return Some(Err(e)),
-    };
-    let mut stretches = Vec::new();
-    btrfs_tree::file_extents(fd, lo..hi, |s| stretches.push(s)).ok()?;
-    let reaches = |e: &Extent| e.logical < part.end && e.logical + e.length > part.start;
-    let fresh = btrfs_tree::on_disk(&extents, &stretches).into_iter().filter(|(e, disk)| match disk {
-        Some(d) => !judged.disks.contains_key(d),
-        None => reaches(e) && judged.first_time(e),
-    });
-    let mut groups = Vec::new();
-    for (disk, group) in btrfs_tree::by_extent(fresh) {
-        if !group.iter().any(reaches) {
-            continue; // judged by the window that reaches it
-        }
-        if let (Some(d), Some(last)) = (disk, group.last()) {
-            judged.disks.insert(d, last.logical + last.length);
-        }
-        groups.push((disk, group));
-    }
-    Some(Ok(groups))
-}

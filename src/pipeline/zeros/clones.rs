@@ -26,7 +26,7 @@ use crate::sys::btrfs_tree;
 use crate::sys::dedupe::{dedupe_range, DedupeStatus, MAX_REQUEST_LEN};
 use crate::sys::fiemap::Extent;
 
-use super::{error_kind, Visit, ZeroPass};
+use super::{error_kind, Outside, Visit, ZeroPass};
 
 /// The most files holding one extent freed together (all are open at
 /// once): an extent more hold stays.
@@ -37,6 +37,17 @@ struct Holder {
     id: FileId,
     facts: FileFacts,
     file: File,
+}
+
+/// What the work on an extent came to: the bytes freed (a dry run: that
+/// would be), those that wait for room above `--keep-free` (the visiting
+/// file is left pending for them), and the newest holder outside the run
+/// that kept it from being tried (the visiting file waits for it to go).
+#[derive(Default)]
+pub(super) struct Together {
+    pub freed: u64,
+    pub waiting: u64,
+    pub held: Option<Outside>,
 }
 
 /// Why the work on an extent stopped: said with `-v` (the holder's own
@@ -52,9 +63,7 @@ impl ZeroPass<'_> {
     /// The stretches `g` of the open file `f` (id `id`) lie in an extent
     /// shared with data in it (`wanted`: `ExtentWork::clones`), at `disk`:
     /// free it with all its holders at once, if they are all files of the
-    /// run and the ratio allows; tried once a run. The bytes freed (a dry
-    /// run: that would be), and those that wait for room above
-    /// `--keep-free` (the visiting file is left pending for them).
+    /// run and the ratio allows; tried once a run.
     pub(super) fn clones_of(
         &self,
         db: &Db,
@@ -63,20 +72,24 @@ impl ZeroPass<'_> {
         wanted: bool,
         v: &mut Visit,
         (progress, stop): (&dyn Progress, &AtomicBool),
-    ) -> (u64, u64) {
+    ) -> Together {
+        let none = Together::default();
         let (Some(b), Some(disk), Some(first)) = (self.bookends.filter(|_| wanted), disk, g.first()) else {
-            return (0, 0);
+            return none;
         };
         if !v.shared.first_try(disk) {
-            return (0, 0);
+            return none;
         }
-        let Some(refs) = v.shared.holders(f.as_fd(), first.physical) else { return (0, 0) };
-        let Some((holders, held)) = self.holders(db, (id, disk), &refs, v) else { return (0, 0) };
+        let refs = match v.shared.holders(f.as_fd(), first.physical) {
+            Ok(refs) => refs,
+            Err(held) => return Together { held, ..none },
+        };
+        let Some((holders, held)) = self.holders(db, (id, disk), &refs, v) else { return none };
         let zero_runs: Option<Vec<_>> =
             holders.iter().map(|h| v.shared.zero_runs(h.id, h.facts.size, self.block)).collect();
         let Some(work) = zero_runs.and_then(|z| clones::plan(&held, &z, self.block, zeros::MIN_BYTES, b.max_ratio))
         else {
-            return (0, 0);
+            return none;
         };
         match self.steps(&work, &holders, b, v) {
             Ok(()) => {
@@ -85,11 +98,11 @@ impl ZeroPass<'_> {
                         v.count(h.id);
                     }
                 }
-                (v.shared.freed_clones(disk, &work.zeros, self.dry_run), 0)
+                Together { freed: v.shared.freed_clones(disk, &work.zeros, self.dry_run), ..none }
             }
             Err(Stop::Left(why)) => {
                 progress.info(&format!("{}: zeros its clones share left: {why}", display_path(&holders[0].facts.path)));
-                (0, 0)
+                none
             }
             Err(Stop::NoRoom(e)) => {
                 if b.room.first_refusal() {
@@ -97,11 +110,11 @@ impl ZeroPass<'_> {
                     let path = display_path(&holders[0].facts.path);
                     progress.warn(&format!("{path}: written zeros its clones share {not} turned into holes: {e}"));
                 }
-                (0, work.zero_bytes())
+                Together { waiting: work.zero_bytes(), ..none }
             }
             Err(Stop::Failed(i, kind, why, errno)) => {
                 self.failed(v.out, &holders[i].facts, (kind, &why, errno), (progress, stop));
-                (0, 0)
+                none
             }
         }
     }

@@ -20,14 +20,16 @@ use crate::dedupe::zeros::ExtentWork;
 use crate::file::{FileId, FileKey, IdSet};
 use crate::sys::fiemap::Extent;
 
+use super::Outside;
+
 /// What the pass knows of the zeros other files share.
 pub(super) struct SharedZeros<'a> {
     db: &'a Db,
     /// The files of the run.
     run: &'a IdSet,
     /// btrfs: whether every holder of the extent at a disk address is a
-    /// file of the run, asked once per address.
-    in_run: HashMap<u64, bool>,
+    /// file of the run, asked once per address (see `may_punch`).
+    in_run: HashMap<u64, Result<(), Option<Outside>>>,
     /// A dry run: the disk space of shared zeros counted (see `freed`).
     counted: BTreeMap<u64, u64>,
     /// btrfs: the extents (by disk address) their holders were asked to
@@ -57,39 +59,49 @@ impl<'a> SharedZeros<'a> {
     /// Whether `w` may be punched in the open file `fd` (btrfs: `btrfs`):
     /// not shared; or shared on XFS; or shared on btrfs with every holder
     /// of its extent (`stretches[0]`'s) a file of the run, which needs
-    /// `CAP_SYS_ADMIN` (without it, or if the holders cannot all be
-    /// listed, no).
-    pub(super) fn may_punch(&mut self, fd: BorrowedFd<'_>, w: &ExtentWork, stretches: &[Extent], btrfs: bool) -> bool {
+    /// `CAP_SYS_ADMIN`. If not, the newest holder outside the run (`None`:
+    /// the holders cannot be listed, or not all of them).
+    pub(super) fn may_punch(
+        &mut self,
+        fd: BorrowedFd<'_>,
+        w: &ExtentWork,
+        stretches: &[Extent],
+        btrfs: bool,
+    ) -> Result<(), Option<Outside>> {
         if !w.shared || !btrfs {
-            return true;
+            return Ok(());
         }
-        let Some(e) = stretches.first() else { return false };
+        let Some(e) = stretches.first() else { return Err(None) };
         let (db, run) = (self.db, self.run);
         *self.in_run.entry(e.physical).or_insert_with(|| {
-            crate::sys::fs::extent_owners(fd, e.physical).is_ok_and(|o| {
-                o.complete
-                    && o.refs.iter().all(
-                        |&(volume, ino)| matches!(db.id_of(FileKey { volume, ino }), Ok(Some(id)) if run.contains(id)),
-                    )
-            })
+            let o = crate::sys::fs::extent_owners(fd, e.physical).ok().filter(|o| o.complete).ok_or(None)?;
+            let outside = |&&(volume, ino): &&Outside| {
+                !matches!(db.id_of(FileKey { volume, ino }), Ok(Some(id)) if run.contains(id))
+            };
+            o.refs.iter().filter(outside).max().map_or(Ok(()), |&by| Err(Some(by)))
         })
     }
 
     /// btrfs: every stretch of the extent holding disk address `physical`
     /// (a FIEMAP address), as the holder's id and where the stretch begins
-    /// in its file, if every holder is a file of the run (`None`
-    /// otherwise, or if they cannot all be listed).
-    pub(super) fn holders(&self, fd: BorrowedFd<'_>, physical: u64) -> Option<Vec<(FileId, u64)>> {
-        let o = crate::sys::fs::extent_owners_all(fd, physical).ok().filter(|o| o.complete)?;
+    /// in its file, if every holder is a file of the run. If not, the
+    /// newest holder outside the run (`None`: they cannot all be listed).
+    pub(super) fn holders(&self, fd: BorrowedFd<'_>, physical: u64) -> Result<Vec<(FileId, u64)>, Option<Outside>> {
+        let o = crate::sys::fs::extent_owners_all(fd, physical).ok().filter(|o| o.complete).ok_or(None)?;
         // A file holds many stretches (a clone written in place: thousands):
         // each file is looked up once.
-        let mut ids: HashMap<(u64, u64), Option<FileId>> = HashMap::new();
-        let mut id_of = |(volume, ino): (u64, u64)| {
+        let mut ids: HashMap<Outside, Option<FileId>> = HashMap::new();
+        let mut id_of = |(volume, ino): Outside| {
             *ids.entry((volume, ino)).or_insert_with(|| {
                 self.db.id_of(FileKey { volume, ino }).ok().flatten().filter(|&id| self.run.contains(id))
             })
         };
-        o.refs.iter().zip(&o.offsets).map(|(&key, &at)| id_of(key).map(|id| (id, at))).collect()
+        let held: Vec<Option<(FileId, u64)>> =
+            o.refs.iter().zip(&o.offsets).map(|(&key, &at)| id_of(key).map(|id| (id, at))).collect();
+        match o.refs.iter().zip(&held).filter(|(_, h)| h.is_none()).map(|(k, _)| *k).max() {
+            Some(by) => Err(Some(by)),
+            None => Ok(held.into_iter().flatten().collect()),
+        }
     }
 
     /// Whether the extent at disk address `disk` is tried for the first
