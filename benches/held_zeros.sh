@@ -10,20 +10,25 @@
 #   ->  s2 taken, s1 deleted  ->  a night  ->  a night
 #   ->  s2 deleted  ->  a night  ->  a night
 #
-# each with its wall time, freed (statfs), zeros turned into holes and the
-# pending work the report lists. Every file's SHA-256 is checked at the end.
+# each with its wall time, freed by the run (statfs), the volume's used
+# space after it (statfs: the deletions before it included), zeros turned
+# into holes and the pending work the report lists. Every file's SHA-256 is
+# checked at the end.
 #
-#   benches/held_zeros.sh [--images N] [--size MIB] [--bin PATH]...
+#   benches/held_zeros.sh [--images N] [--size MIB] [--share-snapshotted]
+#                         [--bin PATH]...
 #       defaults: 20 images of 64 MiB; the release build of this tree.
+#       --share-snapshotted: every run is given it.
 # Needs root, btrfs-progs, python3.
 set -euo pipefail
-N=20 MIB=64 BINS=()
+N=20 MIB=64 BINS=() OPTS=()
 while [ $# -gt 0 ]; do
     case "$1" in
         --images) N=$2; shift 2 ;;
         --size) MIB=$2; shift 2 ;;
+        --share-snapshotted) OPTS+=(--share-snapshotted); shift ;;
         --bin) BINS+=("$(realpath "$2")"); shift 2 ;;
-        -h | --help) sed -n '2,18p' "$0"; exit 0 ;;
+        -h | --help) sed -n '2,22p' "$0"; exit 0 ;;
         *) echo "unknown argument: $1" >&2; exit 2 ;;
     esac
 done
@@ -65,18 +70,20 @@ del() { btrfs -q subvolume delete "$MNT/$1"; btrfs subvolume sync "$MNT" >/dev/n
 
 night() { # LABEL ARGS...
     local label=$1; shift
-    local f0 t0 t1 f1
+    local f0 t0 t1 f1 total bsize
     f0=$(free_bytes btrfs)
     t0=$(date +%s.%N)
-    "$BIN" --db "$WORK/db" --json "$@" "$MNT/vol" >"$WORK/r.json" 2>"$WORK/err" || [ $? -eq 1 ]
+    "$BIN" --db "$WORK/db" --json "${OPTS[@]}" "$@" "$MNT/vol" >"$WORK/r.json" 2>"$WORK/err" || [ $? -eq 1 ]
     t1=$(date +%s.%N)
     f1=$(free_bytes btrfs)
-    python3 - "$label" "$WORK/r.json" "$t0" "$t1" "$f0" "$f1" <<'PY'
+    read -r total bsize < <(stat -f -c '%b %S' "$MNT")
+    python3 - "$label" "$WORK/r.json" "$t0" "$t1" "$f0" "$f1" $((total * bsize - f1)) <<'PY'
 import json, sys
-label, path, t0, t1, f0, f1 = sys.argv[1:]
+label, path, t0, t1, f0, f1, used = sys.argv[1:]
 r = json.load(open(path))
 pending = ", ".join(f"{k} {v['files']} files {v['bytes'] / 2**20:.1f} MiB" for k, v in r["pending"].items())
 print(f"  {label:30} {float(t1) - float(t0):6.2f} s  freed {(int(f1) - int(f0)) / 2**20:7.1f} MiB  "
+      f"used {int(used) / 2**20:7.1f} MiB  "
       f"zeros to holes {r['zeros_to_holes_bytes'] / 2**20:7.1f} MiB  pending: {pending or 'none'}")
 PY
 }

@@ -249,11 +249,14 @@ pub struct RunArgs {
     pub keep_free: KeepFree,
 
     /// btrfs: also share into files whose extents a read-only snapshot (or
-    /// another file outside the run) still keeps. Nothing is freed until
-    /// those snapshots are deleted, and sharing adds metadata meanwhile; by
-    /// default such files wait, counted as pending. Meant for rotating
-    /// snapshots (snapper, timeshift), where every old extent is always
-    /// kept by the newest snapshot and would otherwise wait forever.
+    /// another file outside the run) still keeps, and turn into holes the
+    /// written zeros such a snapshot also holds (copying the data that
+    /// shares their extent first, within --keep-free). Nothing is freed
+    /// until those snapshots are deleted, and sharing adds metadata
+    /// meanwhile; by default such files wait, counted as pending. Meant
+    /// for rotating snapshots (snapper, timeshift), where every old extent
+    /// is always kept by the newest snapshot and would otherwise wait
+    /// forever.
     #[arg(long)]
     pub share_snapshotted: bool,
 

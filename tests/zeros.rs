@@ -374,6 +374,59 @@ fn btrfs_an_image_and_its_writable_snapshot_let_go_of_its_zeros_together_unless_
     assert!(a[0].is_some() && a[0] == b[0] && a[0] != map0[0][0], "the data not moved and shared");
 }
 
+/// btrfs, `--share-snapshotted` (rotating snapshots): the files of the run
+/// let go of zeros a read-only snapshot also holds, both kinds (an image
+/// whose zeros are extents of their own and its clone; an image written
+/// in one pass and its clone, its data copied once). Nothing is freed or
+/// counted freed while the snapshot stays, and nothing is left pending;
+/// the snapshot's files are untouched. Deleting the snapshot then frees
+/// the zeros with no further run. Before, the live files kept holding
+/// them, so deleting the snapshot freed nothing.
+#[test]
+fn btrfs_with_share_snapshotted_zeros_a_read_only_snapshot_holds_are_let_go_of_and_freed_when_it_goes() {
+    let Some(vol) = Volume::new(Fs::Btrfs, 512) else { return };
+    let d = vol.path("vm");
+    std::fs::create_dir(&d).unwrap();
+    btrfs(&["subvolume", "create"], &d.join("a"));
+    thick(&d.join("a/thick"), 16, &Rng::new(31).bytes(MIB as usize));
+    write_one_pass(&d.join("a/onepass"), 130);
+    for n in ["thick", "onepass"] {
+        sh(Command::new("cp").arg("--reflink=always").arg(d.join("a").join(n)).arg(d.join(format!("a/{n}.clone"))));
+    }
+    dedupscan::sys::syncfs(std::fs::File::open(d.join("a")).unwrap()).unwrap();
+    btrfs(&["subvolume", "snapshot", "-r", s(&d.join("a"))], &d.join("ro"));
+    let names = ["thick", "thick.clone", "onepass", "onepass.clone"];
+    let maps = |dir: &str| names.map(|n| physical_blocks(&d.join(dir).join(n), 0, 16 * MIB));
+    let (before, kept, kept_maps) = (Snapshot::take(&d.join("a")), Snapshot::take(&d.join("ro")), maps("ro"));
+    let a = d.join("a");
+    let args = [s(&a), "--share-snapshotted"];
+    let dry = run_json(&vol, &[args[0], args[1], "--dry-run"]);
+    let free0 = free_bytes(&vol.mnt);
+    let r = run_json(&vol, &args);
+    let now = free_bytes(&vol.mnt) as i64 - free0 as i64;
+    for k in ["zeros_to_holes_files", "zeros_to_holes_bytes", "rewritten_bytes", "errors", "pending_bytes"] {
+        assert_eq!(num(&dry, k), num(&r, k), "the preview of {k}: {dry:#}");
+    }
+    let done = ["zeros_to_holes_files", "zeros_to_holes_bytes", "rewritten_bytes", "errors", "pending_bytes"];
+    assert_eq!(done.map(|k| num(&r, k)), [4, 0, 8 * MIB, 0, 0], "{r:#}");
+    assert!(now < MIB as i64, "freed {now} while the snapshot holds the zeros: {r:#}");
+    before.assert_same(&Snapshot::take(&d.join("a")));
+    kept.assert_same(&Snapshot::take(&d.join("ro")));
+    assert_eq!(maps("ro"), kept_maps, "the snapshot's files were changed");
+    for (n, m) in names.iter().zip(maps("a")) {
+        assert!(m[(3 * MIB / 4096) as usize].is_none() && m[0].is_some(), "{n}: zeros still mapped, or data lost");
+    }
+
+    let free1 = free_bytes(&vol.mnt);
+    btrfs(&["subvolume", "delete", "--commit-after"], &d.join("ro"));
+    btrfs(&["subvolume", "sync"], &vol.mnt);
+    let freed = free_bytes(&vol.mnt) as i64 - free1 as i64;
+    // The thick pair's 16 MiB extent of zeros and the one-pass pair's
+    // 16 MiB extent (its data lives on in the copy): with no run.
+    assert!(freed >= 30 * MIB as i64, "deleting the snapshot freed {freed}");
+    before.assert_same(&Snapshot::take(&d.join("a")));
+}
+
 /// Zeros a reflinked clone outside the run also holds: it keeps them,
 /// whatever the run does, and is untouched; nothing is freed or counted
 /// freed. btrfs says who holds an extent, so there the files of the run

@@ -160,6 +160,9 @@ pub struct ZeroPass<'a> {
     pub dry_run: bool,
     /// NOCOW files are left alone (`crate::dedupe::nocow_left`).
     pub leave_nocow: bool,
+    /// `--share-snapshotted`: zeros a file outside the run also holds are
+    /// let go of too (btrfs; `shared`'s doc says why).
+    pub outside_too: bool,
 }
 
 impl ZeroPass<'_> {
@@ -175,6 +178,7 @@ impl ZeroPass<'_> {
             bookends,
             dry_run: cfg.dry_run,
             leave_nocow: job.scan.leaves_nocow(),
+            outside_too: cfg.share_snapshotted,
         })
     }
 
@@ -200,7 +204,7 @@ impl ZeroPass<'_> {
         let mut st = State {
             hole: None,
             keys: SubvolIds::new(),
-            shared: SharedZeros::new(db, allowed),
+            shared: SharedZeros::new(db, allowed, self.outside_too),
             out: ZerosOutcome::default(),
             counted: IdSet::new(),
         };

@@ -98,7 +98,7 @@ impl ZeroPass<'_> {
                         v.count(h.id);
                     }
                 }
-                Together { freed: v.shared.freed_clones(disk, &work.zeros, self.dry_run), ..none }
+                Together { freed: v.shared.freed_clones((disk, first.physical), &work.zeros, self.dry_run), ..none }
             }
             Err(Stop::Left(why)) => {
                 progress.info(&format!("{}: zeros its clones share left: {why}", display_path(&holders[0].facts.path)));

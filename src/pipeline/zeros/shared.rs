@@ -10,6 +10,11 @@
 //! (each then lets go in turn). XFS cannot say, and frees block by block:
 //! every holder in the run lets go, and a holder outside keeps the blocks,
 //! the punches then changing no byte and freeing nothing.
+//!
+//! With `--share-snapshotted` the files of the run let go on btrfs too
+//! when a file outside the run holds the extent (a read-only snapshot
+//! that rotates): nothing is freed until it is deleted, and that needs no
+//! later run. Such an extent counts as freeing nothing, in a dry run too.
 
 use std::collections::{BTreeMap, HashMap, HashSet, VecDeque};
 use std::os::fd::BorrowedFd;
@@ -30,6 +35,12 @@ pub(super) struct SharedZeros<'a> {
     /// btrfs: whether every holder of the extent at a disk address is a
     /// file of the run, asked once per address (see `may_punch`).
     in_run: HashMap<u64, Result<(), Option<Outside>>>,
+    /// btrfs, `--share-snapshotted`: let go of extents a file outside the
+    /// run holds too.
+    outside_too: bool,
+    /// Those extents (by the disk address asked), let go of by the files
+    /// of the run and freed only once the holders outside are gone.
+    later: HashSet<u64>,
     /// A dry run: the disk space of shared zeros counted (see `freed`).
     counted: BTreeMap<u64, u64>,
     /// btrfs: the extents (by disk address) their holders were asked to
@@ -45,11 +56,14 @@ pub(super) struct SharedZeros<'a> {
 const RUNS_KEPT: usize = 16;
 
 impl<'a> SharedZeros<'a> {
-    pub(super) fn new(db: &'a Db, run: &'a IdSet) -> SharedZeros<'a> {
+    /// The run's files `run`; `outside_too`: `--share-snapshotted`.
+    pub(super) fn new(db: &'a Db, run: &'a IdSet, outside_too: bool) -> SharedZeros<'a> {
         SharedZeros {
             db,
             run,
             in_run: HashMap::new(),
+            outside_too,
+            later: HashSet::new(),
             counted: BTreeMap::new(),
             tried: HashSet::new(),
             runs: VecDeque::new(),
@@ -59,8 +73,10 @@ impl<'a> SharedZeros<'a> {
     /// Whether `w` may be punched in the open file `fd` (btrfs: `btrfs`):
     /// not shared; or shared on XFS; or shared on btrfs with every holder
     /// of its extent (`stretches[0]`'s) a file of the run, which needs
-    /// `CAP_SYS_ADMIN`. If not, the newest holder outside the run (`None`:
-    /// the holders cannot be listed, or not all of them).
+    /// `CAP_SYS_ADMIN`; or, with `--share-snapshotted`, whatever holds it
+    /// outside the run (see the module's doc). If not, the newest holder
+    /// outside the run (`None`: the holders cannot be listed, or not all
+    /// of them).
     pub(super) fn may_punch(
         &mut self,
         fd: BorrowedFd<'_>,
@@ -72,21 +88,30 @@ impl<'a> SharedZeros<'a> {
             return Ok(());
         }
         let Some(e) = stretches.first() else { return Err(None) };
-        let (db, run) = (self.db, self.run);
+        let (db, run, later) = (self.db, self.run, &mut self.later);
         *self.in_run.entry(e.physical).or_insert_with(|| {
             let o = crate::sys::fs::extent_owners(fd, e.physical).ok().filter(|o| o.complete).ok_or(None)?;
             let outside = |&&(volume, ino): &&Outside| {
                 !matches!(db.id_of(FileKey { volume, ino }), Ok(Some(id)) if run.contains(id))
             };
-            o.refs.iter().filter(outside).max().map_or(Ok(()), |&by| Err(Some(by)))
+            match o.refs.iter().filter(outside).max() {
+                None => Ok(()),
+                Some(_) if self.outside_too => {
+                    later.insert(e.physical);
+                    Ok(())
+                }
+                Some(&by) => Err(Some(by)),
+            }
         })
     }
 
     /// btrfs: every stretch of the extent holding disk address `physical`
     /// (a FIEMAP address), as the holder's id and where the stretch begins
-    /// in its file, if every holder is a file of the run. If not, the
-    /// newest holder outside the run (`None`: they cannot all be listed).
-    pub(super) fn holders(&self, fd: BorrowedFd<'_>, physical: u64) -> Result<Vec<(FileId, u64)>, Option<Outside>> {
+    /// in its file, if every holder is a file of the run (with
+    /// `--share-snapshotted`, the holders in the run, whatever else holds
+    /// it: see the module's doc). If not, the newest holder outside the
+    /// run (`None`: they cannot all be listed).
+    pub(super) fn holders(&mut self, fd: BorrowedFd<'_>, physical: u64) -> Result<Vec<(FileId, u64)>, Option<Outside>> {
         let o = crate::sys::fs::extent_owners_all(fd, physical).ok().filter(|o| o.complete).ok_or(None)?;
         // A file holds many stretches (a clone written in place: thousands):
         // each file is looked up once.
@@ -99,8 +124,13 @@ impl<'a> SharedZeros<'a> {
         let held: Vec<Option<(FileId, u64)>> =
             o.refs.iter().zip(&o.offsets).map(|(&key, &at)| id_of(key).map(|id| (id, at))).collect();
         match o.refs.iter().zip(&held).filter(|(_, h)| h.is_none()).map(|(k, _)| *k).max() {
-            Some(by) => Err(Some(by)),
-            None => Ok(held.into_iter().flatten().collect()),
+            Some(by) if !self.outside_too => Err(Some(by)),
+            outside => {
+                if outside.is_some() {
+                    self.later.insert(physical);
+                }
+                Ok(held.into_iter().flatten().collect())
+            }
         }
     }
 
@@ -128,10 +158,14 @@ impl<'a> SharedZeros<'a> {
     }
 
     /// The bytes freed by letting go of the `zeros` (offsets into it) of
-    /// the extent at disk address `disk` in all its holders: all of them;
-    /// a dry run counts them as `freed` does, by disk space, once.
-    pub(super) fn freed_clones(&mut self, disk: u64, zeros: &[(u64, u64)], dry_run: bool) -> u64 {
+    /// the extent at disk address `disk` (asked at `physical`) in all its
+    /// holders of the run: all of them, unless a holder outside keeps it
+    /// (none); a dry run counts them as `freed` does, by disk space, once.
+    pub(super) fn freed_clones(&mut self, (disk, physical): (u64, u64), zeros: &[(u64, u64)], dry_run: bool) -> u64 {
         let bytes = zeros.iter().map(|z| z.1).sum();
+        if self.later.contains(&physical) {
+            return 0;
+        }
         if !dry_run {
             return bytes;
         }
@@ -145,7 +179,8 @@ impl<'a> SharedZeros<'a> {
     /// holding shared zeros counts them, once (by disk space), as the run
     /// frees them if every holder is in it and lets go.
     pub(super) fn freed(&mut self, w: &ExtentWork, stretches: &[Extent], bytes: u64, dry_run: bool) -> u64 {
-        if !w.shared || !dry_run {
+        let later = stretches.first().is_some_and(|e| self.later.contains(&e.physical));
+        if !w.shared || !dry_run || later {
             return if w.shared { 0 } else { bytes };
         }
         let mut new = 0;
