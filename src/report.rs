@@ -190,7 +190,8 @@ pub struct Report {
     /// copy of the data sharing their extent having no room above
     /// `--keep-free`; `zeros_referenced_outside_run`: bytes of written
     /// zeros a file outside the run also holds, tried again once that
-    /// holder is gone; `leased`: another process held a lease on the
+    /// holder is gone; `zeros_leased`: the same, of a file another
+    /// process held a lease on; `leased`: another process held a lease on the
     /// destination or its source when the share phase opened it): the next
     /// run, incremental or not, tries them again.
     /// In a dry run, what the run would leave.

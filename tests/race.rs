@@ -690,6 +690,49 @@ fn leased_at_share_time(fs: Fs) {
     before.assert_same(&Snapshot::take(&user));
 }
 
+/// The same for the zero pass: a thick file (data, then written zeros)
+/// leased after the scan is not waited for; its zeros are left pending
+/// (`zeros_leased`), not an error, and the next incremental run, nothing
+/// changed, turns them into holes. Before, the file was only counted
+/// `leased`, and an incremental run left its zeros to the weekly full
+/// plan.
+fn zeros_leased_at_punch_time(fs: Fs) {
+    let Some(vol) = reachable_volume(fs, 300) else { return };
+    let user = vol.path("user");
+    std::fs::create_dir_all(user.join("sub")).unwrap();
+    let b = user.join("sub/b");
+    let mut bytes = Rng::new(12).bytes(64 << 10);
+    bytes.resize(4 << 20, 0);
+    std::fs::write(&b, &bytes).unwrap();
+    chown_r(&user);
+    let before = Snapshot::take(&user);
+    dedupscan().arg("scan").arg(&user).db(vol.db()).expect(0).run();
+    let attacker = Attacker::spawn(&user, Path::new("unused"), Moment::Lease);
+    let t = std::time::Instant::now();
+    let r = dedupscan().arg(&user).json().db(vol.db()).expect(0).run().json;
+    assert!(t.elapsed() < std::time::Duration::from_secs(30), "waited for the lease: {:?}", t.elapsed());
+    validate_report(&r);
+    assert_eq!((num(&r, "errors"), num(&r, "zeros_to_holes_files")), (0, 0), "{r:#}");
+    assert_eq!(r["skipped"]["leased"], 1, "{r:#}");
+    let left = (r["pending"]["zeros_leased"]["files"].as_u64(), num(&r, "pending_bytes"));
+    assert_eq!(left, (Some(1), (4 << 20) - (64 << 10)), "{r:#}");
+    let _ = attacker.swapped();
+    let r = run_json(&vol, &["--incremental", s(&user)]);
+    assert_eq!((num(&r, "zeros_to_holes_files"), num(&r, "pending_bytes")), (1, 0), "{r:#}");
+    assert!(physical_blocks(&b, 1 << 20, 4096)[0].is_none(), "zeros still mapped: {r:#}");
+    before.assert_same(&Snapshot::take(&user));
+}
+
+#[test]
+fn btrfs_zeros_of_a_file_leased_after_the_scan_wait_pending() {
+    zeros_leased_at_punch_time(Fs::Btrfs);
+}
+
+#[test]
+fn xfs_zeros_of_a_file_leased_after_the_scan_wait_pending() {
+    zeros_leased_at_punch_time(Fs::Xfs);
+}
+
 #[test]
 fn btrfs_a_file_leased_after_the_scan_waits_pending() {
     leased_at_share_time(Fs::Btrfs);

@@ -64,15 +64,15 @@ impl Db {
     pub fn save_zeros_pending(
         &self,
         handled: &[FileId],
-        reasons: [&str; 2],
+        reasons: [&str; 3],
         left: &[ZerosRow<'_>],
         run: i64,
     ) -> rusqlite::Result<()> {
         let tx = self.conn.unchecked_transaction()?;
         {
-            let mut del = tx.prepare("DELETE FROM pending WHERE file_id = ?1 AND reason IN (?2, ?3)")?;
+            let mut del = tx.prepare("DELETE FROM pending WHERE file_id = ?1 AND reason IN (?2, ?3, ?4)")?;
             for id in handled {
-                del.execute(params![id, reasons[0], reasons[1]])?;
+                del.execute(params![id, reasons[0], reasons[1], reasons[2]])?;
             }
             let mut ins =
                 tx.prepare("INSERT OR IGNORE INTO pending (file_id, reason, bytes, run) VALUES (?1, ?2, ?3, ?4)")?;

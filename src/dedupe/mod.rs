@@ -192,6 +192,10 @@ pub enum Pending {
     /// the file again once that holder is gone (snapper deleted the
     /// snapshot), not every night.
     ZerosHeld,
+    /// Another process held a lease on it when the zero pass opened it
+    /// (see [`Pending::Leased`]): its zeros wait for the next run. Apart
+    /// from `Leased`, whose row the pass must not drop when it gets in.
+    ZerosLeased,
     /// Another process held a lease on it, or on the source of its ranges,
     /// when the share phase opened it (a file server's oplock or
     /// delegation): opened `O_NONBLOCK`, it is not waited for.
@@ -200,7 +204,7 @@ pub enum Pending {
 
 impl Pending {
     /// Every reason (for label sets that must not lose a series).
-    pub const ALL: [Pending; 8] = [
+    pub const ALL: [Pending; 9] = [
         Pending::NoSpaceRewrite,
         Pending::NoSpaceShare,
         Pending::Pinned,
@@ -208,6 +212,7 @@ impl Pending {
         Pending::RewriteNotAllowed,
         Pending::ZerosKeepFree,
         Pending::ZerosHeld,
+        Pending::ZerosLeased,
         Pending::Leased,
     ];
 
@@ -221,6 +226,7 @@ impl Pending {
             Pending::RewriteNotAllowed => "rewrite_not_allowed",
             Pending::ZerosKeepFree => "zeros_keep_free",
             Pending::ZerosHeld => "zeros_referenced_outside_run",
+            Pending::ZerosLeased => "zeros_leased",
             Pending::Leased => "leased",
         }
     }

@@ -32,6 +32,8 @@ pub(super) struct ZerosLeft {
     /// Files whose zeros a file outside the run holds: their bytes of
     /// zeros, and the newest such holder (subvolume id, inode).
     pub held: Vec<(FileId, u64, (u64, u64))>,
+    /// Files another process held a lease on, with their bytes of zeros.
+    pub leased: Vec<(FileId, u64)>,
 }
 
 /// A row of the `pending` table: destination, why, planned bytes.
@@ -84,15 +86,18 @@ impl<'a> Pending<'a> {
     /// outside the run added where the file has no row
     /// ([`Db::save_zeros_pending`]).
     pub(super) fn zeros(&mut self, left: &ZerosLeft) -> Result<()> {
-        let (room, held) = (dedupe::Pending::ZerosKeepFree.name(), dedupe::Pending::ZerosHeld.name());
+        use dedupe::Pending::{ZerosHeld, ZerosKeepFree, ZerosLeased};
+        let reasons = [ZerosKeepFree, ZerosHeld, ZerosLeased].map(|p| p.name());
+        let [room, held, leased] = reasons;
         let rows: Vec<ZerosRow> = (left.waiting.iter().map(|&(id, b)| (id, room, b, None)))
             .chain(left.held.iter().map(|&(id, b, by)| (id, held, b, Some(by))))
+            .chain(left.leased.iter().map(|&(id, b)| (id, leased, b, None)))
             .collect();
         match self {
-            Pending::Db(db, run_id) => db.save_zeros_pending(&left.handled, [room, held], &rows, *run_id)?,
+            Pending::Db(db, run_id) => db.save_zeros_pending(&left.handled, reasons, &rows, *run_id)?,
             Pending::Preview(rows_now) => {
                 for id in &left.handled {
-                    if rows_now.get(id).is_some_and(|(w, _)| w == room || w == held) {
+                    if rows_now.get(id).is_some_and(|(w, _)| reasons.contains(&w.as_str())) {
                         rows_now.remove(id);
                     }
                 }
@@ -206,8 +211,9 @@ mod tests {
 
     /// The zero pass drops its own rows of the files it went through
     /// (7: freed now), keeps the sharing's (8), adds what waits (9) and
-    /// what a file outside the run holds (11: waiting for room before),
-    /// and does not overwrite a sharing row with its own (8 again).
+    /// what a file outside the run holds (11: waiting for room before) and
+    /// what was leased (12), and does not overwrite a sharing row with its
+    /// own (8 again).
     #[test]
     fn the_zero_pass_replaces_only_its_own_rows() {
         let z = "zeros_keep_free";
@@ -216,12 +222,19 @@ mod tests {
             handled: vec![FileId(7), FileId(8), FileId(9), FileId(11)],
             waiting: vec![(FileId(8), 20), (FileId(9), 30)],
             held: vec![(FileId(11), 40, (300, 257))],
+            leased: vec![(FileId(12), 50)],
         };
         p.zeros(&left).unwrap();
         let held = "zeros_referenced_outside_run";
         assert_eq!(
             p.rows().unwrap(),
-            vec![row(8, "no_space_share", 50), row(9, z, 30), row(10, z, 5), row(11, held, 40)]
+            vec![
+                row(8, "no_space_share", 50),
+                row(9, z, 30),
+                row(10, z, 5),
+                row(11, held, 40),
+                row(12, "zeros_leased", 50)
+            ]
         );
     }
 

@@ -54,6 +54,9 @@ type Group = (Option<u64>, Vec<Extent>);
 /// Bytes of a file mapped with one FIEMAP call (as the hasher does).
 const WINDOW: u64 = 256 << 20;
 
+/// A failure to count: its kind, what to say, the errno.
+type Failure = (ErrorKind, String, Option<i32>);
+
 /// The error kind of a failed rewrite or punch (`errno`).
 fn error_kind(errno: Option<i32>) -> ErrorKind {
     match errno {
@@ -82,14 +85,16 @@ pub struct ZerosOutcome {
 
 /// What one file's pass left: whether it went through (opened, checked,
 /// every extent judged), whether a part of it became holes, the zero
-/// bytes that wait for room, and those a file outside the run holds, with
-/// the newest such holder.
+/// bytes that wait for room, those a file outside the run holds, with the
+/// newest such holder, and, if another process held a lease on it, its
+/// zero bytes.
 #[derive(Default)]
 struct Left {
     handled: bool,
     holed: bool,
     waiting: u64,
     held: Option<(u64, Outside)>,
+    leased: Option<u64>,
 }
 
 /// A file outside the run holding zeros of the pass's files: subvolume
@@ -313,20 +318,22 @@ impl ZeroPass<'_> {
             if let Some((bytes, by)) = left.held {
                 done.held.push((id, bytes, by));
             }
+            done.leased.extend(left.leased.map(|bytes| (id, bytes)));
         }
         pending.zeros(&done)
     }
 
-    /// Open file `c` again and check it: `None` if it is gone, leased,
+    /// Open file `c` again and check it: `Err(None)` if it is gone,
     /// changed since the scan or NOCOW (`crate::dedupe::nocow_left`),
-    /// counted and said here; the error to count otherwise.
+    /// `Err(Some(Leased))` if another process holds a lease on it, counted
+    /// and said here; the error to count otherwise.
     fn open(
         &self,
         c: &FileFacts,
         keys: &mut SubvolIds,
         out: &mut ZerosOutcome,
         progress: &dyn Progress,
-    ) -> Result<Option<File>, (ErrorKind, String, Option<i32>)> {
+    ) -> Result<Result<File, Option<SkipReason>>, Failure> {
         let path = display_path(&c.path);
         let f = match self.tree.open_file(&c.path) {
             Ok(f) => f,
@@ -334,7 +341,7 @@ impl ZeroPass<'_> {
                 Some(why) => {
                     *out.skipped.entry(why).or_default() += 1;
                     progress.info(&format!("{path}: zeros left: {}", why.not_reopened()));
-                    return Ok(None);
+                    return Ok(Err(Some(why).filter(|&w| w == SkipReason::Leased)));
                 }
                 None => return Err((ErrorKind::Open, format!("cannot open: {e}"), e.raw_os_error())),
             },
@@ -342,14 +349,14 @@ impl ZeroPass<'_> {
         if !c.is_open_as_recorded(&f, keys) {
             progress.warn(&format!("{path}: changed since it was scanned; left alone, it is rehashed next run"));
             out.changed += 1;
-            return Ok(None);
+            return Ok(Err(None));
         }
         match crate::dedupe::nocow_left(self.leave_nocow, &f) {
-            Ok(false) => Ok(Some(f)),
+            Ok(false) => Ok(Ok(f)),
             Ok(true) => {
                 *out.skipped.entry(SkipReason::Nocow).or_default() += 1;
                 progress.info(&format!("{path}: zeros left: NOCOW (--include-nocow punches them)"));
-                Ok(None)
+                Ok(Err(None))
             }
             Err(e) => Err((ErrorKind::Flags, format!("cannot read its inode flags: {e}"), Some(e as i32))),
         }
@@ -365,13 +372,17 @@ impl ZeroPass<'_> {
         (progress, stop): (&dyn Progress, &AtomicBool),
     ) -> Left {
         let mut left = Left::default();
-        let fail = |out: &mut ZerosOutcome, (kind, why, errno): (ErrorKind, String, Option<i32>)| {
+        let fail = |out: &mut ZerosOutcome, (kind, why, errno): Failure| {
             self.failed(out, c, (kind, &why, errno), (progress, stop));
             Left::default()
         };
         let f = match self.open(c, v.keys, v.out, progress) {
-            Ok(Some(f)) => f,
-            Ok(None) => return left,
+            Ok(Ok(f)) => f,
+            Ok(Err(leased)) => {
+                // Tried again by the next run (`zeros_leased`).
+                left.leased = leased.map(|_| runs.iter().map(|r| r.1).sum());
+                return left;
+            }
             Err(e) => return fail(v.out, e),
         };
         // Mapped a window at a time, so a file of millions of extents costs
