@@ -87,6 +87,76 @@ fn sigkill_many_times(fs: Fs) {
     }
 }
 
+/// SIGKILL during the zero pass's work on clones (btrfs): an image written
+/// in one pass, three reflinked clones and a written copy, so every extent
+/// of the image is freed by all its holders at once: its data copied, then
+/// shared into each, then every holder's zeros punched. Runs are killed at
+/// growing delays after the pass starts (its phase line), each on the
+/// state the last one left: an extent left half done, some holders moved
+/// to the copy and some not. After each kill every file holds what it
+/// held; then a run completes and the zeros are gone from every holder,
+/// the space freed: a half-done extent is taken up again, not left.
+#[test]
+fn btrfs_survives_sigkill_during_the_zero_pass_of_clones() {
+    let Some(vol) = Volume::new(Fs::Btrfs, 1024) else { return };
+    let data = vol.path("store");
+    std::fs::create_dir(&data).unwrap();
+    let mut image = Vec::new();
+    for i in 0..48 {
+        image.extend(Rng::new(700 + i).bytes(1 << 20));
+        image.resize(image.len() + (1 << 20), 0);
+    }
+    std::fs::write(data.join("image"), &image).unwrap();
+    for n in ["clone1", "clone2", "clone3"] {
+        assert!(Command::new("cp")
+            .arg("--reflink=always")
+            .arg(data.join("image"))
+            .arg(data.join(n))
+            .status()
+            .unwrap()
+            .success());
+    }
+    std::fs::write(data.join("copy"), &image).unwrap();
+    dedupscan::sys::syncfs(std::fs::File::open(&data).unwrap()).unwrap();
+    let before = Snapshot::take(&data);
+    let free0 = free_bytes(&vol.mnt);
+    let mut kills = 0;
+    for delay_ms in [0, 2, 5, 10, 20, 40, 80, 160] {
+        // `-v`: the pass's phase line ("... zeros to holes: started").
+        let mut child = dedupscan().arg(&data).arg("-v").db(vol.db()).command();
+        let mut child = child.stdout(Stdio::null()).stderr(Stdio::piped()).spawn().unwrap();
+        let mut err = std::io::BufReader::new(child.stderr.take().unwrap());
+        let mut line = String::new();
+        while std::io::BufRead::read_line(&mut err, &mut line).unwrap() > 0 && !line.contains("zeros to holes") {
+            line.clear();
+        }
+        std::thread::sleep(Duration::from_millis(delay_ms));
+        let _ = child.kill(); // SIGKILL
+        let status = child.wait().unwrap();
+        before.assert_same(&Snapshot::take(&data));
+        integrity_ok(&vol.db());
+        if status.signal() == Some(libc::SIGKILL) {
+            kills += 1;
+        } else {
+            assert!(status.code().is_some_and(|c| c <= 1), "the run failed on its own: {status}");
+        }
+    }
+    assert!(kills >= 3, "only {kills} kills landed in the zero pass");
+    eprintln!("{kills} kills landed in the zero pass");
+    let r = run_json(&vol, &[data.to_str().unwrap()]);
+    assert_eq!(r["errors"].as_u64(), Some(0), "{r:#}");
+    before.assert_same(&Snapshot::take(&data));
+    integrity_ok(&vol.db());
+    for n in ["image", "clone1", "clone2", "clone3", "copy"] {
+        let map = physical_blocks(&data.join(n), 0, 96 << 20);
+        let zeros = (0..48).filter(|k| map[(2 * k + 1) * 256 + 10].is_some()).count();
+        assert_eq!(zeros, 0, "{n}: {zeros} zero runs still mapped after recovery: {r:#}");
+    }
+    // 5 × 96 MiB held in 2 × 96 MiB; 48 MiB of data is what must stay.
+    let freed = free_bytes(&vol.mnt) as i64 - free0 as i64;
+    assert!(freed >= 130 << 20, "freed {} MiB after {kills} kills: {r:#}", freed >> 20);
+}
+
 #[test]
 fn xfs_survives_sigkill_at_twenty_points() {
     sigkill_many_times(Fs::Xfs);
