@@ -101,11 +101,7 @@ fn btrfs_survives_sigkill_during_the_zero_pass_of_clones() {
     let Some(vol) = Volume::new(Fs::Btrfs, 1024) else { return };
     let data = vol.path("store");
     std::fs::create_dir(&data).unwrap();
-    let mut image = Vec::new();
-    for i in 0..48 {
-        image.extend(Rng::new(700 + i).bytes(1 << 20));
-        image.resize(image.len() + (1 << 20), 0);
-    }
+    let image = one_pass_image(48, 700);
     std::fs::write(data.join("image"), &image).unwrap();
     for n in ["clone1", "clone2", "clone3"] {
         assert!(Command::new("cp")

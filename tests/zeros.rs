@@ -23,12 +23,7 @@ const MIB: u64 = 1 << 20;
 /// up), then 1 MiB of zeros, eight times (on btrfs, data and zeros in one
 /// extent).
 fn write_one_pass(p: &Path, seed: u64) {
-    let mut bytes = Vec::new();
-    for i in 0..8 {
-        bytes.extend(Rng::new(seed + i).bytes(MIB as usize));
-        bytes.resize(bytes.len() + MIB as usize, 0);
-    }
-    std::fs::write(p, &bytes).unwrap();
+    std::fs::write(p, one_pass_image(8, seed)).unwrap();
 }
 
 /// Bytes allocated to `p` (`st_blocks`).

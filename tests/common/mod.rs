@@ -336,6 +336,18 @@ impl AccessTimes {
     }
 }
 
+/// The bytes of an image written in one pass: `pairs` times 1 MiB of data
+/// (seeded from `seed` up), then 1 MiB of zeros (on btrfs, written at
+/// once, data and zeros land in the same extents).
+pub fn one_pass_image(pairs: u64, seed: u64) -> Vec<u8> {
+    let mut bytes = Vec::new();
+    for i in 0..pairs {
+        bytes.extend(dedupscan::corpus::Rng::new(seed + i).bytes(1 << 20));
+        bytes.resize(bytes.len() + (1 << 20), 0);
+    }
+    bytes
+}
+
 /// Free bytes on the filesystem of `path`, after flushing it.
 pub fn free_bytes(path: &Path) -> u64 {
     let f = File::open(path).unwrap();
