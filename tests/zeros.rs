@@ -339,9 +339,14 @@ fn btrfs_an_image_and_its_writable_snapshot_let_go_of_its_zeros_together_unless_
     let before = files();
     let maps = || ["a/img", "b/img"].map(|n| physical_blocks(&d.join(n), 0, 16 * MIB));
     let map0 = maps();
-    let r = run_json(&vol, &[s(&d)]);
+    let out = dedupscan().args([s(&d), "-v"]).json().db(vol.db()).expect(0).run();
+    let r = out.json;
+    validate_report(&r);
     let done = ["zeros_to_holes_files", "zeros_to_holes_bytes", "rewritten_bytes", "errors"].map(|k| num(&r, k));
     assert_eq!(done, [0; 4], "{r:#}");
+    // `-v` names the holder, from the volume's top level.
+    let said = "8.0 MiB of written zeros left: vm/ro/img (subvolume";
+    assert!(out.stderr.contains(said) && out.stderr.contains("also holds them"), "{}", out.stderr);
     assert_eq!(maps(), map0, "a file the read-only snapshot keeps was changed");
     before.iter().zip(files()).for_each(|(b, a)| b.assert_same(&a));
     let held = serde_json::json!({"zeros_referenced_outside_run": {"files": 1, "bytes": 8 * MIB}});

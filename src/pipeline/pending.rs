@@ -135,7 +135,7 @@ pub(super) fn retried(tree: &Tree, db: &Db, rows: &[PendingRow]) -> Result<Vec<F
     let holders = db.zeros_holders()?;
     let volume = tree.root(0).map(|r| r.1);
     let gone = |&(root, ino): &(u64, u64)| {
-        volume.is_none_or(|fd| !crate::sys::fs::btrfs_inode_exists(fd, root, ino).unwrap_or(false))
+        volume.is_none_or(|fd| !crate::sys::btrfs_names::inode_exists(fd, root, ino).unwrap_or(false))
     };
     let retry = |p: &&PendingRow| match &p.1 {
         w if w == pinned => !still_shared(tree, pinned_facts.get(&p.0)),

@@ -433,6 +433,9 @@ impl ZeroPass<'_> {
         }
         v.out.bytes += done.bytes;
         left.handled = true;
+        if let Some((bytes, by)) = left.held {
+            say_held(&c.path, &f, (bytes, by), progress);
+        }
         left
     }
 
@@ -544,6 +547,22 @@ impl ZeroPass<'_> {
             done => done.map(|all| if all { Moved::Yes } else { Moved::No }),
         }
     }
+}
+
+/// Say (with `-v`) that the zeros of the open file `f` at `path` stay for
+/// the holder outside the run `by`, named from the volume's top level
+/// where it can be.
+fn say_held(path: &std::path::Path, f: &File, (bytes, (root, ino)): (u64, Outside), progress: &dyn Progress) {
+    let name = crate::sys::btrfs_names::path_of(f.as_fd(), root, ino);
+    let by = match name {
+        Some(p) => format!("{} (subvolume {root})", String::from_utf8_lossy(&p)),
+        None => format!("inode {ino} of subvolume {root}"),
+    };
+    progress.info(&format!(
+        "{}: {} of written zeros left: {by}, outside the run, also holds them; tried again once it is gone",
+        display_path(path),
+        crate::display::human(bytes)
+    ));
 }
 
 /// XFS: the zero runs of file `id` of any length (a whole extent of zeros

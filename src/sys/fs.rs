@@ -197,10 +197,10 @@ pub fn start_writeback(fd: impl AsFd) -> Result<(), Errno> {
 
 /// `struct btrfs_ioctl_ino_lookup_args` (4 KiB).
 #[repr(C)]
-struct InoLookupArgs {
-    treeid: u64,
-    objectid: u64,
-    name: [u8; 4080],
+pub(super) struct InoLookupArgs {
+    pub treeid: u64,
+    pub objectid: u64,
+    pub name: [u8; 4080],
 }
 nix::ioctl_readwrite!(
     /// `BTRFS_IOC_INO_LOOKUP`.
@@ -227,19 +227,6 @@ pub fn volume_key(fd: BorrowedFd<'_>) -> Result<u64, Errno> {
     // SAFETY: `a` is a valid, writable 4 KiB `btrfs_ioctl_ino_lookup_args`.
     unsafe { ioctl_btrfs_ino_lookup(fd.as_raw_fd(), &mut a) }?;
     Ok(a.treeid)
-}
-
-/// btrfs: whether inode `ino` of subvolume `root` still has a name on the
-/// volume `fd` is on (`BTRFS_IOC_INO_LOOKUP`, as root). `Ok(false)`: the
-/// subvolume is deleted, or the inode is (or is deleted but still open).
-pub fn btrfs_inode_exists(fd: BorrowedFd<'_>, root: u64, ino: u64) -> Result<bool, Errno> {
-    let mut a = InoLookupArgs { treeid: root, objectid: ino, name: [0; 4080] };
-    // SAFETY: `a` is a valid, writable 4 KiB `btrfs_ioctl_ino_lookup_args`.
-    match unsafe { ioctl_btrfs_ino_lookup(fd.as_raw_fd(), &mut a) } {
-        Ok(_) => Ok(true),
-        Err(Errno::ENOENT) => Ok(false),
-        Err(e) => Err(e),
-    }
 }
 
 /// The key given to files whose [`volume_key`] could not be read: their

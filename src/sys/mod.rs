@@ -6,6 +6,7 @@
 //! values back.
 
 pub mod beneath;
+pub mod btrfs_names;
 pub mod btrfs_tree;
 pub mod dedupe;
 pub mod fiemap;
