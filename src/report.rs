@@ -188,7 +188,7 @@ pub struct Report {
     /// a rewrite's copy, see `dedupe::Pending::RewriteNotAllowed`;
     /// `zeros_keep_free`: bytes of written zeros not turned into holes, the
     /// copy of the data sharing their extent having no room above
-    /// `--keep-free`; `zeros_referenced_outside_run`: bytes of written
+    /// `--keep-free`, or the volume or a quota being full; `zeros_referenced_outside_run`: bytes of written
     /// zeros a file outside the run also holds, tried again once that
     /// holder is gone; `zeros_leased`: the same, of a file another
     /// process held a lease on; `leased`: another process held a lease on the

@@ -69,6 +69,40 @@ fn bookends_stuck_on_a_full_disk_are_freed_by_the_next_incremental_run() {
     assert_eq!(num(&db_report(&vol), "pending_bytes"), 0);
 }
 
+/// A full disk under the zero pass: the data sharing an extent with an
+/// image's written zeros cannot be copied out (the kernel's `ENOSPC`, no
+/// reserve asked), so the zeros stay; said and counted once, and the
+/// image is left pending (`zeros_keep_free`). Once there is room, the
+/// next incremental run, nothing changed, frees them. Before, the file
+/// was an error and the incremental run did nothing (the weekly full
+/// plan would have).
+#[test]
+fn zeros_stuck_on_a_full_disk_are_freed_by_the_next_incremental_run() {
+    let Some(vol) = Volume::new(Fs::Btrfs, 256) else { return };
+    let d = vol.path("d");
+    std::fs::create_dir(&d).unwrap();
+    std::fs::write(d.join("image"), one_pass_image(32, 40)).unwrap();
+    let path = d.to_str().unwrap();
+    let before = Snapshot::take(&d);
+    fill(&vol.path("filler"));
+    let first = run_json(&vol, &[path, "--keep-free", "0"]);
+    before.assert_same(&Snapshot::take(&d));
+    assert_eq!(num(&first, "zeros_to_holes_bytes"), 0, "{first:#}");
+    assert_eq!(first["pending"]["zeros_keep_free"]["files"].as_u64(), Some(1), "{first:#}");
+    assert_eq!((num(&first, "pending_bytes"), num(&first, "errors")), (32 << 20, 1), "{first:#}");
+    assert_eq!(first["error_kinds"]["no_space"].as_u64(), Some(1), "{first:#}");
+
+    std::fs::remove_file(vol.path("filler")).unwrap();
+    let free0 = free_bytes(&vol.mnt);
+    let second = run_json(&vol, &[path, "--incremental"]);
+    let freed = free_bytes(&vol.mnt) as i64 - free0 as i64;
+    before.assert_same(&Snapshot::take(&d));
+    assert_eq!(num(&second, "files_hashed"), 0, "{second:#}");
+    assert_eq!(num(&second, "zeros_to_holes_bytes"), 32 << 20, "{second:#}");
+    assert_eq!((num(&second, "pending_bytes"), num(&second, "errors")), (0, 0), "{second:#}");
+    assert!(freed >= 30 << 20, "the zeros' space was not freed: {freed}: {second:#}");
+}
+
 /// A disk filled to the last block (or a quota to its limit), no reserve
 /// asked: the kernel refuses the first copies (`ENOSPC`), and sharing the
 /// whole copies then frees room. The files left whole wait for it in a

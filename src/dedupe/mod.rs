@@ -181,8 +181,10 @@ pub enum Pending {
     RewriteNotAllowed,
     /// Its written zeros were not turned into holes: they share an extent
     /// with its data, whose copy would have taken the free space
-    /// `--keep-free` keeps (`pipeline::zeros`). Tried again by every run,
-    /// not only the weekly full plan, until there is room.
+    /// `--keep-free` keeps (`pipeline::zeros`), or the volume or a quota
+    /// was full for the copy or the punch (`ENOSPC`, `EDQUOT`). Tried
+    /// again by every run, not only the weekly full plan, until there is
+    /// room.
     ZerosKeepFree,
     /// btrfs: its written zeros were not turned into holes because a file
     /// outside the run also holds their extent (a read-only snapshot, a

@@ -57,6 +57,11 @@ const WINDOW: u64 = 256 << 20;
 /// A failure to count: its kind, what to say, the errno.
 type Failure = (ErrorKind, String, Option<i32>);
 
+/// Whether a rewrite or punch failed for want of space (`errno`).
+fn is_full(errno: Option<i32>) -> bool {
+    matches!(errno, Some(libc::ENOSPC | libc::EDQUOT))
+}
+
 /// The error kind of a failed rewrite or punch (`errno`).
 fn error_kind(errno: Option<i32>) -> ErrorKind {
     match errno {
@@ -427,6 +432,10 @@ impl ZeroPass<'_> {
                     }
                     Ok((Moved::No, _)) => {}
                     Ok((Moved::NoRoom, _)) => left.waiting += w.punch.iter().map(|p| p.1).sum::<u64>(),
+                    Err((why, errno)) if is_full(errno) => {
+                        self.full(&c.path, &why, v.out, progress);
+                        left.waiting += w.punch.iter().map(|p| p.1).sum::<u64>();
+                    }
                     Err((why, errno)) => return fail(v.out, (error_kind(errno), why, errno)),
                 }
             }
@@ -465,6 +474,21 @@ impl ZeroPass<'_> {
             true => w,
             false => zeros::gaps_are_data(w, ratio.unwrap_or(0.0), zeros::MIN_BYTES),
         })
+    }
+
+    /// The volume (or a quota) was full for a rewrite or a punch of the
+    /// file at `path`: as for the bookend pass, said and counted once a
+    /// run; the file waits for the next run (`zeros_keep_free`), which a
+    /// full disk's error used to leave to the weekly full plan.
+    pub(super) fn full(&self, path: &std::path::Path, why: &str, out: &mut ZerosOutcome, progress: &dyn Progress) {
+        if out.errors.contains_key(&ErrorKind::NoSpace) {
+            return;
+        }
+        out.errors.insert(ErrorKind::NoSpace, 1);
+        progress.warn(&format!(
+            "{}: {why}; this file and any others like it wait for the next run (pending in the report)",
+            display_path(path)
+        ));
     }
 
     /// Count a failure of file `c` (said, unless the filesystem stopped:

@@ -112,6 +112,10 @@ impl ZeroPass<'_> {
                 }
                 Together { waiting: work.zero_bytes(), ..none }
             }
+            Err(Stop::Failed(i, _, why, errno)) if super::is_full(errno) => {
+                self.full(&holders[i].facts.path, &why, v.out, progress);
+                Together { waiting: work.zero_bytes(), ..none }
+            }
             Err(Stop::Failed(i, kind, why, errno)) => {
                 self.failed(v.out, &holders[i].facts, (kind, &why, errno), (progress, stop));
                 none
