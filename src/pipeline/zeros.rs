@@ -33,11 +33,13 @@ use nix::errno::Errno;
 
 use super::pending::{Pending, ZerosLeft};
 use holes::Holes;
+use said::say_held;
 use shared::SharedZeros;
 use window::{btrfs_window, Judged};
 
 mod clones;
 mod holes;
+mod said;
 mod shared;
 mod window;
 
@@ -476,37 +478,6 @@ impl ZeroPass<'_> {
         })
     }
 
-    /// The volume (or a quota) was full for a rewrite or a punch of the
-    /// file at `path`: as for the bookend pass, said and counted once a
-    /// run; the file waits for the next run (`zeros_keep_free`), which a
-    /// full disk's error used to leave to the weekly full plan.
-    pub(super) fn full(&self, path: &std::path::Path, why: &str, out: &mut ZerosOutcome, progress: &dyn Progress) {
-        if out.errors.contains_key(&ErrorKind::NoSpace) {
-            return;
-        }
-        out.errors.insert(ErrorKind::NoSpace, 1);
-        progress.warn(&format!(
-            "{}: {why}; this file and any others like it wait for the next run (pending in the report)",
-            display_path(path)
-        ));
-    }
-
-    /// Count a failure of file `c` (said, unless the filesystem stopped:
-    /// that stops the run, said once, not once for every file left).
-    fn failed(
-        &self,
-        out: &mut ZerosOutcome,
-        c: &FileFacts,
-        (kind, why, errno): (ErrorKind, &str, Option<i32>),
-        (progress, stop): (&dyn Progress, &AtomicBool),
-    ) {
-        *out.errors.entry(kind).or_default() += 1;
-        let fs_wide = matches!(errno, Some(libc::EIO | libc::EROFS));
-        if !(fs_wide && self.tree.stop_if_stopped(stop, |w| progress.warn_run(w))) {
-            progress.warn(&format!("{}: {why}", display_path(&c.path)));
-        }
-    }
-
     /// The extents of `f` to judge for the part `part` of a zero run, none
     /// judged before, each as the stretches of one extent on disk
     /// (`zeros::plan_on_disk`). On btrfs, read as root, the part is widened
@@ -571,22 +542,6 @@ impl ZeroPass<'_> {
             done => done.map(|all| if all { Moved::Yes } else { Moved::No }),
         }
     }
-}
-
-/// Say (with `-v`) that the zeros of the open file `f` at `path` stay for
-/// the holder outside the run `by`, named from the volume's top level
-/// where it can be.
-fn say_held(path: &std::path::Path, f: &File, (bytes, (root, ino)): (u64, Outside), progress: &dyn Progress) {
-    let name = crate::sys::btrfs_names::path_of(f.as_fd(), root, ino);
-    let by = match name {
-        Some(p) => format!("{} (subvolume {root})", String::from_utf8_lossy(&p)),
-        None => format!("inode {ino} of subvolume {root}"),
-    };
-    progress.info(&format!(
-        "{}: {} of written zeros left: {by}, outside the run, also holds them; tried again once it is gone",
-        display_path(path),
-        crate::display::human(bytes)
-    ));
 }
 
 /// XFS: the zero runs of file `id` of any length (a whole extent of zeros

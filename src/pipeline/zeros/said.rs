@@ -1,0 +1,67 @@
+//! What the zero pass says: a file's failure, a full volume (once a run),
+//! and, with `-v`, who outside the run keeps a file's zeros.
+
+use std::fs::File;
+use std::os::fd::AsFd;
+use std::sync::atomic::AtomicBool;
+
+use crate::display::display_path;
+use crate::errors::ErrorKind;
+use crate::file::FileFacts;
+use crate::progress::Progress;
+
+use super::{Outside, ZeroPass, ZerosOutcome};
+
+impl ZeroPass<'_> {
+    /// The volume (or a quota) was full for a rewrite or a punch of the
+    /// file at `path`: as for the bookend pass, said and counted once a
+    /// run; the file waits for the next run (`zeros_keep_free`), which a
+    /// full disk's error used to leave to the weekly full plan.
+    pub(super) fn full(&self, path: &std::path::Path, why: &str, out: &mut ZerosOutcome, progress: &dyn Progress) {
+        if out.errors.contains_key(&ErrorKind::NoSpace) {
+            return;
+        }
+        out.errors.insert(ErrorKind::NoSpace, 1);
+        progress.warn(&format!(
+            "{}: {why}; this file and any others like it wait for the next run (pending in the report)",
+            display_path(path)
+        ));
+    }
+
+    /// Count a failure of file `c` (said, unless the filesystem stopped:
+    /// that stops the run, said once, not once for every file left).
+    pub(super) fn failed(
+        &self,
+        out: &mut ZerosOutcome,
+        c: &FileFacts,
+        (kind, why, errno): (ErrorKind, &str, Option<i32>),
+        (progress, stop): (&dyn Progress, &AtomicBool),
+    ) {
+        *out.errors.entry(kind).or_default() += 1;
+        let fs_wide = matches!(errno, Some(libc::EIO | libc::EROFS));
+        if !(fs_wide && self.tree.stop_if_stopped(stop, |w| progress.warn_run(w))) {
+            progress.warn(&format!("{}: {why}", display_path(&c.path)));
+        }
+    }
+}
+
+/// Say (with `-v`) that the zeros of the open file `f` at `path` stay for
+/// the holder outside the run `by`, named from the volume's top level
+/// where it can be.
+pub(super) fn say_held(
+    path: &std::path::Path,
+    f: &File,
+    (bytes, (root, ino)): (u64, Outside),
+    progress: &dyn Progress,
+) {
+    let name = crate::sys::btrfs_names::path_of(f.as_fd(), root, ino);
+    let by = match name {
+        Some(p) => format!("{} (subvolume {root})", String::from_utf8_lossy(&p)),
+        None => format!("inode {ino} of subvolume {root}"),
+    };
+    progress.info(&format!(
+        "{}: {} of written zeros left: {by}, outside the run, also holds them; tried again once it is gone",
+        display_path(path),
+        crate::display::human(bytes)
+    ));
+}
