@@ -26,8 +26,8 @@ use crate::sys::beneath::Tree;
 pub(super) struct ZerosLeft {
     /// The files it went through.
     pub handled: Vec<FileId>,
-    /// Files whose zeros wait for room above `--keep-free`, with their
-    /// bytes of zeros.
+    /// Files whose zeros wait for room (above `--keep-free`, or a full
+    /// volume), with their bytes of zeros.
     pub waiting: Vec<(FileId, u64)>,
     /// Files whose zeros a file outside the run holds: their bytes of
     /// zeros, and the newest such holder (subvolume id, inode).
@@ -82,8 +82,8 @@ impl<'a> Pending<'a> {
     }
 
     /// Record what the zero pass left: rows of its reasons for the files
-    /// it went through dropped, those waiting for room or held by a file
-    /// outside the run added where the file has no row
+    /// it went through dropped, those waiting for room, held by a file
+    /// outside the run or leased added where the file has no row
     /// ([`Db::save_zeros_pending`]).
     pub(super) fn zeros(&mut self, left: &ZerosLeft) -> Result<()> {
         use dedupe::Pending::{ZerosHeld, ZerosKeepFree, ZerosLeased};
