@@ -24,6 +24,19 @@ fn fill(path: &std::path::Path) {
     }
 }
 
+/// Room again (the filler gone), nothing changed on the volume: an
+/// `--incremental` run of `d`, which hashes nothing and changes no file;
+/// its report and the bytes it freed (statfs).
+fn room_again(vol: &Volume, d: &std::path::Path, before: &Snapshot) -> (serde_json::Value, i64) {
+    std::fs::remove_file(vol.path("filler")).unwrap();
+    let free0 = free_bytes(&vol.mnt);
+    let r = run_json(vol, &[d.to_str().unwrap(), "--incremental"]);
+    let freed = free_bytes(&vol.mnt) as i64 - free0 as i64;
+    before.assert_same(&Snapshot::take(d));
+    assert_eq!(num(&r, "files_hashed"), 0, "{r:#}");
+    (r, freed)
+}
+
 #[test]
 fn bookends_stuck_on_a_full_disk_are_freed_by_the_next_incremental_run() {
     let Some(vol) = Volume::new(Fs::Btrfs, 256) else { return };
@@ -55,12 +68,7 @@ fn bookends_stuck_on_a_full_disk_are_freed_by_the_next_incremental_run() {
     assert_eq!(num(&rep, "pending_bytes"), num(&first, "pending_bytes"), "{rep:#}");
 
     // Room again; nothing changed on the volume.
-    std::fs::remove_file(vol.path("filler")).unwrap();
-    let free0 = free_bytes(&vol.mnt);
-    let second = run_json(&vol, &[path, "--incremental"]);
-    let freed = free_bytes(&vol.mnt) as i64 - free0 as i64;
-    before.assert_same(&Snapshot::take(&d));
-    assert_eq!(num(&second, "files_hashed"), 0, "{second:#}");
+    let (second, freed) = room_again(&vol, &d, &before);
     assert_eq!(num(&second, "rewritten_bytes"), 3 * 4096, "{second:#}");
     assert_eq!(num(&second, "pending_bytes"), 0, "{second:#}");
     let want = (len - 3 * 4096) as i64;
@@ -92,12 +100,7 @@ fn zeros_stuck_on_a_full_disk_are_freed_by_the_next_incremental_run() {
     assert_eq!((num(&first, "pending_bytes"), num(&first, "errors")), (32 << 20, 1), "{first:#}");
     assert_eq!(first["error_kinds"]["no_space"].as_u64(), Some(1), "{first:#}");
 
-    std::fs::remove_file(vol.path("filler")).unwrap();
-    let free0 = free_bytes(&vol.mnt);
-    let second = run_json(&vol, &[path, "--incremental"]);
-    let freed = free_bytes(&vol.mnt) as i64 - free0 as i64;
-    before.assert_same(&Snapshot::take(&d));
-    assert_eq!(num(&second, "files_hashed"), 0, "{second:#}");
+    let (second, freed) = room_again(&vol, &d, &before);
     assert_eq!(num(&second, "zeros_to_holes_bytes"), 32 << 20, "{second:#}");
     assert_eq!((num(&second, "pending_bytes"), num(&second, "errors")), (0, 0), "{second:#}");
     assert!(freed >= 30 << 20, "the zeros' space was not freed: {freed}: {second:#}");
