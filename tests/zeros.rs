@@ -26,6 +26,14 @@ fn write_one_pass(p: &Path, seed: u64) {
     std::fs::write(p, one_pass_image(8, seed)).unwrap();
 }
 
+/// The directory `vm` of `vol`, holding a new subvolume `a` (btrfs).
+fn with_subvolume_a(vol: &Volume) -> std::path::PathBuf {
+    let d = vol.path("vm");
+    std::fs::create_dir(&d).unwrap();
+    btrfs(&["subvolume", "create"], &d.join("a"));
+    d
+}
+
 /// Bytes allocated to `p` (`st_blocks`).
 fn allocated(p: &Path) -> u64 {
     std::fs::metadata(p).unwrap().blocks() * 512
@@ -328,9 +336,7 @@ fn btrfs_an_image_written_in_one_pass_and_its_clones_let_go_of_its_zeros_togethe
 #[test]
 fn btrfs_an_image_and_its_writable_snapshot_let_go_of_its_zeros_together_unless_a_read_only_one_keeps_them() {
     let Some(vol) = Volume::new(Fs::Btrfs, 512) else { return };
-    let d = vol.path("vm");
-    std::fs::create_dir(&d).unwrap();
-    btrfs(&["subvolume", "create"], &d.join("a"));
+    let d = with_subvolume_a(&vol);
     write_one_pass(&d.join("a/img"), 110);
     dedupscan::sys::syncfs(std::fs::File::open(d.join("a")).unwrap()).unwrap();
     btrfs(&["subvolume", "snapshot", s(&d.join("a"))], &d.join("b"));
@@ -385,9 +391,7 @@ fn btrfs_an_image_and_its_writable_snapshot_let_go_of_its_zeros_together_unless_
 #[test]
 fn btrfs_with_share_snapshotted_zeros_a_read_only_snapshot_holds_are_let_go_of_and_freed_when_it_goes() {
     let Some(vol) = Volume::new(Fs::Btrfs, 512) else { return };
-    let d = vol.path("vm");
-    std::fs::create_dir(&d).unwrap();
-    btrfs(&["subvolume", "create"], &d.join("a"));
+    let d = with_subvolume_a(&vol);
     thick(&d.join("a/thick"), 16, &Rng::new(31).bytes(MIB as usize));
     write_one_pass(&d.join("a/onepass"), 130);
     for n in ["thick", "onepass"] {
