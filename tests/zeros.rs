@@ -468,12 +468,18 @@ fn zeros_a_clone_outside_the_run_holds(fs: Fs) {
         assert_eq!(num(&r, "pending_bytes"), 0, "{r:#}");
         return;
     }
-    // btrfs: both files wait for the clone outside (their pending rows are
-    // the sharing's: the header's copy at 8 MiB is pinned by it too), and
-    // an incremental run lets go of their zeros once it is gone.
+    // btrfs: both files wait for the clone outside, for their zeros and
+    // for their sharing (the header's copy at 8 MiB is pinned by it too),
+    // and the report counts both; an incremental run lets go of their
+    // zeros once it is gone.
     let db = rusqlite::Connection::open(vol.db()).unwrap();
     let held: i64 = db.query_row("SELECT count(*) FROM zeros_held", [], |r| r.get(0)).unwrap();
     assert_eq!(held, 2, "{r:#}");
+    let zeros = &r["pending"]["zeros_referenced_outside_run"];
+    assert_eq!(zeros["files"].as_u64(), Some(2), "{r:#}");
+    assert!(num(zeros, "bytes") >= 28 * MIB, "{r:#}");
+    assert_eq!(r["pending"]["referenced_outside_run"]["files"].as_u64(), Some(2), "{r:#}");
+    assert_eq!(db_report(&vol)["pending"], r["pending"]);
     std::fs::remove_file(outside.join("clone")).unwrap();
     let free0 = free_bytes(&vol.mnt);
     let r = run_json(&vol, &[s(&d), "--incremental"]);

@@ -28,6 +28,7 @@ pub const MIGRATIONS: &[&str] = &[
     include_str!("../../schema/0012_shared_runs.sql"),
     include_str!("../../schema/0013_too_large.sql"),
     include_str!("../../schema/0014_zeros_held.sql"),
+    include_str!("../../schema/0015_pending_by_reason.sql"),
 ];
 
 /// The schema version this build writes.
@@ -214,6 +215,29 @@ mod tests {
         let gone = ["files", "dirs", "pinned", "kept_out"].map(count);
         assert_eq!((gone, count("runs"), count("meta WHERE key = 'block_size'")), ([0; 4], 1, 1));
         assert_eq!(count("meta WHERE key = 'last_complete_share_run'"), 0);
+    }
+
+    #[test]
+    fn version_14_pending_rows_are_kept_and_a_file_may_then_have_two() {
+        let mut c = at_version(14);
+        c.execute_batch("INSERT INTO pending VALUES (1, 'referenced_outside_run', 65536, 3), (2, 'keep_free', 5, 3);")
+            .unwrap();
+        migrate(&mut c).unwrap();
+        c.execute("INSERT INTO pending VALUES (1, 'zeros_referenced_outside_run', 15728640, 4)", []).unwrap();
+        let rows: Vec<(i64, String, i64, i64)> = (c.prepare("SELECT * FROM pending ORDER BY file_id, reason").unwrap())
+            .query_map([], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?)))
+            .unwrap()
+            .collect::<Result<_, _>>()
+            .unwrap();
+        let row = |id, why: &str, b, run| (id, why.to_owned(), b, run);
+        let want = [
+            row(1, "referenced_outside_run", 65536, 3),
+            row(1, "zeros_referenced_outside_run", 15728640, 4),
+            row(2, "keep_free", 5, 3),
+        ];
+        assert_eq!(rows, want);
+        let twice = c.execute("INSERT INTO pending VALUES (2, 'keep_free', 9, 4)", []);
+        assert!(twice.is_err(), "one row per file and reason");
     }
 
     #[test]

@@ -16,31 +16,35 @@ pub type ZerosRow<'a> = (FileId, &'a str, u64, Option<(u64, u64)>);
 impl Db {
     /// Destinations left for a later run (out of space, or extents pinned
     /// by a file outside the run), with why and how many planned bytes (see
-    /// [`crate::dedupe::Pending`]).
+    /// [`crate::dedupe::Pending`]); by file, then reason. A file may have
+    /// two rows: its sharing's and its zeros' (schema 15).
     pub fn pending(&self) -> rusqlite::Result<Vec<(FileId, String, u64)>> {
         // Not the rows of files removed since (a run that plans nothing
         // does not get to drop them).
         let mut st = self.conn.prepare(
-            "SELECT file_id, reason, bytes FROM pending WHERE file_id IN (SELECT id FROM files) ORDER BY file_id",
+            "SELECT file_id, reason, bytes FROM pending WHERE file_id IN (SELECT id FROM files) \
+             ORDER BY file_id, reason",
         )?;
         let rows = st.query_map([], |r| Ok((r.get(0)?, r.get(1)?, r.get::<_, i64>(2)? as u64)))?;
         rows.collect()
     }
 
-    /// Record what a run left pending: rows of the destinations it went
-    /// through (`handled`) are replaced by `now`; rows of files no longer
-    /// known are dropped.
+    /// Record what a run's sharing left pending: rows of the destinations
+    /// it went through (`handled`) are replaced by `now`, but not those of
+    /// the zero pass's reasons (`zeros`: that pass replaces them when it
+    /// goes through the file); rows of files no longer known are dropped.
     pub fn save_pending(
         &self,
         handled: &HashSet<FileId>,
+        zeros: [&str; 3],
         now: &[(FileId, &str, u64)],
         run: i64,
     ) -> rusqlite::Result<()> {
         let tx = self.conn.unchecked_transaction()?;
         {
-            let mut del = tx.prepare("DELETE FROM pending WHERE file_id = ?1")?;
+            let mut del = tx.prepare("DELETE FROM pending WHERE file_id = ?1 AND reason NOT IN (?2, ?3, ?4)")?;
             for id in handled {
-                del.execute([id])?;
+                del.execute(params![id, zeros[0], zeros[1], zeros[2]])?;
             }
             let mut ins =
                 tx.prepare("INSERT OR REPLACE INTO pending (file_id, reason, bytes, run) VALUES (?1, ?2, ?3, ?4)")?;
@@ -56,11 +60,8 @@ impl Db {
     /// later run: rows of its `reasons` of the files it went through
     /// (`handled`) are dropped, with their holders, then `left` added
     /// (reason, bytes, and for zeros a file outside the run holds, that
-    /// holder). A file with a row already (the sharing's: its group is
-    /// planned again anyway, and the pass with it) keeps it; its holder is
-    /// recorded all the same (a sharing row of reason
-    /// `referenced_outside_run` waits for FIEMAP to show no extent shared,
-    /// which never comes while clones in the run share them).
+    /// holder). A file's sharing row stays beside it (schema 15), so the
+    /// report counts both.
     pub fn save_zeros_pending(
         &self,
         handled: &[FileId],
@@ -75,7 +76,7 @@ impl Db {
                 del.execute(params![id, reasons[0], reasons[1], reasons[2]])?;
             }
             let mut ins =
-                tx.prepare("INSERT OR IGNORE INTO pending (file_id, reason, bytes, run) VALUES (?1, ?2, ?3, ?4)")?;
+                tx.prepare("INSERT OR REPLACE INTO pending (file_id, reason, bytes, run) VALUES (?1, ?2, ?3, ?4)")?;
             let mut holder =
                 tx.prepare("INSERT OR REPLACE INTO zeros_held (file_id, root, ino, run) VALUES (?1, ?2, ?3, ?4)")?;
             let mut gone = tx.prepare("DELETE FROM zeros_held WHERE file_id = ?1")?;
@@ -104,5 +105,51 @@ impl Db {
         )?;
         let rows = st.query_map([], |r| Ok((r.get(0)?, (r.get::<_, i64>(1)? as u64, r.get::<_, i64>(2)? as u64))))?;
         rows.collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const ZEROS: [&str; 3] = ["zeros_keep_free", "zeros_referenced_outside_run", "zeros_leased"];
+
+    fn rows(db: &Db) -> Vec<(i64, String, u64)> {
+        db.pending().unwrap().into_iter().map(|(id, why, b)| (id.0, why, b)).collect()
+    }
+
+    /// A file left pending by its sharing and by its zeros has both rows,
+    /// each pass replaces only its own, and the report counts both.
+    #[test]
+    fn a_file_pending_for_its_sharing_and_its_zeros_keeps_both_rows() {
+        let dir = tempfile::tempdir().unwrap();
+        let db = Db::open(&dir.path().join("db"), "fs").unwrap();
+        db.conn.execute("INSERT INTO dirs (id, path, dev) VALUES (1, x'2f', 1)", []).unwrap();
+        for id in [1, 2] {
+            db.conn
+                .execute(
+                    "INSERT INTO files (id, dir, name, ino, size, mtime, ctime, hashed_run, blocks) \
+                     VALUES (?1, 1, ?2, ?1, 1, 0, 0, 1, x'')",
+                    params![id, id.to_string()],
+                )
+                .unwrap();
+        }
+        let both: HashSet<FileId> = [FileId(1), FileId(2)].into();
+        let pinned = "referenced_outside_run";
+        db.save_pending(&both, ZEROS, &[(FileId(1), pinned, 65536)], 1).unwrap();
+        let held = (FileId(1), ZEROS[1], 15 << 20, Some((258, 257)));
+        db.save_zeros_pending(&[FileId(1), FileId(2)], ZEROS, &[held, (FileId(2), ZEROS[0], 4096, None)], 1).unwrap();
+        let want = |r: &[(i64, &str, u64)]| r.iter().map(|&(id, w, b)| (id, w.to_owned(), b)).collect::<Vec<_>>();
+        assert_eq!(rows(&db), want(&[(1, pinned, 65536), (1, ZEROS[1], 15 << 20), (2, ZEROS[0], 4096)]));
+        let by_reason: Vec<(String, u64, u64)> =
+            db.pending_by_reason().unwrap().into_iter().map(|r| (r.reason, r.files, r.bytes)).collect();
+        assert_eq!(by_reason.iter().map(|r| r.2).sum::<u64>(), 65536 + (15 << 20) + 4096);
+        // The next run shares 1 and 2 and leaves no sharing row: the zeros'
+        // rows stay for the zero pass, which then frees 2's.
+        db.save_pending(&both, ZEROS, &[], 2).unwrap();
+        assert_eq!(rows(&db), want(&[(1, ZEROS[1], 15 << 20), (2, ZEROS[0], 4096)]));
+        db.save_zeros_pending(&[FileId(2)], ZEROS, &[], 2).unwrap();
+        assert_eq!(rows(&db), want(&[(1, ZEROS[1], 15 << 20)]));
+        assert_eq!(db.zeros_holders().unwrap(), vec![(FileId(1), (258, 257))]);
     }
 }

@@ -218,6 +218,11 @@ impl Pending {
         Pending::Leased,
     ];
 
+    /// The zero pass's reasons: a file may have a row of one of these
+    /// beside its sharing's (schema 15), and each pass replaces only its
+    /// own.
+    pub const ZEROS: [Pending; 3] = [Pending::ZerosKeepFree, Pending::ZerosHeld, Pending::ZerosLeased];
+
     /// Name in the database and in reports.
     pub const fn name(self) -> &'static str {
         match self {

@@ -43,51 +43,53 @@ pub(super) type PendingRow = (FileId, String, u64);
 pub(super) enum Pending<'a> {
     /// The database, in a real run.
     Db(&'a Db, i64),
-    /// A dry run's copy of the table, updated as the run would update it.
-    Preview(BTreeMap<FileId, (String, u64)>),
+    /// A dry run's copy of the table (bytes by file and reason), updated
+    /// as the run would update it.
+    Preview(BTreeMap<(FileId, String), u64>),
 }
 
 impl<'a> Pending<'a> {
     /// The database of run `run_id`, or in a dry run a copy of its rows.
     pub(super) fn of(db: &'a Db, run_id: i64, dry_run: bool) -> Result<Pending<'a>> {
         Ok(if dry_run {
-            Pending::Preview(db.pending()?.into_iter().map(|(id, why, bytes)| (id, (why, bytes))).collect())
+            Pending::Preview(db.pending()?.into_iter().map(|(id, why, bytes)| ((id, why), bytes)).collect())
         } else {
             Pending::Db(db, run_id)
         })
     }
 
     /// Record what sharing `plan` left pending (`o.pending`). The rows of
-    /// the destinations it went through are replaced; a stopped run may not
-    /// have reached every destination of the batch, so then it only adds.
+    /// the destinations it went through are replaced, but not the zero
+    /// pass's ([`dedupe::Pending::ZEROS`]); a stopped run may not have
+    /// reached every destination of the batch, so then it only adds.
     /// A real run also records the bytes each destination pins (`o.pinned`
     /// of the destinations in `o.pin_checked`), which a dry run does not.
     pub(super) fn batch(&mut self, plan: &Plan, o: &dedupe::Outcome, stopped: bool) -> Result<()> {
         let handled: HashSet<FileId> =
             if stopped { HashSet::new() } else { plan.ranges.iter().map(|r| r.dest).collect() };
         let now = o.pending.iter().map(|(id, (why, b))| (*id, why.name(), *b));
+        let zeros = dedupe::Pending::ZEROS.map(|p| p.name());
         match self {
             Pending::Db(db, run_id) => {
-                db.save_pending(&handled, &now.collect::<Vec<_>>(), *run_id)?;
+                db.save_pending(&handled, zeros, &now.collect::<Vec<_>>(), *run_id)?;
                 let pins: Vec<(FileId, &str, u64)> =
                     o.pinned.iter().map(|(&(id, why), &n)| (id, why.name(), n)).collect();
                 db.save_pinned(&o.pin_checked, &pins, *run_id)?;
             }
             Pending::Preview(rows) => {
-                rows.retain(|id, _| !handled.contains(id));
-                rows.extend(now.map(|(id, why, bytes)| (id, (why.to_owned(), bytes))));
+                rows.retain(|(id, why), _| !handled.contains(id) || zeros.contains(&why.as_str()));
+                rows.extend(now.map(|(id, why, bytes)| ((id, why.to_owned()), bytes)));
             }
         }
         Ok(())
     }
 
     /// Record what the zero pass left: rows of its reasons for the files
-    /// it went through dropped, those waiting for room, held by a file
-    /// outside the run or leased added where the file has no row
+    /// it went through dropped, then those waiting for room, held by a file
+    /// outside the run or leased added, beside any sharing row of the file
     /// ([`Db::save_zeros_pending`]).
     pub(super) fn zeros(&mut self, left: &ZerosLeft) -> Result<()> {
-        use dedupe::Pending::{ZerosHeld, ZerosKeepFree, ZerosLeased};
-        let reasons = [ZerosKeepFree, ZerosHeld, ZerosLeased].map(|p| p.name());
+        let reasons = dedupe::Pending::ZEROS.map(|p| p.name());
         let [room, held, leased] = reasons;
         let rows: Vec<ZerosRow> = (left.waiting.iter().map(|&(id, b)| (id, room, b, None)))
             .chain(left.held.iter().map(|&(id, b, by)| (id, held, b, Some(by))))
@@ -96,14 +98,9 @@ impl<'a> Pending<'a> {
         match self {
             Pending::Db(db, run_id) => db.save_zeros_pending(&left.handled, reasons, &rows, *run_id)?,
             Pending::Preview(rows_now) => {
-                for id in &left.handled {
-                    if rows_now.get(id).is_some_and(|(w, _)| reasons.contains(&w.as_str())) {
-                        rows_now.remove(id);
-                    }
-                }
-                for (id, why, bytes, _) in rows {
-                    rows_now.entry(id).or_insert((why.to_owned(), bytes));
-                }
+                let handled: HashSet<&FileId> = left.handled.iter().collect();
+                rows_now.retain(|(id, why), _| !handled.contains(id) || !reasons.contains(&why.as_str()));
+                rows_now.extend(rows.into_iter().map(|(id, why, bytes, _)| ((id, why.to_owned()), bytes)));
             }
         }
         Ok(())
@@ -113,7 +110,7 @@ impl<'a> Pending<'a> {
     pub(super) fn rows(self) -> Result<Vec<PendingRow>> {
         Ok(match self {
             Pending::Db(db, _) => db.pending()?,
-            Pending::Preview(rows) => rows.into_iter().map(|(id, (why, bytes))| (id, why, bytes)).collect(),
+            Pending::Preview(rows) => rows.into_iter().map(|((id, why), bytes)| (id, why, bytes)).collect(),
         })
     }
 }
@@ -130,8 +127,8 @@ impl<'a> Pending<'a> {
 pub(super) fn retried(tree: &Tree, db: &Db, rows: &[PendingRow]) -> Result<Vec<FileId>> {
     let (pinned, held) = (dedupe::Pending::Pinned.name(), dedupe::Pending::ZerosHeld.name());
     let pinned_facts = db.file_facts(rows.iter().filter(|p| p.1 == pinned).map(|p| p.0))?;
-    // A file keeps its sharing row (`Db::save_zeros_pending`), so the
-    // holders are asked whatever the row's reason.
+    // Each `zeros_referenced_outside_run` row has its holder recorded
+    // (`zeros_held`), asked here; the row itself is never retried as is.
     let holders = db.zeros_holders()?;
     let volume = tree.root(0).map(|r| r.1);
     let gone = |&(root, ino): &(u64, u64)| {
@@ -180,7 +177,7 @@ mod tests {
     }
 
     fn preview(rows: &[PendingRow]) -> Pending<'static> {
-        Pending::Preview(rows.iter().map(|(id, why, b)| (*id, (why.clone(), *b))).collect())
+        Pending::Preview(rows.iter().map(|(id, why, b)| ((*id, why.clone()), *b)).collect())
     }
 
     /// A plan with destinations `dests`, and an outcome leaving `left` pending.
@@ -193,12 +190,14 @@ mod tests {
 
     #[test]
     fn a_dry_run_updates_its_copy_of_the_table_as_the_run_would() {
-        // 7 and 8 were left pending by an earlier run; the batch goes
-        // through 7 (shared now, not 8) and leaves 9 waiting.
-        let mut p = preview(&[row(7, "keep_free", 100), row(8, "no_space_share", 50)]);
+        // 7 and 8 were left pending by an earlier run, 7's zeros too; the
+        // batch goes through 7 (shared now, not 8: its zeros' row is the
+        // zero pass's to replace) and leaves 9 waiting.
+        let z = "zeros_referenced_outside_run";
+        let mut p = preview(&[row(7, "keep_free", 100), row(7, z, 8), row(8, "no_space_share", 50)]);
         let (plan, o) = batch(&[7, 9], &[(9, dedupe::Pending::KeepFree, 30)]);
         p.batch(&plan, &o, false).unwrap();
-        assert_eq!(p.rows().unwrap(), vec![row(8, "no_space_share", 50), row(9, "keep_free", 30)]);
+        assert_eq!(p.rows().unwrap(), vec![row(7, z, 8), row(8, "no_space_share", 50), row(9, "keep_free", 30)]);
     }
 
     #[test]
@@ -210,10 +209,10 @@ mod tests {
     }
 
     /// The zero pass drops its own rows of the files it went through
-    /// (7: freed now), keeps the sharing's (8), adds what waits (9) and
-    /// what a file outside the run holds (11: waiting for room before) and
-    /// what was leased (12), and does not overwrite a sharing row with its
-    /// own (8 again).
+    /// (7: freed now), keeps the sharing's (8), adds what waits (9, and 8
+    /// beside its sharing row, which the report then counts too) and what
+    /// a file outside the run holds (11: waiting for room before) and what
+    /// was leased (12).
     #[test]
     fn the_zero_pass_replaces_only_its_own_rows() {
         let z = "zeros_keep_free";
@@ -230,6 +229,7 @@ mod tests {
             p.rows().unwrap(),
             vec![
                 row(8, "no_space_share", 50),
+                row(8, z, 20),
                 row(9, z, 30),
                 row(10, z, 5),
                 row(11, held, 40),
