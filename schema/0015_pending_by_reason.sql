@@ -1,5 +1,8 @@
 -- Schema version 15: a file may be pending for its sharing and for its
--- written zeros at once. The pending table was keyed by file alone, so a
+-- written zeros at once; the holder of a file's zeros is retried when it
+-- changes, not only when it is gone.
+--
+-- 1. pending, by file and reason. The pending table was keyed by file alone, so a
 -- destination left pending for its sharing (say referenced_outside_run,
 -- 64 KiB) hid the zeros the zero pass left in it (zeros_referenced_outside_run,
 -- 15 MiB): the retry still worked (zeros_held), but the report under-counted.
@@ -15,3 +18,11 @@ CREATE TABLE pending_by_reason (
 INSERT INTO pending_by_reason (file_id, reason, bytes, run) SELECT file_id, reason, bytes, run FROM pending;
 DROP TABLE pending;
 ALTER TABLE pending_by_reason RENAME TO pending;
+
+-- 2. zeros_held: the holder's inode generation and change time when found
+-- (its btrfs inode item). The next run tries the file again once these
+-- differ: the holder was rewritten in place (it may no longer hold the
+-- extent), lost its user.nodedup flag, or its inode number was taken by a
+-- new file. NULL (rows from version 14): tried again once, then recorded.
+ALTER TABLE zeros_held ADD COLUMN generation INTEGER;
+ALTER TABLE zeros_held ADD COLUMN ctime_ns INTEGER;

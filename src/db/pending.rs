@@ -8,10 +8,15 @@ use rusqlite::params;
 
 use super::Db;
 use crate::file::FileId;
+use crate::sys::btrfs_names::Stamp;
+
+/// A file outside the run holding a file's zeros: subvolume id and inode,
+/// and its state when found (`None`: it could not be read).
+pub type Holder = ((u64, u64), Option<Stamp>);
 
 /// A row the zero pass leaves: file, reason, bytes of zeros, and the
-/// holder outside the run that keeps them (subvolume id, inode), if any.
-pub type ZerosRow<'a> = (FileId, &'a str, u64, Option<(u64, u64)>);
+/// holder outside the run that keeps them, if any.
+pub type ZerosRow<'a> = (FileId, &'a str, u64, Option<Holder>);
 
 impl Db {
     /// Destinations left for a later run (out of space, or extents pinned
@@ -77,16 +82,19 @@ impl Db {
             }
             let mut ins =
                 tx.prepare("INSERT OR REPLACE INTO pending (file_id, reason, bytes, run) VALUES (?1, ?2, ?3, ?4)")?;
-            let mut holder =
-                tx.prepare("INSERT OR REPLACE INTO zeros_held (file_id, root, ino, run) VALUES (?1, ?2, ?3, ?4)")?;
+            let mut holder = tx.prepare(
+                "INSERT OR REPLACE INTO zeros_held (file_id, root, ino, run, generation, ctime_ns) \
+                 VALUES (?1, ?2, ?3, ?4, ?5, ?6)",
+            )?;
             let mut gone = tx.prepare("DELETE FROM zeros_held WHERE file_id = ?1")?;
             for id in handled {
                 gone.execute([id])?;
             }
             for (id, why, bytes, by) in left {
                 ins.execute(params![id, why, *bytes as i64, run])?;
-                if let Some((root, ino)) = by {
-                    holder.execute(params![id, *root as i64, *ino as i64, run])?;
+                if let Some(((root, ino), stamp)) = by {
+                    let (generation, ctime) = (stamp.map(|s| s.generation as i64), stamp.map(|s| s.ctime_ns));
+                    holder.execute(params![id, *root as i64, *ino as i64, run, generation, ctime])?;
                 }
             }
             // As `save_pending` does: a run that shared nothing may still
@@ -98,12 +106,20 @@ impl Db {
     }
 
     /// The files whose zeros a file outside the run holds (`zeros_held`),
-    /// each with the newest such holder: subvolume id and inode.
-    pub fn zeros_holders(&self) -> rusqlite::Result<Vec<(FileId, (u64, u64))>> {
+    /// each with the newest such holder as found.
+    pub fn zeros_holders(&self) -> rusqlite::Result<Vec<(FileId, Holder)>> {
         let mut st = self.conn.prepare(
-            "SELECT file_id, root, ino FROM zeros_held WHERE file_id IN (SELECT id FROM files) ORDER BY file_id",
+            "SELECT file_id, root, ino, generation, ctime_ns FROM zeros_held \
+             WHERE file_id IN (SELECT id FROM files) ORDER BY file_id",
         )?;
-        let rows = st.query_map([], |r| Ok((r.get(0)?, (r.get::<_, i64>(1)? as u64, r.get::<_, i64>(2)? as u64))))?;
+        let rows = st.query_map([], |r| {
+            let by = (r.get::<_, i64>(1)? as u64, r.get::<_, i64>(2)? as u64);
+            let stamp = match (r.get::<_, Option<i64>>(3)?, r.get::<_, Option<i64>>(4)?) {
+                (Some(g), Some(ctime_ns)) => Some(Stamp { generation: g as u64, ctime_ns }),
+                _ => None,
+            };
+            Ok((r.get(0)?, (by, stamp)))
+        })?;
         rows.collect()
     }
 }
@@ -137,7 +153,8 @@ mod tests {
         let both: HashSet<FileId> = [FileId(1), FileId(2)].into();
         let pinned = "referenced_outside_run";
         db.save_pending(&both, ZEROS, &[(FileId(1), pinned, 65536)], 1).unwrap();
-        let held = (FileId(1), ZEROS[1], 15 << 20, Some((258, 257)));
+        let stamp = Stamp { generation: 9, ctime_ns: 1_700_000_000_000_000_005 };
+        let held = (FileId(1), ZEROS[1], 15 << 20, Some(((258, 257), Some(stamp))));
         db.save_zeros_pending(&[FileId(1), FileId(2)], ZEROS, &[held, (FileId(2), ZEROS[0], 4096, None)], 1).unwrap();
         let want = |r: &[(i64, &str, u64)]| r.iter().map(|&(id, w, b)| (id, w.to_owned(), b)).collect::<Vec<_>>();
         assert_eq!(rows(&db), want(&[(1, pinned, 65536), (1, ZEROS[1], 15 << 20), (2, ZEROS[0], 4096)]));
@@ -150,6 +167,6 @@ mod tests {
         assert_eq!(rows(&db), want(&[(1, ZEROS[1], 15 << 20), (2, ZEROS[0], 4096)]));
         db.save_zeros_pending(&[FileId(2)], ZEROS, &[], 2).unwrap();
         assert_eq!(rows(&db), want(&[(1, ZEROS[1], 15 << 20)]));
-        assert_eq!(db.zeros_holders().unwrap(), vec![(FileId(1), (258, 257))]);
+        assert_eq!(db.zeros_holders().unwrap(), vec![(FileId(1), ((258, 257), Some(stamp)))]);
     }
 }

@@ -13,7 +13,7 @@ use std::os::fd::AsFd;
 
 use anyhow::Result;
 
-use crate::db::pending::ZerosRow;
+use crate::db::pending::{Holder, ZerosRow};
 use crate::db::Db;
 use crate::dedupe;
 use crate::file::{FileFacts, FileId};
@@ -30,8 +30,8 @@ pub(super) struct ZerosLeft {
     /// volume), with their bytes of zeros.
     pub waiting: Vec<(FileId, u64)>,
     /// Files whose zeros a file outside the run holds: their bytes of
-    /// zeros, and the newest such holder (subvolume id, inode).
-    pub held: Vec<(FileId, u64, (u64, u64))>,
+    /// zeros, and the newest such holder (subvolume id, inode, state).
+    pub held: Vec<(FileId, u64, Holder)>,
     /// Files another process held a lease on, with their bytes of zeros.
     pub leased: Vec<(FileId, u64)>,
 }
@@ -120,10 +120,12 @@ impl<'a> Pending<'a> {
 /// time (the space may be back); those whose extents a file outside the
 /// plan kept only once FIEMAP no longer flags those extents shared (the
 /// snapshot is gone); those whose zeros a file outside the run holds only
-/// once the holder recorded is gone (its inode or subvolume has no name
-/// left). Replanning a still-pinned file's group every night would cost a
-/// nightly run as much as the group; looking at a still-held file's zeros
-/// every night, a backreference walk of each of its extents.
+/// once the holder recorded is gone or changed (its inode item is gone, or
+/// its generation or change time differs: rewritten in place, its
+/// `user.nodedup` removed, its number taken by a new file). Replanning a
+/// still-pinned file's group every night would cost a nightly run as much
+/// as the group; looking at a still-held file's zeros every night, a
+/// backreference walk of each of its extents.
 pub(super) fn retried(tree: &Tree, db: &Db, rows: &[PendingRow]) -> Result<Vec<FileId>> {
     let (pinned, held) = (dedupe::Pending::Pinned.name(), dedupe::Pending::ZerosHeld.name());
     let pinned_facts = db.file_facts(rows.iter().filter(|p| p.1 == pinned).map(|p| p.0))?;
@@ -131,15 +133,19 @@ pub(super) fn retried(tree: &Tree, db: &Db, rows: &[PendingRow]) -> Result<Vec<F
     // (`zeros_held`), asked here; the row itself is never retried as is.
     let holders = db.zeros_holders()?;
     let volume = tree.root(0).map(|r| r.1);
-    let gone = |&(root, ino): &(u64, u64)| {
-        volume.is_none_or(|fd| !crate::sys::btrfs_names::inode_exists(fd, root, ino).unwrap_or(false))
+    // Gone (no inode item, or its subvolume deleted), changed, never read,
+    // or not readable now: tried again.
+    let moved = |&((root, ino), was): &Holder| {
+        volume.is_none_or(
+            |fd| !matches!(crate::sys::btrfs_names::stamp(fd, root, ino), Ok(Some(now)) if Some(now) == was),
+        )
     };
     let retry = |p: &&PendingRow| match &p.1 {
         w if w == pinned => !still_shared(tree, pinned_facts.get(&p.0)),
         w => w != held,
     };
     let rows = rows.iter().filter(retry).map(|p| p.0);
-    Ok(rows.chain(holders.iter().filter(|h| gone(&h.1)).map(|h| h.0)).collect())
+    Ok(rows.chain(holders.iter().filter(|h| moved(&h.1)).map(|h| h.0)).collect())
 }
 
 /// Whether the recorded file `c` still has an extent FIEMAP flags shared
@@ -220,7 +226,7 @@ mod tests {
         let left = ZerosLeft {
             handled: vec![FileId(7), FileId(8), FileId(9), FileId(11)],
             waiting: vec![(FileId(8), 20), (FileId(9), 30)],
-            held: vec![(FileId(11), 40, (300, 257))],
+            held: vec![(FileId(11), 40, ((300, 257), None))],
             leased: vec![(FileId(12), 50)],
         };
         p.zeros(&left).unwrap();

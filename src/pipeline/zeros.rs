@@ -27,6 +27,7 @@ use crate::file::{FileFacts, FileId, IdSet};
 use crate::policy::SkipReason;
 use crate::progress::Progress;
 use crate::sys::beneath::Tree;
+use crate::sys::btrfs_names::Stamp;
 use crate::sys::fiemap::{fiemap, Extent};
 use crate::sys::SubvolIds;
 use nix::errno::Errno;
@@ -101,6 +102,9 @@ struct Left {
     holed: bool,
     waiting: u64,
     held: Option<(u64, Outside)>,
+    /// The newest holder's state once the file is done (see
+    /// [`crate::sys::btrfs_names::Stamp`]).
+    stamp: Option<Stamp>,
     leased: Option<u64>,
 }
 
@@ -323,7 +327,7 @@ impl ZeroPass<'_> {
                 done.waiting.push((id, left.waiting));
             }
             if let Some((bytes, by)) = left.held {
-                done.held.push((id, bytes, by));
+                done.held.push((id, bytes, (by, left.stamp)));
             }
             done.leased.extend(left.leased.map(|bytes| (id, bytes)));
         }
@@ -445,6 +449,9 @@ impl ZeroPass<'_> {
         v.out.bytes += done.bytes;
         left.handled = true;
         if let Some((bytes, by)) = left.held {
+            // Read after the walk that found it: a change from here on is
+            // seen by the next run.
+            left.stamp = crate::sys::btrfs_names::stamp(f.as_fd(), by.0, by.1).ok().flatten();
             say_held(&c.path, &f, (bytes, by), progress);
         }
         left

@@ -1,6 +1,6 @@
 //! btrfs: an inode known only by its subvolume id and inode number (as
 //! `BTRFS_IOC_LOGICAL_INO_V2` names the holders of an extent) — whether it
-//! still has a name, and that name, for messages. Both need
+//! is still as it was ([`stamp`]), and its name, for messages. Both need
 //! `CAP_SYS_ADMIN`.
 
 use std::os::fd::{AsRawFd, BorrowedFd};
@@ -36,11 +36,37 @@ fn in_subvolume(fd: BorrowedFd<'_>, root: u64, ino: u64) -> Result<Option<Vec<u8
     }
 }
 
-/// Whether inode `ino` of subvolume `root` still has a name on the volume
-/// `fd` is on. `Ok(false)`: the subvolume is deleted, or the inode is (or
-/// is deleted but still open).
-pub fn inode_exists(fd: BorrowedFd<'_>, root: u64, ino: u64) -> Result<bool, Errno> {
-    in_subvolume(fd, root, ino).map(|p| p.is_some())
+/// `BTRFS_INODE_ITEM_KEY`.
+const INODE_ITEM_KEY: u32 = 1;
+
+/// What tells an inode's state apart from a later one, or from an inode
+/// that took its number later: the transaction that made it
+/// (`generation`) and its change time, which every write, truncation,
+/// `setxattr` or link count change moves.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Stamp {
+    /// `btrfs_inode_item.generation`.
+    pub generation: u64,
+    /// `btrfs_inode_item.ctime`, in nanoseconds.
+    pub ctime_ns: i64,
+}
+
+/// The [`Stamp`] of inode `ino` of subvolume `root`, on the volume `fd` is
+/// on, from its inode item (`BTRFS_IOC_TREE_SEARCH`). `Ok(None)`: there is
+/// none (the inode is deleted, and no longer open); a deleted subvolume
+/// answers `ENOENT`.
+pub fn stamp(fd: BorrowedFd<'_>, root: u64, ino: u64) -> Result<Option<Stamp>, Errno> {
+    let items = btrfs_tree::search(fd, root, ino, INODE_ITEM_KEY, 0..=0)?;
+    Ok(items.first().and_then(|i| inode_stamp(&i.data)))
+}
+
+/// The [`Stamp`] in `struct btrfs_inode_item`'s bytes (little-endian:
+/// `generation` first, `ctime`'s seconds at 124 and nanoseconds at 132).
+fn inode_stamp(item: &[u8]) -> Option<Stamp> {
+    let u64_at = |p: usize| item.get(p..p + 8).map(|b| u64::from_le_bytes(b.try_into().unwrap()));
+    let nsec = item.get(132..136).map(|b| u32::from_le_bytes(b.try_into().unwrap()))?;
+    let secs = i64::try_from(u64_at(124)?).ok()?;
+    Some(Stamp { generation: u64_at(0)?, ctime_ns: secs.checked_mul(1_000_000_000)?.checked_add(nsec.into())? })
 }
 
 /// The path of subvolume `root` from the top-level subvolume, from the
@@ -73,4 +99,22 @@ pub fn path_of(fd: BorrowedFd<'_>, root: u64, ino: u64) -> Option<Vec<u8>> {
     let sub = subvolume(fd, root)?;
     let file = in_subvolume(fd, root, ino).ok()??;
     Some(if sub.is_empty() { file } else { [sub, file].join(&b'/') })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_inode_items_generation_and_change_time() {
+        let mut item = vec![0u8; 160];
+        item[0..8].copy_from_slice(&7u64.to_le_bytes());
+        item[8..16].copy_from_slice(&99u64.to_le_bytes()); // transid: not part of it
+        item[124..132].copy_from_slice(&1_700_000_000u64.to_le_bytes());
+        item[132..136].copy_from_slice(&5u32.to_le_bytes());
+        item[136..144].copy_from_slice(&1u64.to_le_bytes()); // mtime: not part of it
+        let want = Stamp { generation: 7, ctime_ns: 1_700_000_000_000_000_005 };
+        assert_eq!(inode_stamp(&item), Some(want));
+        assert_eq!(inode_stamp(&item[..135]), None, "cut short");
+    }
 }
