@@ -121,6 +121,18 @@ impl Left {
         *b += bytes;
         *newest = by.max(*newest);
     }
+
+    /// The file at `path` (open as `f`) gone through: the state of the
+    /// holder that keeps its zeros, if any, read after the walk that
+    /// found it (a change from here on is seen by the next run), and said.
+    fn done(mut self, path: &std::path::Path, f: &File, progress: &dyn Progress) -> Left {
+        self.handled = true;
+        if let Some((bytes, (root, ino))) = self.held {
+            self.stamp = crate::sys::btrfs_names::stamp(f.as_fd(), root, ino).ok().flatten();
+            say_held(path, f, (bytes, (root, ino)), progress);
+        }
+        self
+    }
 }
 
 /// How an extent's data was rewritten before its zeros are punched.
@@ -447,14 +459,7 @@ impl ZeroPass<'_> {
             }
         }
         v.out.bytes += done.bytes;
-        left.handled = true;
-        if let Some((bytes, by)) = left.held {
-            // Read after the walk that found it: a change from here on is
-            // seen by the next run.
-            left.stamp = crate::sys::btrfs_names::stamp(f.as_fd(), by.0, by.1).ok().flatten();
-            say_held(&c.path, &f, (bytes, by), progress);
-        }
-        left
+        left.done(&c.path, &f, progress)
     }
 
     /// The work on the stretches `g` of `f`, one extent, given the file's
