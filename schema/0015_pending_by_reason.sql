@@ -24,5 +24,17 @@ ALTER TABLE pending_by_reason RENAME TO pending;
 -- differ: the holder was rewritten in place (it may no longer hold the
 -- extent), lost its user.nodedup flag, or its inode number was taken by a
 -- new file. NULL (rows from version 14): tried again once, then recorded.
-ALTER TABLE zeros_held ADD COLUMN generation INTEGER;
-ALTER TABLE zeros_held ADD COLUMN ctime_ns INTEGER;
+-- Rebuilt rather than altered, like pending above, so that this step also
+-- runs on tables already in this form (tests mark a current database
+-- older to go through the upgrade).
+CREATE TABLE zeros_held_v15 (
+    file_id    INTEGER PRIMARY KEY,   -- files.id of the file left pending
+    root       INTEGER NOT NULL,      -- subvolume id of the holder outside
+    ino        INTEGER NOT NULL,      -- its inode there
+    run        INTEGER NOT NULL,      -- runs.id that found it
+    generation INTEGER,               -- its inode item's generation then
+    ctime_ns   INTEGER                -- and change time, in nanoseconds
+);
+INSERT INTO zeros_held_v15 (file_id, root, ino, run) SELECT file_id, root, ino, run FROM zeros_held;
+DROP TABLE zeros_held;
+ALTER TABLE zeros_held_v15 RENAME TO zeros_held;

@@ -240,6 +240,27 @@ mod tests {
         assert!(twice.is_err(), "one row per file and reason");
     }
 
+    /// A holder recorded by version 14 has no state: its file is tried
+    /// again once. The step also runs again on its own result (a current
+    /// database marked older, as `tests/incremental.rs` does).
+    #[test]
+    fn version_14_holders_are_kept_without_a_state_and_the_step_runs_twice() {
+        let mut c = at_version(14);
+        c.execute("INSERT INTO zeros_held VALUES (1, 258, 257, 3)", []).unwrap();
+        migrate(&mut c).unwrap();
+        c.execute("INSERT INTO pending VALUES (1, 'zeros_referenced_outside_run', 8, 3)", []).unwrap();
+        c.pragma_update(None, "user_version", 14).unwrap();
+        migrate(&mut c).unwrap();
+        let held: (i64, i64, i64, i64, Option<i64>, Option<i64>) = c
+            .query_row("SELECT * FROM zeros_held", [], |r| {
+                Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?, r.get(4)?, r.get(5)?))
+            })
+            .unwrap();
+        assert_eq!(held, (1, 258, 257, 3, None, None));
+        let pending: i64 = c.query_row("SELECT count(*) FROM pending", [], |r| r.get(0)).unwrap();
+        assert_eq!(pending, 1);
+    }
+
     #[test]
     fn newer_database_is_refused() {
         let mut c = Connection::open_in_memory().unwrap();
