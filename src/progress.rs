@@ -145,6 +145,11 @@ pub trait Progress: Send + Sync {
     }
     /// Detail for `-v`.
     fn info(&self, msg: &str);
+    /// Whether [`Progress::info`] is shown: detail that costs something
+    /// to put together (a path resolved) is not, when it would not be.
+    fn shows_info(&self) -> bool {
+        true
+    }
 }
 
 /// Draws nothing and says nothing: for library use and tests.
@@ -156,6 +161,9 @@ impl Progress for Silent {
     fn finish_phase(&self, _: &str) {}
     fn warn(&self, _: &str) {}
     fn info(&self, _: &str) {}
+    fn shows_info(&self) -> bool {
+        false
+    }
 }
 
 /// Files done and files expected in the current phase (0: not known yet),
@@ -294,6 +302,9 @@ impl Progress for Bars {
         if self.verbosity >= Verbosity::Verbose {
             self.print(Level::Info, msg);
         }
+    }
+    fn shows_info(&self) -> bool {
+        self.verbosity >= Verbosity::Verbose
     }
 }
 
@@ -517,6 +528,9 @@ impl Progress for LogLines {
         if self.verbosity >= Verbosity::Verbose {
             emit(Level::Info, msg);
         }
+    }
+    fn shows_info(&self) -> bool {
+        self.verbosity >= Verbosity::Verbose
     }
 }
 

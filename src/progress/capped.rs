@@ -78,6 +78,9 @@ impl Progress for Capped {
     fn info(&self, msg: &str) {
         self.inner.info(msg);
     }
+    fn shows_info(&self) -> bool {
+        self.inner.shows_info()
+    }
 }
 
 #[cfg(test)]

@@ -47,13 +47,16 @@ impl ZeroPass<'_> {
 
 /// Say (with `-v`) that the zeros of the open file `f` at `path` stay for
 /// the holder outside the run `by`, named from the volume's top level
-/// where it can be.
+/// where it can be (not looked up without `-v`).
 pub(super) fn say_held(
     path: &std::path::Path,
     f: &File,
     (bytes, (root, ino)): (u64, Outside),
     progress: &dyn Progress,
 ) {
+    if !progress.shows_info() {
+        return;
+    }
     let name = crate::sys::btrfs_names::path_of(f.as_fd(), root, ino);
     let by = match name {
         Some(p) => format!("{} (subvolume {root})", String::from_utf8_lossy(&p)),
