@@ -6,7 +6,10 @@ of the live log, .2 of .1, lengths not block-aligned), a database whose pages
 repeat inside itself plus a backup of it with scattered single-block changes,
 layers (the same data behind a 12 KiB header, and with a block inserted every
 16 MiB), one file in 41 copies, two files sharing every other block, and
-small files sharing one template block, larger ones a resource inside.
+small files sharing one template block, larger ones a resource inside;
+and (H) a file whose blocks are another's reordered, one payload at a
+different offset in each of 12 containers, small files made of blocks from
+a vocabulary of 64, and copies truncated at unaligned lengths.
 SRC: the tree the backups copy (half its files, by a seeded pick); default the
 bench cache's Debian tree, else /usr/share."""
 import os, random, sys
@@ -76,3 +79,22 @@ for i in range(48):
         n = len(res) * 3; o = R.randrange(0, n // B) * B
         body = rnd(n)
         w(f'{out}/templates/res/{side}/r{i}.bin', body[:o] + res + body[o:])
+# H. shapes of no other part (own seed: parts A-G stay byte for byte as they
+# were): a 64 MiB file and its blocks in runs of 1-8 reordered; an 8 MiB
+# payload at a different 4 KiB-aligned offset in each of 12 containers;
+# 3,000 files of 2-10 blocks drawn from a vocabulary of 64; a 24 MiB file
+# and 5 copies of it truncated at unaligned lengths
+H = random.Random(11)
+a = H.randbytes(64 << 20); w(f'{out}/reordered/a.bin', a)
+runs, i = [], 0
+while i < len(a):
+    n = H.randint(1, 8) * B; runs.append(a[i:i + n]); i += n
+H.shuffle(runs); w(f'{out}/reordered/b.bin', b''.join(runs))
+pay = H.randbytes(8 << 20)
+for k in range(12):
+    w(f'{out}/containers/c{k}.img', H.randbytes(H.randint(0, 2048) * B) + pay + H.randbytes(H.randint(0, 512) * B))
+vocab = [H.randbytes(B) for _ in range(64)]
+for k in range(3000):
+    w(f'{out}/vocab/{k % 50}/f{k}.dat', b''.join(H.choice(vocab) for _ in range(H.randint(2, 10))))
+t = H.randbytes(24 << 20); w(f'{out}/truncated/t.bin', t)
+for k in range(5): w(f'{out}/truncated/t{k}.bin', t[:H.randint(8 << 20, (24 << 20) - 1)])

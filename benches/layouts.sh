@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Freed space on a corpus laid out unlike FULL's (benches/layouts.py: backup
 # generations, rotated logs, pages repeated inside a database, shifted layers,
-# many copies of one file, scattered single blocks), on setups FULL does not
+# many copies of one file, scattered single blocks, reordered blocks, a block
+# vocabulary, truncated copies), on setups FULL does not
 # use: different XFS block sizes, btrfs with compress-force.
 #
 #   benches/layouts.sh [--fs btrfs|xfs] [--mkfs-opts "..."] [--mount-opts "..."]
@@ -35,8 +36,8 @@ default_bins "$HERE/.."
 TOOLS=${DEDUPSCAN_TOOLS:-$HERE/../../shared/tools}
 BASE=${BENCH_WORK:-/var/tmp}
 TREE=$BASE/dedupscan-layouts-corpus
-# (a corpus cached before part G was added is built again)
-if [ ! -e "$TREE.complete" ] || [ ! -d "$TREE/templates" ]; then
+# (a corpus cached before part H was added is built again)
+if [ ! -e "$TREE.complete" ] || [ ! -d "$TREE/vocab" ]; then
     rm -rf "$TREE"
     python3 "$HERE/layouts.py" "$TREE"
     touch "$TREE.complete"
