@@ -336,6 +336,11 @@ fn btrfs_an_image_written_in_one_pass_and_its_clones_let_go_of_its_zeros_togethe
     assert!(freed >= 7 * MIB as i64, "freed {freed}: {r:#}");
     assert_eq!(r["pending"]["zeros_referenced_outside_run"]["files"].as_u64(), Some(1), "only held: {r:#}");
     before.assert_same(&Snapshot::take(&d));
+    // The clone outside deleted (no inode item left): held lets go too.
+    std::fs::remove_file(outside.join("held")).unwrap();
+    let r = run_json(&vol, &[s(&d), "--incremental"]);
+    assert_eq!((num(&r, "zeros_to_holes_files"), num(&r, "pending_bytes")), (1, 0), "{r:#}");
+    before.assert_same(&Snapshot::take(&d));
 }
 
 /// btrfs: an image written in one pass in a subvolume, a writable
