@@ -1,6 +1,6 @@
 -- Schema version 15: a file may be pending for its sharing and for its
--- written zeros at once; the holder of a file's zeros is retried when it
--- changes, not only when it is gone.
+-- written zeros at once; the holders of a file's zeros are retried when
+-- one changes, not only when it is gone.
 --
 -- 1. pending, by file and reason. The pending table was keyed by file alone, so a
 -- destination left pending for its sharing (say referenced_outside_run,
@@ -19,22 +19,26 @@ INSERT INTO pending_by_reason (file_id, reason, bytes, run) SELECT file_id, reas
 DROP TABLE pending;
 ALTER TABLE pending_by_reason RENAME TO pending;
 
--- 2. zeros_held: the holder's inode generation and change time when found
--- (its btrfs inode item). The next run tries the file again once these
--- differ: the holder was rewritten in place (it may no longer hold the
--- extent), lost its user.nodedup flag, or its inode number was taken by a
--- new file. NULL (rows from version 14): tried again once, then recorded.
--- Rebuilt rather than altered, like pending above, so that this step also
--- runs on tables already in this form (tests mark a current database
--- older to go through the upgrade).
+-- 2. zeros_held: the holders outside the run, one row each, with their
+-- inode generation and change time when found (their btrfs inode item).
+-- Keyed by file and holder: a file whose extents of zeros have different
+-- newest holders (one clone outside holds one region, another the next)
+-- records each, so the one that lets go first is seen. The next run tries
+-- the file again once one of them is gone or changed: rewritten in place
+-- (it may no longer hold the extent), its user.nodedup lost, or its inode
+-- number taken by a new file. NULL (rows from version 14): tried again
+-- once, then recorded. Rebuilt rather than altered, like pending above, so
+-- that this step also runs on tables already in this form (tests mark a
+-- current database older to go through the upgrade).
 CREATE TABLE zeros_held_v15 (
-    file_id    INTEGER PRIMARY KEY,   -- files.id of the file left pending
-    root       INTEGER NOT NULL,      -- subvolume id of the holder outside
+    file_id    INTEGER NOT NULL,      -- files.id of the file left pending
+    root       INTEGER NOT NULL,      -- subvolume id of a holder outside
     ino        INTEGER NOT NULL,      -- its inode there
     run        INTEGER NOT NULL,      -- runs.id that found it
     generation INTEGER,               -- its inode item's generation then
-    ctime_ns   INTEGER                -- and change time, in nanoseconds
-);
+    ctime_ns   INTEGER,               -- and change time, in nanoseconds
+    PRIMARY KEY (file_id, root, ino)
+) WITHOUT ROWID;
 INSERT INTO zeros_held_v15 (file_id, root, ino, run) SELECT file_id, root, ino, run FROM zeros_held;
 DROP TABLE zeros_held;
 ALTER TABLE zeros_held_v15 RENAME TO zeros_held;

@@ -709,3 +709,60 @@ fn btrfs_zeros_in_a_remainder_are_not_copied() {
     assert!(freed_by[1] >= (32 * MIB) as i64 * 95 / 100, "{freed_by:?}");
     assert!(freed_by[2] >= 16 * MIB as i64 * 95 / 100, "{freed_by:?}");
 }
+
+/// btrfs: an image whose two regions of written zeros (extents of their
+/// own) two clones outside the run hold, one each (a clone cut short, and
+/// a later clone with the first region punched). Each extent's newest
+/// holder is recorded, so the older clone going frees its region the next
+/// night while the other waits; the newest alone was recorded before, and
+/// the older clone going was not seen before the weekly full plan.
+#[test]
+fn btrfs_zeros_two_clones_outside_hold_a_region_each_are_freed_as_each_goes() {
+    let Some(vol) = Volume::new(Fs::Btrfs, 512) else { return };
+    let (d, outside) = (vol.path("in"), vol.path("outside"));
+    std::fs::create_dir(&d).unwrap();
+    std::fs::create_dir(&outside).unwrap();
+    let img = d.join("image");
+    let f = std::fs::File::create(&img).unwrap();
+    let header = Rng::new(31).bytes(MIB as usize);
+    for (at, data) in [(0, header), (MIB, vec![0; 8 * MIB as usize]), (9 * MIB, vec![0; 8 * MIB as usize])] {
+        f.write_all_at(&data, at).unwrap();
+        f.sync_all().unwrap(); // an extent each
+    }
+    let (a, b) = (outside.join("a"), outside.join("b"));
+    for to in [&a, &b] {
+        sh(Command::new("cp").arg("--reflink=always").arg(&img).arg(to));
+    }
+    sh(Command::new("truncate").args(["-s", "9M"]).arg(&a)); // holds the first region
+    sh(Command::new("fallocate").args(["-p", "-o", "0", "-l", "9M"]).arg(&b)); // the second
+    dedupscan::sys::syncfs(std::fs::File::open(&d).unwrap()).unwrap();
+    let (before, kept) = (Snapshot::take(&d), Snapshot::take(&b));
+    let out = dedupscan().args([s(&d), "-v"]).json().db(vol.db()).expect(0).run();
+    let r = out.json;
+    assert_eq!((num(&r, "zeros_to_holes_files"), num(&r, "errors")), (0, 0), "{r:#}");
+    let held = |mib| serde_json::json!({"zeros_referenced_outside_run": {"files": 1, "bytes": mib * MIB}});
+    assert_eq!(r["pending"], held(16), "{r:#}");
+    assert!(out.stderr.contains("outside/b (subvolume 5) and 1 other file"), "{}", out.stderr);
+    let holders = || {
+        let db = rusqlite::Connection::open(vol.db()).unwrap();
+        db.query_row("SELECT count(*) FROM zeros_held", [], |r| r.get::<_, i64>(0)).unwrap()
+    };
+    assert_eq!(holders(), 2);
+    let again = run_json(&vol, &[s(&d), "--incremental"]);
+    assert_eq!((num(&again, "zeros_to_holes_files"), &again["pending"]), (0, &held(16)), "{again:#}");
+
+    // Each clone goes in turn (the older first): the region it held is freed.
+    for (gone, left) in [(&a, 8), (&b, 0)] {
+        kept.assert_same(&Snapshot::take(&b));
+        std::fs::remove_file(gone).unwrap();
+        dedupscan::sys::syncfs(std::fs::File::open(&d).unwrap()).unwrap();
+        let free0 = free_bytes(&vol.mnt);
+        let r = run_json(&vol, &[s(&d), "--incremental"]);
+        let freed = free_bytes(&vol.mnt) as i64 - free0 as i64;
+        assert_eq!((num(&r, "zeros_to_holes_bytes"), num(&r, "errors")), (8 * MIB, 0), "{r:#}");
+        assert!(freed >= 7 * MIB as i64, "freed {freed} once {} went: {r:#}", gone.display());
+        assert_eq!((num(&r, "pending_bytes"), holders()), (left * MIB, i64::from(left > 0)), "{r:#}");
+        assert!(left == 0 || r["pending"] == held(left), "{r:#}");
+        before.assert_same(&Snapshot::take(&d));
+    }
+}

@@ -257,6 +257,8 @@ mod tests {
             })
             .unwrap();
         assert_eq!(held, (1, 258, 257, 3, None, None));
+        // A second holder of the same file gets a row of its own.
+        c.execute("INSERT INTO zeros_held VALUES (1, 259, 300, 4, 7, 8)", []).unwrap();
         let pending: i64 = c.query_row("SELECT count(*) FROM pending", [], |r| r.get(0)).unwrap();
         assert_eq!(pending, 1);
     }

@@ -15,8 +15,9 @@ use crate::sys::btrfs_names::Stamp;
 pub type Holder = ((u64, u64), Option<Stamp>);
 
 /// A row the zero pass leaves: file, reason, bytes of zeros, and the
-/// holder outside the run that keeps them, if any.
-pub type ZerosRow<'a> = (FileId, &'a str, u64, Option<Holder>);
+/// holders outside the run that keep them (the newest of each extent;
+/// none for the other reasons).
+pub type ZerosRow<'a> = (FileId, &'a str, u64, &'a [Holder]);
 
 impl Db {
     /// Destinations left for a later run (out of space, or extents pinned
@@ -64,9 +65,9 @@ impl Db {
     /// Record what the pass turning written zeros into holes left for a
     /// later run: rows of its `reasons` of the files it went through
     /// (`handled`) are dropped, with their holders, then `left` added
-    /// (reason, bytes, and for zeros a file outside the run holds, that
-    /// holder). A file's sharing row stays beside it (schema 15), so the
-    /// report counts both.
+    /// (reason, bytes, and for zeros files outside the run hold, those
+    /// holders, a row each). A file's sharing row stays beside it (schema
+    /// 15), so the report counts both.
     pub fn save_zeros_pending(
         &self,
         handled: &[FileId],
@@ -92,7 +93,7 @@ impl Db {
             }
             for (id, why, bytes, by) in left {
                 ins.execute(params![id, why, *bytes as i64, run])?;
-                if let Some(((root, ino), stamp)) = by {
+                for ((root, ino), stamp) in *by {
                     let (generation, ctime) = (stamp.map(|s| s.generation as i64), stamp.map(|s| s.ctime_ns));
                     holder.execute(params![id, *root as i64, *ino as i64, run, generation, ctime])?;
                 }
@@ -105,12 +106,12 @@ impl Db {
         tx.commit()
     }
 
-    /// The files whose zeros a file outside the run holds (`zeros_held`),
-    /// each with the newest such holder as found.
+    /// The files whose zeros files outside the run hold (`zeros_held`),
+    /// a row for each holder recorded, as found; by file.
     pub fn zeros_holders(&self) -> rusqlite::Result<Vec<(FileId, Holder)>> {
         let mut st = self.conn.prepare(
             "SELECT file_id, root, ino, generation, ctime_ns FROM zeros_held \
-             WHERE file_id IN (SELECT id FROM files) ORDER BY file_id",
+             WHERE file_id IN (SELECT id FROM files) ORDER BY file_id, root, ino",
         )?;
         let rows = st.query_map([], |r| {
             let by = (r.get::<_, i64>(1)? as u64, r.get::<_, i64>(2)? as u64);
@@ -156,8 +157,10 @@ mod tests {
         let pinned = "referenced_outside_run";
         db.save_pending(&both, ZEROS, &[(FileId(1), pinned, 65536)], 1).unwrap();
         let stamp = Stamp { generation: 9, ctime_ns: 1_700_000_000_000_000_005 };
-        let held = (FileId(1), ZEROS[1], 15 << 20, Some(((258, 257), Some(stamp))));
-        db.save_zeros_pending(&[FileId(1), FileId(2)], ZEROS, &[held, (FileId(2), ZEROS[0], 4096, None)], 1).unwrap();
+        // Two holders of 1's zeros (each the newest of an extent), a row each.
+        let by = [((258, 257), Some(stamp)), ((259, 300), None)];
+        let held = (FileId(1), ZEROS[1], 15 << 20, &by[..]);
+        db.save_zeros_pending(&[FileId(1), FileId(2)], ZEROS, &[held, (FileId(2), ZEROS[0], 4096, &[])], 1).unwrap();
         let want = |r: &[(i64, &str, u64)]| r.iter().map(|&(id, w, b)| (id, w.to_owned(), b)).collect::<Vec<_>>();
         assert_eq!(rows(&db), want(&[(1, pinned, 65536), (1, ZEROS[1], 15 << 20), (2, ZEROS[0], 4096)]));
         let by_reason: Vec<(String, u64, u64)> =
@@ -169,6 +172,9 @@ mod tests {
         assert_eq!(rows(&db), want(&[(1, ZEROS[1], 15 << 20), (2, ZEROS[0], 4096)]));
         db.save_zeros_pending(&[FileId(2)], ZEROS, &[], 2).unwrap();
         assert_eq!(rows(&db), want(&[(1, ZEROS[1], 15 << 20)]));
-        assert_eq!(db.zeros_holders().unwrap(), vec![(FileId(1), ((258, 257), Some(stamp)))]);
+        assert_eq!(db.zeros_holders().unwrap(), by.map(|h| (FileId(1), h)));
+        // The zero pass through 1 again, one holder left: the other's row goes.
+        db.save_zeros_pending(&[FileId(1)], ZEROS, &[(FileId(1), ZEROS[1], 8 << 20, &by[1..])], 3).unwrap();
+        assert_eq!(db.zeros_holders().unwrap(), vec![(FileId(1), by[1])]);
     }
 }

@@ -29,9 +29,10 @@ pub(super) struct ZerosLeft {
     /// Files whose zeros wait for room (above `--keep-free`, or a full
     /// volume), with their bytes of zeros.
     pub waiting: Vec<(FileId, u64)>,
-    /// Files whose zeros a file outside the run holds: their bytes of
-    /// zeros, and the newest such holder (subvolume id, inode, state).
-    pub held: Vec<(FileId, u64, Holder)>,
+    /// Files whose zeros files outside the run hold: their bytes of
+    /// zeros, and the newest holder of each such extent (subvolume id,
+    /// inode, state), each once.
+    pub held: Vec<(FileId, u64, Vec<Holder>)>,
     /// Files another process held a lease on, with their bytes of zeros.
     pub leased: Vec<(FileId, u64)>,
 }
@@ -91,9 +92,9 @@ impl<'a> Pending<'a> {
     pub(super) fn zeros(&mut self, left: &ZerosLeft) -> Result<()> {
         let reasons = dedupe::Pending::ZEROS.map(|p| p.name());
         let [room, held, leased] = reasons;
-        let rows: Vec<ZerosRow> = (left.waiting.iter().map(|&(id, b)| (id, room, b, None)))
-            .chain(left.held.iter().map(|&(id, b, by)| (id, held, b, Some(by))))
-            .chain(left.leased.iter().map(|&(id, b)| (id, leased, b, None)))
+        let rows: Vec<ZerosRow> = (left.waiting.iter().map(|&(id, b)| (id, room, b, &[][..])))
+            .chain(left.held.iter().map(|(id, b, by)| (*id, held, *b, &by[..])))
+            .chain(left.leased.iter().map(|&(id, b)| (id, leased, b, &[][..])))
             .collect();
         match self {
             Pending::Db(db, run_id) => db.save_zeros_pending(&left.handled, reasons, &rows, *run_id)?,
@@ -119,8 +120,8 @@ impl<'a> Pending<'a> {
 /// again, even when nothing changed: those that ran out of space every
 /// time (the space may be back); those whose extents a file outside the
 /// plan kept only once FIEMAP no longer flags those extents shared (the
-/// snapshot is gone); those whose zeros a file outside the run holds only
-/// once the holder recorded is gone or changed (its inode item is gone, or
+/// snapshot is gone); those whose zeros files outside the run hold only
+/// once a holder recorded is gone or changed (its inode item is gone, or
 /// its generation or change time differs: rewritten in place, its
 /// `user.nodedup` removed, its number taken by a new file). Replanning a
 /// still-pinned file's group every night would cost a nightly run as much
@@ -129,8 +130,10 @@ impl<'a> Pending<'a> {
 pub(super) fn retried(tree: &Tree, db: &Db, rows: &[PendingRow]) -> Result<Vec<FileId>> {
     let (pinned, held) = (dedupe::Pending::Pinned.name(), dedupe::Pending::ZerosHeld.name());
     let pinned_facts = db.file_facts(rows.iter().filter(|p| p.1 == pinned).map(|p| p.0))?;
-    // Each `zeros_referenced_outside_run` row has its holder recorded
-    // (`zeros_held`), asked here; the row itself is never retried as is.
+    // Each `zeros_referenced_outside_run` row has its holders recorded
+    // (`zeros_held`: the newest of each extent, so a file whose regions
+    // two clones outside hold is retried when either lets go), asked
+    // here; the row itself is never retried as is.
     let holders = db.zeros_holders()?;
     let volume = tree.root(0).map(|r| r.1);
     // Gone (no inode item, or its subvolume deleted), changed, never read,
@@ -226,7 +229,7 @@ mod tests {
         let left = ZerosLeft {
             handled: vec![FileId(7), FileId(8), FileId(9), FileId(11)],
             waiting: vec![(FileId(8), 20), (FileId(9), 30)],
-            held: vec![(FileId(11), 40, ((300, 257), None))],
+            held: vec![(FileId(11), 40, vec![((300, 257), None), ((301, 258), None)])],
             leased: vec![(FileId(12), 50)],
         };
         p.zeros(&left).unwrap();

@@ -9,7 +9,7 @@
 //! and checked to be what was scanned, as the share workers do, then mapped
 //! with FIEMAP and punched.
 
-use std::collections::{BTreeMap, HashSet};
+use std::collections::{BTreeMap, BTreeSet, HashSet};
 use std::fs::File;
 use std::ops::Range;
 use std::os::fd::AsFd;
@@ -18,6 +18,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use anyhow::Result;
 
 use crate::blockmap::BlockMap;
+use crate::db::pending::Holder;
 use crate::db::Db;
 use crate::dedupe::headroom::kept_free;
 use crate::dedupe::{zeros, Bookends};
@@ -27,7 +28,6 @@ use crate::file::{FileFacts, FileId, IdSet};
 use crate::policy::SkipReason;
 use crate::progress::Progress;
 use crate::sys::beneath::Tree;
-use crate::sys::btrfs_names::Stamp;
 use crate::sys::fiemap::{fiemap, Extent};
 use crate::sys::SubvolIds;
 use nix::errno::Errno;
@@ -93,43 +93,54 @@ pub struct ZerosOutcome {
 
 /// What one file's pass left: whether it went through (opened, checked,
 /// every extent judged), whether a part of it became holes, the zero
-/// bytes that wait for room, those a file outside the run holds, with the
-/// newest such holder, and, if another process held a lease on it, its
-/// zero bytes.
+/// bytes that wait for room, those files outside the run hold, with the
+/// newest holder of each such extent, and, if another process held a
+/// lease on it, its zero bytes.
 #[derive(Default)]
 struct Left {
     handled: bool,
     holed: bool,
     waiting: u64,
-    held: Option<(u64, Outside)>,
-    /// The newest holder's state once the file is done (see
+    held: Option<(u64, BTreeSet<Outside>)>,
+    /// Those holders with their state once the file is done (see
     /// [`crate::sys::btrfs_names::Stamp`]).
-    stamp: Option<Stamp>,
+    holders: Vec<Holder>,
     leased: Option<u64>,
 }
+
+/// The most holders recorded for one file (the newest kept): rotating
+/// snapshots give every extent the same newest holder, so more than one
+/// means clones outside each holding their own regions.
+const HOLDERS_KEPT: usize = 16;
 
 /// A file outside the run holding zeros of the pass's files: subvolume
 /// id and inode (btrfs).
 pub(super) type Outside = (u64, u64);
 
 impl Left {
-    /// `bytes` more zeros held by `by` (`None`: its holders could not all
-    /// be listed, or one is no longer as scanned: nothing to wait for).
+    /// `bytes` more zeros of an extent whose newest holder outside the run
+    /// is `by` (`None`: its holders could not all be listed, or one is no
+    /// longer as scanned: nothing to wait for).
     fn hold(&mut self, bytes: u64, by: Option<Outside>) {
         let Some(by) = by else { return };
-        let (b, newest) = self.held.get_or_insert((0, by));
+        let (b, all) = self.held.get_or_insert_with(Default::default);
         *b += bytes;
-        *newest = by.max(*newest);
+        all.insert(by);
+        if all.len() > HOLDERS_KEPT {
+            all.pop_first();
+        }
     }
 
     /// The file at `path` (open as `f`) gone through: the state of the
-    /// holder that keeps its zeros, if any, read after the walk that
-    /// found it (a change from here on is seen by the next run), and said.
+    /// holders that keep its zeros, if any, read after the walk that
+    /// found them (a change from here on is seen by the next run), and
+    /// said.
     fn done(mut self, path: &std::path::Path, f: &File, progress: &dyn Progress) -> Left {
         self.handled = true;
-        if let Some((bytes, (root, ino))) = self.held {
-            self.stamp = crate::sys::btrfs_names::stamp(f.as_fd(), root, ino).ok().flatten();
-            say_held(path, f, (bytes, (root, ino)), progress);
+        if let Some((bytes, all)) = &self.held {
+            let stamp = |&(root, ino): &Outside| crate::sys::btrfs_names::stamp(f.as_fd(), root, ino).ok().flatten();
+            self.holders = all.iter().map(|by| (*by, stamp(by))).collect();
+            say_held(path, f, (*bytes, all), progress);
         }
         self
     }
@@ -338,8 +349,8 @@ impl ZeroPass<'_> {
             if left.waiting > 0 {
                 done.waiting.push((id, left.waiting));
             }
-            if let Some((bytes, by)) = left.held {
-                done.held.push((id, bytes, (by, left.stamp)));
+            if let Some((bytes, _)) = left.held {
+                done.held.push((id, bytes, left.holders));
             }
             done.leased.extend(left.leased.map(|bytes| (id, bytes)));
         }

@@ -1,6 +1,7 @@
 //! What the zero pass says: a file's failure, a full volume (once a run),
 //! and, with `-v`, who outside the run keeps a file's zeros.
 
+use std::collections::BTreeSet;
 use std::fs::File;
 use std::os::fd::AsFd;
 use std::sync::atomic::AtomicBool;
@@ -51,19 +52,24 @@ impl ZeroPass<'_> {
 pub(super) fn say_held(
     path: &std::path::Path,
     f: &File,
-    (bytes, (root, ino)): (u64, Outside),
+    (bytes, all): (u64, &BTreeSet<Outside>),
     progress: &dyn Progress,
 ) {
-    if !progress.shows_info() {
-        return;
-    }
+    let Some(&(root, ino)) = all.last().filter(|_| progress.shows_info()) else { return };
     let name = crate::sys::btrfs_names::path_of(f.as_fd(), root, ino);
-    let by = match name {
+    let mut by = match name {
         Some(p) => format!("{} (subvolume {root})", String::from_utf8_lossy(&p)),
         None => format!("inode {ino} of subvolume {root}"),
     };
+    let (verb, it) = match all.len() - 1 {
+        0 => ("holds", "it is"),
+        n => {
+            by += &format!(" and {n} other file{}", if n == 1 { "" } else { "s" });
+            ("hold", "one is")
+        }
+    };
     progress.info(&format!(
-        "{}: {} of written zeros left: {by}, outside the run, also holds them; tried again once it is gone",
+        "{}: {} of written zeros left: {by}, outside the run, also {verb} them; tried again once {it} gone",
         display_path(path),
         crate::display::human(bytes)
     ));
