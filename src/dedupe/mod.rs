@@ -189,10 +189,10 @@ pub enum Pending {
     /// btrfs: its written zeros were not turned into holes because a file
     /// outside the run also holds their extent (a read-only snapshot, a
     /// clone outside the starting paths, excluded or `user.nodedup`), so
-    /// letting go of them would free nothing. The newest such holder is
-    /// recorded (`zeros_held`); the next run, incremental or not, tries
-    /// the file again once that holder is gone (snapper deleted the
-    /// snapshot), not every night.
+    /// letting go of them would free nothing. The newest holder of each
+    /// such extent is recorded (`zeros_held`); the next run, incremental
+    /// or not, tries the file again once one of them is gone (snapper
+    /// deleted the snapshot) or changed, not every night.
     ZerosHeld,
     /// Another process held a lease on it when the zero pass opened it
     /// (see [`Pending::Leased`]): its zeros wait for the next run. Apart

@@ -228,8 +228,9 @@ impl ZeroPass<'_> {
     /// pending (`zeros_keep_free`), so the next run, incremental or not,
     /// tries them again; so are those whose zeros a file outside the run
     /// holds on btrfs (`zeros_referenced_outside_run`, with the newest
-    /// such holder: tried again once it is gone, `pending::retried`). The
-    /// rows of the files it went through are dropped.
+    /// holder of each such extent: tried again once one is gone or
+    /// changed, `pending::retried`). The rows of the files it went
+    /// through are dropped.
     /// `holed`: zeros the bookend pass left as holes (or, in a dry run,
     /// counted as it would), not looked at again.
     pub fn run(
