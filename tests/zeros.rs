@@ -34,6 +34,14 @@ fn with_subvolume_a(vol: &Volume) -> std::path::PathBuf {
     d
 }
 
+/// The directories `inside` (the run's) and `outside` of `vol`, made.
+fn inside_and_outside(vol: &Volume, inside: &str) -> (std::path::PathBuf, std::path::PathBuf) {
+    let dirs = (vol.path(inside), vol.path("outside"));
+    std::fs::create_dir(&dirs.0).unwrap();
+    std::fs::create_dir(&dirs.1).unwrap();
+    dirs
+}
+
 /// Bytes allocated to `p` (`st_blocks`).
 fn allocated(p: &Path) -> u64 {
     std::fs::metadata(p).unwrap().blocks() * 512
@@ -268,9 +276,7 @@ fn btrfs_a_shared_extent_with_short_data_between_its_zeros_keeps_the_data() {
 #[test]
 fn btrfs_an_image_written_in_one_pass_and_its_clones_let_go_of_its_zeros_together() {
     let Some(vol) = Volume::new(Fs::Btrfs, 512) else { return };
-    let (d, outside) = (vol.path("vm"), vol.path("outside"));
-    std::fs::create_dir(&d).unwrap();
-    std::fs::create_dir(&outside).unwrap();
+    let (d, outside) = inside_and_outside(&vol, "vm");
     write_one_pass(&d.join("image"), 70);
     let cp = |from: &Path, to: &Path, how: &str| sh(Command::new("cp").arg(how).arg(from).arg(to));
     for (to, how) in [("clone1", "--reflink=always"), ("clone2", "--reflink=always"), ("copy", "--reflink=never")] {
@@ -459,9 +465,7 @@ fn btrfs_with_share_snapshotted_zeros_a_read_only_snapshot_holds_are_let_go_of_a
 /// sparser).
 fn zeros_a_clone_outside_the_run_holds(fs: Fs) {
     let Some(vol) = Volume::new(fs, 512) else { return };
-    let (d, outside) = (vol.path("in"), vol.path("outside"));
-    std::fs::create_dir(&d).unwrap();
-    std::fs::create_dir(&outside).unwrap();
+    let (d, outside) = inside_and_outside(&vol, "in");
     thick(&d.join("image"), 16, &Rng::new(5).bytes(MIB as usize));
     for to in [d.join("clone"), outside.join("clone")] {
         sh(Command::new("cp").arg("--reflink=always").arg(d.join("image")).arg(to));
@@ -719,9 +723,7 @@ fn btrfs_zeros_in_a_remainder_are_not_copied() {
 #[test]
 fn btrfs_zeros_two_clones_outside_hold_a_region_each_are_freed_as_each_goes() {
     let Some(vol) = Volume::new(Fs::Btrfs, 512) else { return };
-    let (d, outside) = (vol.path("in"), vol.path("outside"));
-    std::fs::create_dir(&d).unwrap();
-    std::fs::create_dir(&outside).unwrap();
+    let (d, outside) = inside_and_outside(&vol, "in");
     let img = d.join("image");
     let f = std::fs::File::create(&img).unwrap();
     let header = Rng::new(31).bytes(MIB as usize);
