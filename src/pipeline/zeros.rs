@@ -9,7 +9,7 @@
 //! and checked to be what was scanned, as the share workers do, then mapped
 //! with FIEMAP and punched.
 
-use std::collections::{BTreeMap, BTreeSet, HashSet};
+use std::collections::{BTreeMap, HashSet};
 use std::fs::File;
 use std::ops::Range;
 use std::os::fd::AsFd;
@@ -18,7 +18,6 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use anyhow::Result;
 
 use crate::blockmap::BlockMap;
-use crate::db::pending::Holder;
 use crate::db::Db;
 use crate::dedupe::headroom::kept_free;
 use crate::dedupe::{zeros, Bookends};
@@ -28,6 +27,7 @@ use crate::file::{FileFacts, FileId, IdSet};
 use crate::policy::SkipReason;
 use crate::progress::Progress;
 use crate::sys::beneath::Tree;
+use crate::sys::btrfs_names::Stamp;
 use crate::sys::fiemap::{fiemap, Extent};
 use crate::sys::SubvolIds;
 use nix::errno::Errno;
@@ -101,10 +101,9 @@ struct Left {
     handled: bool,
     holed: bool,
     waiting: u64,
-    held: Option<(u64, BTreeSet<Outside>)>,
-    /// Those holders with their state once the file is done (see
-    /// [`crate::sys::btrfs_names::Stamp`]).
-    holders: Vec<Holder>,
+    /// Bytes held, and the holders with their state, read once the file
+    /// is done (see [`crate::sys::btrfs_names::Stamp`]).
+    held: Option<(u64, BTreeMap<Outside, Option<Stamp>>)>,
     leased: Option<u64>,
 }
 
@@ -125,7 +124,7 @@ impl Left {
         let Some(by) = by else { return };
         let (b, all) = self.held.get_or_insert_with(Default::default);
         *b += bytes;
-        all.insert(by);
+        all.insert(by, None);
         if all.len() > HOLDERS_KEPT {
             all.pop_first();
         }
@@ -137,9 +136,10 @@ impl Left {
     /// said.
     fn done(mut self, path: &std::path::Path, f: &File, progress: &dyn Progress) -> Left {
         self.handled = true;
-        if let Some((bytes, all)) = &self.held {
-            let stamp = |&(root, ino): &Outside| crate::sys::btrfs_names::stamp(f.as_fd(), root, ino).ok().flatten();
-            self.holders = all.iter().map(|by| (*by, stamp(by))).collect();
+        if let Some((bytes, all)) = &mut self.held {
+            for (&(root, ino), stamp) in all.iter_mut() {
+                *stamp = crate::sys::btrfs_names::stamp(f.as_fd(), root, ino).ok().flatten();
+            }
             say_held(path, f, (*bytes, all), progress);
         }
         self
@@ -350,8 +350,8 @@ impl ZeroPass<'_> {
             if left.waiting > 0 {
                 done.waiting.push((id, left.waiting));
             }
-            if let Some((bytes, _)) = left.held {
-                done.held.push((id, bytes, left.holders));
+            if let Some((bytes, all)) = left.held {
+                done.held.push((id, bytes, all.into_iter().collect()));
             }
             done.leased.extend(left.leased.map(|bytes| (id, bytes)));
         }

@@ -1,7 +1,7 @@
 //! What the zero pass says: a file's failure, a full volume (once a run),
 //! and, with `-v`, who outside the run keeps a file's zeros.
 
-use std::collections::BTreeSet;
+use std::collections::BTreeMap;
 use std::fs::File;
 use std::os::fd::AsFd;
 use std::sync::atomic::AtomicBool;
@@ -52,10 +52,10 @@ impl ZeroPass<'_> {
 pub(super) fn say_held(
     path: &std::path::Path,
     f: &File,
-    (bytes, all): (u64, &BTreeSet<Outside>),
+    (bytes, all): (u64, &BTreeMap<Outside, Option<crate::sys::btrfs_names::Stamp>>),
     progress: &dyn Progress,
 ) {
-    let Some(&(root, ino)) = all.last().filter(|_| progress.shows_info()) else { return };
+    let Some((&(root, ino), _)) = all.last_key_value().filter(|_| progress.shows_info()) else { return };
     let name = crate::sys::btrfs_names::path_of(f.as_fd(), root, ino);
     let mut by = match name {
         Some(p) => format!("{} (subvolume {root})", String::from_utf8_lossy(&p)),
