@@ -229,3 +229,62 @@ fn the_preview_counts_the_swap_to_a_snapshotted_copy() {
     assert_eq!(num(&real, "deduped_bytes"), len as u64, "{real:#}");
     assert_eq!(num(&real, "pending_bytes"), 0, "{real:#}");
 }
+
+/// Clone `len` bytes of `src` from `off` into `dst` at 0 (`FICLONERANGE`).
+fn clone_range(src: &std::fs::File, off: u64, len: u64, dst: &std::fs::File) {
+    use std::os::fd::AsRawFd;
+    /// `struct file_clone_range`.
+    #[repr(C)]
+    struct Args {
+        src_fd: i64,
+        src_offset: u64,
+        src_length: u64,
+        dest_offset: u64,
+    }
+    const FICLONERANGE: libc::c_ulong = 0x4020_940d;
+    let a = Args { src_fd: i64::from(src.as_raw_fd()), src_offset: off, src_length: len, dest_offset: 0 };
+    // SAFETY: `a` is a valid `file_clone_range` the kernel only reads.
+    let rc = unsafe { libc::ioctl(dst.as_raw_fd(), FICLONERANGE, &a) };
+    assert_eq!(rc, 0, "FICLONERANGE: {}", std::io::Error::last_os_error());
+}
+
+/// One extent a file outside the run holds whole and each of many files
+/// of the run holds a stretch of (an image shared piecemeal into a tree's
+/// files by an earlier run): btrfs is asked who holds it once per share
+/// worker, not once per stretch. Each question walks every reference of
+/// the extent, so asked per stretch the walks grew with the square of the
+/// stretches: a nightly run adding a VM image's copy to FULL took 15 s,
+/// one adding the layered corpus 108 s (`benches/slices.sh`). The build
+/// before asks 600 times here.
+#[test]
+fn btrfs_an_extent_held_in_many_stretches_is_asked_about_once_per_worker() {
+    let (n, piece) = (600, 8192u64);
+    let Some(vol) = Volume::new(Fs::Btrfs, 256) else { return };
+    let (out, run) = (vol.path("out"), vol.path("run"));
+    std::fs::create_dir(&out).unwrap();
+    std::fs::create_dir(&run).unwrap();
+    let data = Rng::new(5).bytes(n * piece as usize);
+    std::fs::write(out.join("x"), &data).unwrap();
+    btrfs(&["filesystem", "sync"], &vol.mnt);
+    let x = std::fs::File::open(out.join("x")).unwrap();
+    for i in 0..n as u64 {
+        let y = std::fs::File::create(run.join(format!("y{i}"))).unwrap();
+        clone_range(&x, i * piece, piece, &y);
+    }
+    // A copy of all of it, written anew: the stretches are its duplicates.
+    std::fs::write(run.join("z"), &data).unwrap();
+    btrfs(&["filesystem", "sync"], &vol.mnt);
+    let before = Snapshot::take(&run);
+
+    let trace = vol.db().with_extension("trace");
+    let strace = ["strace", "-f", "-qq", "-e", "trace=ioctl", "-o", s(&trace)];
+    let r = dedupscan().under(strace).arg(&run).json().arg("--progress=never").db(vol.db()).expect(0).run().json;
+    before.assert_same(&Snapshot::take(&run));
+    // `out/x` keeps the extent: nothing is shared into it, all of it waits.
+    let pending = &r["pending"]["referenced_outside_run"];
+    assert_eq!(pending["bytes"].as_u64(), Some(n as u64 * piece), "{r:#}");
+    let text = std::fs::read_to_string(&trace).unwrap();
+    assert!(text.lines().any(|l| l.contains("FIDEDUPERANGE") || l.contains("FS_IOC_FIEMAP")), "is strace working?");
+    let asked = text.lines().filter(|l| l.contains("BTRFS_IOC_LOGICAL_INO")).count();
+    assert!((1..=8).contains(&asked), "btrfs asked {asked} times who holds one extent (held in {n} stretches)");
+}

@@ -92,8 +92,8 @@ pub(super) struct Executor<'a> {
     pub(super) out: Outcome,
     /// `st_dev` → volume key, for the identity check of opened files.
     pub(super) keys: sys::SubvolIds,
-    /// Whether the extent at a FIEMAP address is referenced by a file
-    /// outside the plan, as found by this worker (see `pinned.rs`).
+    /// Whether an extent is referenced by a file outside the plan, as
+    /// found by this worker, by its disk address (see `pinned.rs`).
     pub(super) pinned: HashMap<u64, bool>,
     /// The filesystem cannot list an extent's owners (not btrfs, no
     /// CAP_SYS_ADMIN): stop asking.

@@ -45,7 +45,7 @@ impl Executor<'_> {
             let mut pos = start;
             for e in extents.iter().filter(|e| e.is_shared() && e.logical < end && e.logical + e.length > start) {
                 let (es, ee) = (e.logical.max(start), (e.logical + e.length).min(end));
-                if self.ctx.seen_solo(e) || !self.is_pinned(fd, e.physical) {
+                if self.ctx.seen_solo(e) || !self.is_pinned(fd, e) {
                     continue;
                 }
                 if es > pos {
@@ -64,13 +64,20 @@ impl Executor<'_> {
         kept
     }
 
-    /// Whether the extent at FIEMAP address `phys` is referenced by a file
-    /// outside the plan (or by more files than can be listed).
-    fn is_pinned(&mut self, fd: BorrowedFd<'_>, phys: u64) -> bool {
-        if let Some(&p) = self.pinned.get(&phys) {
+    /// Whether the extent holding stretch `e` of `fd` is referenced by a
+    /// file outside the plan (or by more files than can be listed). Asked
+    /// once per extent (per worker), not once per stretch: a file shared
+    /// piecemeal by an earlier run (a VM image whose blocks went into a
+    /// tree's files) holds one 128 MiB extent in thousands of stretches,
+    /// each at its own FIEMAP address, and every question walks all the
+    /// extent's references. Asked per address, a nightly run adding a copy
+    /// of the image spent 13 s in those walks (FULL, one directory a run).
+    fn is_pinned(&mut self, fd: BorrowedFd<'_>, e: &sys::Extent) -> bool {
+        let key = extent_key(fd, e);
+        if let Some(&p) = self.pinned.get(&key) {
             return p;
         }
-        let p = match sys::fs::extent_owners(fd, phys) {
+        let p = match sys::fs::extent_owners(fd, e.physical) {
             Ok(o) => !o.complete || o.refs.iter().any(|r| !self.ctx.in_plan.contains(r)),
             Err(Errno::ENOTTY | Errno::EOPNOTSUPP | Errno::EPERM | Errno::EINVAL) => {
                 // Not btrfs, or not allowed: share as before.
@@ -80,7 +87,23 @@ impl Executor<'_> {
             // Gone meanwhile, or another error: let the kernel decide.
             Err(_) => false,
         };
-        self.pinned.insert(phys, p);
+        self.pinned.insert(key, p);
         p
     }
+}
+
+/// What names the extent holding stretch `e` of `fd`: its disk address
+/// (`disk_bytenr`) read from the file's item that begins where `e` does,
+/// else (no such item: FIEMAP began mid-item; no `CAP_SYS_ADMIN`) `e`'s
+/// FIEMAP address, as before. One key space serves both: extents do not
+/// overlap on disk, so an address inside one extent is never another's
+/// disk address, and a stretch at an extent's start has that address.
+fn extent_key(fd: BorrowedFd<'_>, e: &sys::Extent) -> u64 {
+    let mut disk = None;
+    let _ = sys::btrfs_tree::file_extents(fd, e.logical..e.logical + 1, |s| {
+        if s.logical == e.logical {
+            disk = Some(s.disk);
+        }
+    });
+    disk.unwrap_or(e.physical)
 }
