@@ -37,17 +37,12 @@ while [[ $# -gt 0 ]]; do
     esac
 done
 [[ ${#bins[@]} -ge 1 && $EUID -eq 0 ]] || { sed -n '2,4p' "$0" >&2; echo "ab.sh: needs root and at least one build" >&2; exit 2; }
-case $size in FULL) bytes=4G ;; SMALL) bytes=400M ;; *) bytes=$size ;; esac
-# The volume: three times the corpus, at least 2 GiB (as compare.sh).
-vol=$(($(numfmt --from=iec "$bytes") * 3))
-((vol > 2 << 30)) || vol=$((2 << 30))
-
 MNT=$work/mnt LOOP=
-data=$MNT/data pristine=$work/pristine-$fs-$bytes.img
+data=$MNT/data
 mkdir -p "$MNT"
 log() { printf '[ab %s] %s\n' "$(date +%T)" "$*" >&2; }
 die() { printf 'ab.sh: %s\n' "$*" >&2; exit 1; }
-# cgroup_setup/cgroup_remove, cold, mount_vol/umount_vol, as compare.sh.
+# limit_memory/cgroup_remove, pristine_volume, cold, mount_vol/umount_vol (lib.sh).
 . "$HERE/lib.sh"
 # readall [PREFIX...]: read every file of the copy (64 readers), run by PREFIX.
 readall() { "$@" sh -c 'cd "$0" && find . -type f -print0 | xargs -0 -n 32 -P 64 cat >/dev/null' "$data"; }
@@ -57,32 +52,15 @@ cleanup() {
 }
 trap cleanup EXIT
 
-# IN_CG: a prefix that runs a command in the memory cgroup, if any.
-IN_CG=()
-if [[ -n $limit ]]; then
-    cgroup_setup "$(numfmt --from=iec "$limit")"
-    IN_CG=(sh -c 'echo $$ >"$0/cgroup.procs" && exec "$@"' "$CGROUP")
-fi
+limit_memory "$limit"
 
-if [[ ! -f $pristine ]]; then
-    [[ -d $work/corpus-$bytes ]] || { log "building the corpus ($size)"; "$HERE/corpus.sh" "$work/corpus-$bytes" "$bytes" >&2; }
-    log "pristine $fs volume"
-    truncate -s "$vol" "$pristine.tmp"
-    case $fs in
-    btrfs) mkfs.btrfs -q -f "$pristine.tmp" >/dev/null ;;
-    xfs) mkfs.xfs -q -f -m reflink=1 "$pristine.tmp" ;;
-    *) die "--fs btrfs or xfs" ;;
-    esac
-    mount_vol "$fs" "$pristine.tmp" && mkdir "$data"
-    cp -a --sparse=always --reflink=never "$work/corpus-$bytes/." "$data/"
-    sync -f "$MNT" && umount_vol && mv "$pristine.tmp" "$pristine"
-fi
+pristine_volume "$fs" "$size" "$work"
 
 results=$work/results-$$.tsv
 : >"$results"
 for ((round = 1; round <= rounds; round++)); do
     for bin in "${bins[@]}"; do
-        rm -f "$work/work.img" && cp --sparse=always --reflink=never "$pristine" "$work/work.img"
+        rm -f "$work/work.img" && cp --sparse=always --reflink=never "$PRISTINE" "$work/work.img"
         mount_vol "$fs" "$work/work.img"
         readall && cold
         t0=$(date +%s%N) && readall "${IN_CG[@]}"

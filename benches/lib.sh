@@ -1,9 +1,8 @@
 # shellcheck shell=bash disable=SC2154 # the globals are the caller's
 # Shell helpers of the benchmark scripts (compare.sh, rivals.sh, ab.sh,
-# layouts.sh, images.sh),
-# sourced. They use the caller's globals: MNT (mount point), LOOP (loop
-# device, empty when none), CGROUP (memory cgroup directory, empty when none),
-# and its log() and die().
+# layouts.sh, images.sh, slices.sh), sourced. They use the caller's
+# globals: MNT (mount point), LOOP (loop device, empty when none), CGROUP
+# (memory cgroup directory, empty when none), and its log() and die().
 
 # The memory cgroup of --memory-limit: CGROUP is its directory (empty: no limit).
 CGROUP=
@@ -23,6 +22,15 @@ cgroup_setup() { # BYTES
         die "--memory-limit: no memory cgroup (neither cgroup v2 nor v1 memory at $root)"
     fi
 }
+# limit_memory [SIZE]: with SIZE (such as 1G), the memory cgroup
+# (cgroup_setup) and IN_CG, a prefix that runs a command in it; without,
+# IN_CG is empty.
+limit_memory() {
+    IN_CG=()
+    [[ -n ${1:-} ]] || return 0
+    cgroup_setup "$(numfmt --from=iec "$1")"
+    IN_CG=(sh -c 'echo $$ >"$0/cgroup.procs" && exec "$@"' "$CGROUP")
+}
 cgroup_remove() {
     [[ -n $CGROUP && -d $CGROUP ]] || return 0
     rmdir "$CGROUP" 2>/dev/null || { sleep 1; rmdir "$CGROUP" 2>/dev/null; } || log "could not remove $CGROUP"
@@ -37,6 +45,31 @@ attach() {
     # Direct I/O on the backing file: no second copy of the data in the host
     # page cache (drop_caches would drop it anyway).
     losetup --direct-io=on "$LOOP" 2>/dev/null || true
+}
+
+# pristine_volume FS SIZE WORK: the corpus of SIZE (FULL, SMALL or a size
+# such as 1G; built in WORK/corpus-BYTES if not there) copied onto a fresh
+# FS volume three times its size (at least 2 GiB, as compare.sh), kept in
+# WORK for the next call (ab.sh, slices.sh); sets PRISTINE to its image.
+# Uses HERE (the benches directory) and MNT.
+pristine_volume() {
+    local fs=$1 size=$2 work=$3 bytes vol
+    case $size in FULL) bytes=4G ;; SMALL) bytes=400M ;; *) bytes=$size ;; esac
+    vol=$(($(numfmt --from=iec "$bytes") * 3))
+    ((vol > 2 << 30)) || vol=$((2 << 30))
+    PRISTINE=$work/pristine-$fs-$bytes.img
+    [[ -f $PRISTINE ]] && return 0
+    [[ -d $work/corpus-$bytes ]] || { log "building the corpus ($size)"; "$HERE/corpus.sh" "$work/corpus-$bytes" "$bytes" >&2; }
+    log "pristine $fs volume"
+    truncate -s "$vol" "$PRISTINE.tmp"
+    case $fs in
+    btrfs) mkfs.btrfs -q -f "$PRISTINE.tmp" >/dev/null ;;
+    xfs) mkfs.xfs -q -f -m reflink=1 "$PRISTINE.tmp" ;;
+    *) die "--fs btrfs or xfs" ;;
+    esac
+    mount_vol "$fs" "$PRISTINE.tmp" && mkdir "$MNT/data"
+    cp -a --sparse=always --reflink=never "$work/corpus-$bytes/." "$MNT/data/"
+    sync -f "$MNT" && umount_vol && mv "$PRISTINE.tmp" "$PRISTINE"
 }
 
 mount_vol() { # FS IMAGE

@@ -32,37 +32,21 @@ while [[ $# -gt 0 ]]; do
     esac
 done
 [[ ${#bins[@]} -ge 1 && $EUID -eq 0 ]] || { sed -n '2,3p' "$0" >&2; echo "slices.sh: needs root and at least one build" >&2; exit 2; }
-case $size in FULL) bytes=4G ;; SMALL) bytes=400M ;; *) bytes=$size ;; esac
-vol=$(($(numfmt --from=iec "$bytes") * 3))
-((vol > 2 << 30)) || vol=$((2 << 30))
-
 MNT=$work/mnt LOOP=
-data=$MNT/data pristine=$work/pristine-btrfs-$bytes.img
+data=$MNT/data
 mkdir -p "$MNT"
 log() { printf '[slices %s] %s\n' "$(date +%T)" "$*" >&2; }
 die() { printf 'slices.sh: %s\n' "$*" >&2; exit 1; }
 . "$HERE/lib.sh"
 trap 'umount_vol; cgroup_remove' EXIT
-IN_CG=()
-if [[ -n $limit ]]; then
-    cgroup_setup "$(numfmt --from=iec "$limit")"
-    IN_CG=(sh -c 'echo $$ >"$0/cgroup.procs" && exec "$@"' "$CGROUP")
-fi
+limit_memory "$limit"
 
-if [[ ! -f $pristine ]]; then
-    [[ -d $work/corpus-$bytes ]] || { log "building the corpus ($size)"; "$HERE/corpus.sh" "$work/corpus-$bytes" "$bytes" >&2; }
-    log "pristine btrfs volume"
-    truncate -s "$vol" "$pristine.tmp"
-    mkfs.btrfs -q -f "$pristine.tmp" >/dev/null
-    mount_vol btrfs "$pristine.tmp" && mkdir "$data"
-    cp -a --sparse=always --reflink=never "$work/corpus-$bytes/." "$data/"
-    sync -f "$MNT" && umount_vol && mv "$pristine.tmp" "$pristine"
-fi
+pristine_volume btrfs "$size" "$work"
 
 # fresh: a byte-identical copy of the pristine volume, mounted, read once
 # to settle, caches dropped.
 fresh() {
-    rm -f "$work/work.img" && cp --sparse=always --reflink=never "$pristine" "$work/work.img"
+    rm -f "$work/work.img" && cp --sparse=always --reflink=never "$PRISTINE" "$work/work.img"
     mount_vol btrfs "$work/work.img"
     find "$data" -type f -print0 | xargs -0 -n 32 -P 64 cat >/dev/null
     cold
