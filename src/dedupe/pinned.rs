@@ -72,9 +72,17 @@ impl Executor<'_> {
     /// each at its own FIEMAP address, and every question walks all the
     /// extent's references. Asked per address, a nightly run adding a copy
     /// of the image spent 13 s in those walks (FULL, one directory a run).
+    ///
+    /// The answers are kept by FIEMAP address too, so a stretch asked
+    /// about again (many ranges into one large extent) costs no item
+    /// search, as before.
     fn is_pinned(&mut self, fd: BorrowedFd<'_>, e: &sys::Extent) -> bool {
+        if let Some(&p) = self.pinned.get(&e.physical) {
+            return p;
+        }
         let key = extent_key(fd, e);
         if let Some(&p) = self.pinned.get(&key) {
+            self.pinned.insert(e.physical, p);
             return p;
         }
         let p = match sys::fs::extent_owners(fd, e.physical) {
@@ -88,6 +96,7 @@ impl Executor<'_> {
             Err(_) => false,
         };
         self.pinned.insert(key, p);
+        self.pinned.insert(e.physical, p);
         p
     }
 }
