@@ -93,7 +93,8 @@ pub(super) struct Executor<'a> {
     /// `st_dev` → volume key, for the identity check of opened files.
     pub(super) keys: sys::SubvolIds,
     /// Whether an extent is referenced by a file outside the plan, as
-    /// found by this worker, by its disk address (see `pinned.rs`).
+    /// found by this worker, by its disk address and by the FIEMAP
+    /// addresses it was asked at (see `pinned.rs`).
     pub(super) pinned: HashMap<u64, bool>,
     /// The filesystem cannot list an extent's owners (not btrfs, no
     /// CAP_SYS_ADMIN): stop asking.
