@@ -230,24 +230,6 @@ fn the_preview_counts_the_swap_to_a_snapshotted_copy() {
     assert_eq!(num(&real, "pending_bytes"), 0, "{real:#}");
 }
 
-/// Clone `len` bytes of `src` from `off` into `dst` at 0 (`FICLONERANGE`).
-fn clone_range(src: &std::fs::File, off: u64, len: u64, dst: &std::fs::File) {
-    use std::os::fd::AsRawFd;
-    /// `struct file_clone_range`.
-    #[repr(C)]
-    struct Args {
-        src_fd: i64,
-        src_offset: u64,
-        src_length: u64,
-        dest_offset: u64,
-    }
-    const FICLONERANGE: libc::c_ulong = 0x4020_940d;
-    let a = Args { src_fd: i64::from(src.as_raw_fd()), src_offset: off, src_length: len, dest_offset: 0 };
-    // SAFETY: `a` is a valid `file_clone_range` the kernel only reads.
-    let rc = unsafe { libc::ioctl(dst.as_raw_fd(), FICLONERANGE, &a) };
-    assert_eq!(rc, 0, "FICLONERANGE: {}", std::io::Error::last_os_error());
-}
-
 /// One extent a file outside the run holds whole and each of many files
 /// of the run holds a stretch of (an image shared piecemeal into a tree's
 /// files by an earlier run): btrfs is asked who holds it once per share
@@ -269,7 +251,7 @@ fn btrfs_an_extent_held_in_many_stretches_is_asked_about_once_per_worker() {
     let x = std::fs::File::open(out.join("x")).unwrap();
     for i in 0..n as u64 {
         let y = std::fs::File::create(run.join(format!("y{i}"))).unwrap();
-        clone_range(&x, i * piece, piece, &y);
+        clone_range(&x, i * piece, piece, &y, 0);
     }
     // A copy of all of it, written anew: the stretches are its duplicates.
     std::fs::write(run.join("z"), &data).unwrap();

@@ -244,7 +244,7 @@ impl ZeroPass<'_> {
         let mut st = State {
             hole: None,
             keys: SubvolIds::new(),
-            shared: SharedZeros::new(db, allowed, self.outside_too),
+            shared: SharedZeros::new(db, allowed, self.outside_too, self.bookends.is_some()),
             out: ZerosOutcome::default(),
             counted: IdSet::new(),
         };
@@ -436,7 +436,7 @@ impl ZeroPass<'_> {
                 }
             };
             for (disk, g) in &groups {
-                let w = match self.judge(&f, g, (runs, c.size), v.shared, &mut buf) {
+                let w = match self.judge(&f, (*disk, g), (runs, c.size), v.shared, &mut buf) {
                     Ok(w) => w,
                     Err(by) => {
                         left.hold(zeros::within(runs, g), by);
@@ -457,7 +457,7 @@ impl ZeroPass<'_> {
                 match self.extent((c, &f), &w, hole, &mut same, &mut v.out.rewritten, progress) {
                     Ok((Moved::Yes, p)) => {
                         left.holed |= p.bytes > 0;
-                        done.bytes += v.shared.freed(&w, g, p.bytes, self.dry_run);
+                        done.bytes += v.shared.freed(&w, (*disk, g), p.bytes, self.dry_run);
                         done.differs += p.differs;
                     }
                     Ok((Moved::No, _)) => {}
@@ -474,18 +474,19 @@ impl ZeroPass<'_> {
         left.done(&c.path, &f, progress)
     }
 
-    /// The work on the stretches `g` of `f`, one extent, given the file's
-    /// zero `runs` and `size` (`zeros::plan_on_disk`): nothing to punch
-    /// here if shared zeros may not be (`SharedZeros::may_punch`), and the
-    /// short pieces between its runs tried as zeros only if they read as
-    /// zeros (`zeros::gaps_are_data`). An extent clones share with data
+    /// The work on the stretches `g` of `f`, one extent (at `disk`, where
+    /// btrfs's items name it), given the file's zero `runs` and `size`
+    /// (`zeros::plan_on_disk`): nothing to punch here if shared zeros may
+    /// not be (`SharedZeros::may_punch`), and the short pieces between its
+    /// runs tried as zeros only if they read as zeros
+    /// (`zeros::gaps_are_data`). An extent clones share with data
     /// in it comes back with nothing to punch and `clones` set. Shared
     /// zeros that may not be punched come back as the holder outside the
     /// run that keeps them, if one does.
     fn judge(
         &self,
         f: &File,
-        g: &[Extent],
+        (disk, g): (Option<u64>, &[Extent]),
         (runs, size): (&[(u64, u64)], u64),
         shared: &mut SharedZeros,
         buf: &mut Vec<u8>,
@@ -495,7 +496,7 @@ impl ZeroPass<'_> {
         if w.punch.is_empty() {
             return Ok(w);
         }
-        shared.may_punch(f.as_fd(), &w, g, self.bookends.is_some())?;
+        shared.may_punch(f.as_fd(), &w, (disk, g))?;
         Ok(match zeros::reads_zero(f, &w.gaps, buf) {
             true => w,
             false => zeros::gaps_are_data(w, ratio.unwrap_or(0.0), zeros::MIN_BYTES),

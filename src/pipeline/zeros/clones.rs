@@ -80,7 +80,7 @@ impl ZeroPass<'_> {
         if !v.shared.first_try(disk) {
             return none;
         }
-        let refs = match v.shared.holders(f.as_fd(), first.physical) {
+        let refs = match v.shared.holders(f.as_fd(), (disk, first.physical)) {
             Ok(refs) => refs,
             Err(held) => return Together { held, ..none },
         };
@@ -98,7 +98,7 @@ impl ZeroPass<'_> {
                         v.count(h.id);
                     }
                 }
-                Together { freed: v.shared.freed_clones((disk, first.physical), &work.zeros, self.dry_run), ..none }
+                Together { freed: v.shared.freed_clones(disk, &work.zeros, self.dry_run), ..none }
             }
             Err(Stop::Left(why)) => {
                 progress.info(&format!("{}: zeros its clones share left: {why}", display_path(&holders[0].facts.path)));

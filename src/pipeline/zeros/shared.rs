@@ -32,17 +32,24 @@ pub(super) struct SharedZeros<'a> {
     db: &'a Db,
     /// The files of the run.
     run: &'a IdSet,
-    /// btrfs: whether every holder of the extent at a disk address is a
-    /// file of the run, asked once per address (see `may_punch`).
+    /// btrfs: whether every holder of an extent is a file of the run,
+    /// asked once per extent (by its [`key`], see `may_punch`).
     in_run: HashMap<u64, Result<(), Option<Outside>>>,
     /// btrfs, `--share-snapshotted`: let go of extents a file outside the
     /// run holds too.
     outside_too: bool,
-    /// Those extents (by the disk address asked), let go of by the files
-    /// of the run and freed only once the holders outside are gone.
+    /// Those extents (by their [`key`]), let go of by the files of the
+    /// run and freed only once the holders outside are gone.
     later: HashSet<u64>,
-    /// A dry run: the disk space of shared zeros counted (see `freed`).
+    /// The disk space of shared zeros counted (see `freed`): in a dry run,
+    /// and on btrfs.
     counted: BTreeMap<u64, u64>,
+    /// btrfs: the extents (by their [`key`]) whose zeros were counted by
+    /// disk space (see `freed`).
+    by_disk: HashSet<u64>,
+    /// btrfs (read as root): the holders of an extent can be listed, and
+    /// an extent is freed whole once the last of them lets go.
+    btrfs: bool,
     /// btrfs: the extents (by disk address) their holders were asked to
     /// let go of together (`clones`), each tried once.
     tried: HashSet<u64>,
@@ -56,8 +63,9 @@ pub(super) struct SharedZeros<'a> {
 const RUNS_KEPT: usize = 16;
 
 impl<'a> SharedZeros<'a> {
-    /// The run's files `run`; `outside_too`: `--share-snapshotted`.
-    pub(super) fn new(db: &'a Db, run: &'a IdSet, outside_too: bool) -> SharedZeros<'a> {
+    /// The run's files `run`; `outside_too`: `--share-snapshotted`;
+    /// `btrfs`: on btrfs, read as root.
+    pub(super) fn new(db: &'a Db, run: &'a IdSet, outside_too: bool, btrfs: bool) -> SharedZeros<'a> {
         SharedZeros {
             db,
             run,
@@ -65,31 +73,38 @@ impl<'a> SharedZeros<'a> {
             outside_too,
             later: HashSet::new(),
             counted: BTreeMap::new(),
+            by_disk: HashSet::new(),
+            btrfs,
             tried: HashSet::new(),
             runs: VecDeque::new(),
         }
     }
 
-    /// Whether `w` may be punched in the open file `fd` (btrfs: `btrfs`):
+    /// Whether `w` may be punched in the open file `fd`:
     /// not shared; or shared on XFS; or shared on btrfs with every holder
-    /// of its extent (`stretches[0]`'s) a file of the run, which needs
-    /// `CAP_SYS_ADMIN`; or, with `--share-snapshotted`, whatever holds it
-    /// outside the run (see the module's doc). If not, the newest holder
-    /// outside the run (`None`: the holders cannot be listed, or not all
-    /// of them).
+    /// of its extent (at `disk`, holding `stretches`) a file of the run,
+    /// which needs `CAP_SYS_ADMIN`; or, with `--share-snapshotted`,
+    /// whatever holds it outside the run (see the module's doc). If not,
+    /// the newest holder outside the run (`None`: the holders cannot be
+    /// listed, or not all of them).
+    ///
+    /// Asked once per extent, not once per file: every file of the run
+    /// holding a stretch of it (reflinked pieces of one image: thousands)
+    /// would otherwise walk all its holders in turn, a cost growing with
+    /// the square of their number (1,500 files each holding 64 KiB of one
+    /// extent of written zeros: 1,500 walks of 1,500 holders).
     pub(super) fn may_punch(
         &mut self,
         fd: BorrowedFd<'_>,
         w: &ExtentWork,
-        stretches: &[Extent],
-        btrfs: bool,
+        (disk, stretches): (Option<u64>, &[Extent]),
     ) -> Result<(), Option<Outside>> {
-        if !w.shared || !btrfs {
+        if !w.shared || !self.btrfs {
             return Ok(());
         }
         let Some(e) = stretches.first() else { return Err(None) };
-        let (db, run, later) = (self.db, self.run, &mut self.later);
-        *self.in_run.entry(e.physical).or_insert_with(|| {
+        let (db, run, later, k) = (self.db, self.run, &mut self.later, key(disk, stretches));
+        *self.in_run.entry(k).or_insert_with(|| {
             let o = crate::sys::fs::extent_owners(fd, e.physical).ok().filter(|o| o.complete).ok_or(None)?;
             let outside = |&&(volume, ino): &&Outside| {
                 !matches!(db.id_of(FileKey { volume, ino }), Ok(Some(id)) if run.contains(id))
@@ -97,7 +112,7 @@ impl<'a> SharedZeros<'a> {
             match o.refs.iter().filter(outside).max() {
                 None => Ok(()),
                 Some(_) if self.outside_too => {
-                    later.insert(e.physical);
+                    later.insert(k);
                     Ok(())
                 }
                 Some(&by) => Err(Some(by)),
@@ -105,13 +120,17 @@ impl<'a> SharedZeros<'a> {
         })
     }
 
-    /// btrfs: every stretch of the extent holding disk address `physical`
-    /// (a FIEMAP address), as the holder's id and where the stretch begins
-    /// in its file, if every holder is a file of the run (with
-    /// `--share-snapshotted`, the holders in the run, whatever else holds
-    /// it: see the module's doc). If not, the newest holder outside the
-    /// run (`None`: they cannot all be listed).
-    pub(super) fn holders(&mut self, fd: BorrowedFd<'_>, physical: u64) -> Result<Vec<(FileId, u64)>, Option<Outside>> {
+    /// btrfs: every stretch of the extent at `disk` holding disk address
+    /// `physical` (a FIEMAP address), as the holder's id and where the
+    /// stretch begins in its file, if every holder is a file of the run
+    /// (with `--share-snapshotted`, the holders in the run, whatever else
+    /// holds it: see the module's doc). If not, the newest holder outside
+    /// the run (`None`: they cannot all be listed).
+    pub(super) fn holders(
+        &mut self,
+        fd: BorrowedFd<'_>,
+        (disk, physical): (u64, u64),
+    ) -> Result<Vec<(FileId, u64)>, Option<Outside>> {
         let o = crate::sys::fs::extent_owners_all(fd, physical).ok().filter(|o| o.complete).ok_or(None)?;
         // A file holds many stretches (a clone written in place: thousands):
         // each file is looked up once.
@@ -127,7 +146,7 @@ impl<'a> SharedZeros<'a> {
             Some(by) if !self.outside_too => Err(Some(by)),
             outside => {
                 if outside.is_some() {
-                    self.later.insert(physical);
+                    self.later.insert(disk);
                 }
                 Ok(held.into_iter().flatten().collect())
             }
@@ -158,12 +177,12 @@ impl<'a> SharedZeros<'a> {
     }
 
     /// The bytes freed by letting go of the `zeros` (offsets into it) of
-    /// the extent at disk address `disk` (asked at `physical`) in all its
-    /// holders of the run: all of them, unless a holder outside keeps it
-    /// (none); a dry run counts them as `freed` does, by disk space, once.
-    pub(super) fn freed_clones(&mut self, (disk, physical): (u64, u64), zeros: &[(u64, u64)], dry_run: bool) -> u64 {
+    /// the extent at disk address `disk` in all its holders of the run:
+    /// all of them, unless a holder outside keeps it (none); a dry run
+    /// counts them as `freed` does, by disk space, once.
+    pub(super) fn freed_clones(&mut self, disk: u64, zeros: &[(u64, u64)], dry_run: bool) -> u64 {
         let bytes = zeros.iter().map(|z| z.1).sum();
-        if self.later.contains(&physical) {
+        if self.later.contains(&disk) {
             return 0;
         }
         if !dry_run {
@@ -173,16 +192,33 @@ impl<'a> SharedZeros<'a> {
     }
 
     /// The bytes freed by punching `bytes` of `w` in the extent of
-    /// `stretches`: all of them, unless it is shared; then none, as only
-    /// the last holder's punch frees, and that one finds it no longer
-    /// shared. A dry run punches nothing, so there the first file found
-    /// holding shared zeros counts them, once (by disk space), as the run
-    /// frees them if every holder is in it and lets go.
-    pub(super) fn freed(&mut self, w: &ExtentWork, stretches: &[Extent], bytes: u64, dry_run: bool) -> u64 {
-        let later = stretches.first().is_some_and(|e| self.later.contains(&e.physical));
-        if !w.shared || !dry_run || later {
+    /// `stretches` (at `disk`): all of them, unless it is shared. A shared
+    /// extent is freed only by the last holder's punch, which finds it no
+    /// longer shared; counted there, the count would depend on which
+    /// holder comes last (the image holding all of an extent, or a clone
+    /// holding 64 KiB of it), and a dry run, which punches nothing, could
+    /// not say it. So shared zeros count by disk space, once, when the
+    /// first holder found punches them (or would): on btrfs, where every
+    /// holder is a file of the run and lets go in turn, and the last
+    /// one's punch counts only what no holder counted before; in a dry
+    /// run everywhere. On XFS, which frees block by block and cannot say
+    /// who holds a block, a run counts what a punch finds unshared.
+    pub(super) fn freed(
+        &mut self,
+        w: &ExtentWork,
+        (disk, stretches): (Option<u64>, &[Extent]),
+        bytes: u64,
+        dry_run: bool,
+    ) -> u64 {
+        let k = key(disk, stretches);
+        let by_disk = match w.shared {
+            true => (dry_run || self.btrfs) && !self.later.contains(&k),
+            false => self.btrfs && self.by_disk.contains(&k),
+        };
+        if !by_disk || stretches.is_empty() {
             return if w.shared { 0 } else { bytes };
         }
+        self.by_disk.insert(k);
         let mut new = 0;
         for &(o, l) in &w.punch {
             // A part lies in one stretch (the runs are cut at their ends).
@@ -192,4 +228,14 @@ impl<'a> SharedZeros<'a> {
         }
         new.min(bytes)
     }
+}
+
+/// What names the extent of `stretches` (one extent's, in one file) in
+/// [`SharedZeros`]' answers: its disk address where btrfs's items named it
+/// (`disk`), else the first stretch's FIEMAP address, as asked. One key
+/// space serves both: extents do not overlap on disk, so an address inside
+/// one is never another's disk address, and a stretch at an extent's start
+/// has that address.
+fn key(disk: Option<u64>, stretches: &[Extent]) -> u64 {
+    disk.or(stretches.first().map(|e| e.physical)).unwrap_or(0)
 }
