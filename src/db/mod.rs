@@ -360,8 +360,6 @@ pub fn path_bytes(p: &Path) -> &[u8] {
     p.as_os_str().as_bytes()
 }
 
-/// Take `<db>.lock` exclusively without waiting. The lock belongs to the
-/// open descriptor, so the kernel releases it even when the run is killed.
 /// One query plan per statement, whatever values are bound to it
 /// (`SQLITE_DBCONFIG_ENABLE_QPSG`). SQLite as built here (STAT4) otherwise
 /// marks a statement whose plan might depend on a bound value, and the
@@ -375,6 +373,8 @@ pub(crate) fn stable_plans(conn: &Connection) -> rusqlite::Result<()> {
     conn.set_db_config(rusqlite::config::DbConfig::SQLITE_DBCONFIG_ENABLE_QPSG, true).map(|_| ())
 }
 
+/// Take `<db>.lock` exclusively without waiting. The lock belongs to the
+/// open descriptor, so the kernel releases it even when the run is killed.
 fn take_lock(place: &Place) -> Result<Flock<File>, DbError> {
     let f = place.open_lock()?;
     match Flock::lock(f, FlockArg::LockExclusiveNonblock) {
