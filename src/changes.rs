@@ -95,16 +95,23 @@ pub trait Index {
     /// The known file with this `(volume key, inode)`, if any.
     fn get(&self, key: FileKey) -> Result<Option<Known>, IndexError>;
     /// Every file known before this run (rows written by the run itself are
-    /// left out), streamed: `f` gets its id and recorded path.
-    fn each_known(&self, f: &mut dyn FnMut(FileId, &Path)) -> Result<(), IndexError>;
+    /// left out) that is `wanted` by its id, streamed: `f` gets its id and
+    /// recorded path. The path is made only for those wanted: after a
+    /// crawl that saw every file, none.
+    fn each_known(&self, wanted: &dyn Fn(FileId) -> bool, f: &mut dyn FnMut(FileId, &Path)) -> Result<(), IndexError>;
+    /// The caller may now wait (for the hashing or the writer): let go of
+    /// whatever the lookups hold between them (the database's read
+    /// transaction, which would keep the writer's checkpoints from the WAL
+    /// while it waits).
+    fn release(&self) {}
 }
 
 impl Index for HashMap<FileKey, Known> {
     fn get(&self, key: FileKey) -> Result<Option<Known>, IndexError> {
         Ok(HashMap::get(self, &key).cloned())
     }
-    fn each_known(&self, f: &mut dyn FnMut(FileId, &Path)) -> Result<(), IndexError> {
-        self.values().for_each(|k| f(k.id, &k.file.path));
+    fn each_known(&self, wanted: &dyn Fn(FileId) -> bool, f: &mut dyn FnMut(FileId, &Path)) -> Result<(), IndexError> {
+        self.values().filter(|k| wanted(k.id)).for_each(|k| f(k.id, &k.file.path));
         Ok(())
     }
 }
@@ -113,8 +120,11 @@ impl<T: Index + ?Sized> Index for &T {
     fn get(&self, key: FileKey) -> Result<Option<Known>, IndexError> {
         (**self).get(key)
     }
-    fn each_known(&self, f: &mut dyn FnMut(FileId, &Path)) -> Result<(), IndexError> {
-        (**self).each_known(f)
+    fn each_known(&self, wanted: &dyn Fn(FileId) -> bool, f: &mut dyn FnMut(FileId, &Path)) -> Result<(), IndexError> {
+        (**self).each_known(wanted, f)
+    }
+    fn release(&self) {
+        (**self).release()
     }
 }
 
@@ -137,6 +147,11 @@ impl<I: Index> Classifier<I> {
     /// `incremental` false every file is to be read.
     pub fn new(index: I, incremental: bool) -> Self {
         Classifier { index, incremental, seen: IdSet::new(), counts: ChangeCounts::default(), error: None }
+    }
+
+    /// The caller may now wait: see [`Index::release`].
+    pub fn release(&self) {
+        self.index.release();
     }
 
     /// Sort one crawled file `c` (its `dev` is the volume key).
@@ -201,8 +216,8 @@ impl<I: Index> Classifier<I> {
             return Err(e);
         }
         let seen = &self.seen;
-        self.index.each_known(&mut |id, path| {
-            if !seen.contains(id) && roots.iter().any(|root| path.starts_with(root)) {
+        self.index.each_known(&|id| !seen.contains(id), &mut |id, path| {
+            if roots.iter().any(|root| path.starts_with(root)) {
                 f(id)
             }
         })

@@ -50,6 +50,25 @@ pub struct FileKey {
 /// SQLite stores it in 4 bytes.
 pub type TimeTag = i32;
 
+/// The path of entry `name` of directory `dir`, as `Path::join` makes it,
+/// in one allocation: `join` copies `dir` and then grows the copy for the
+/// name, and the crawl and change detection make a path per file (on a
+/// million files, path building was 15% of a no-change run's samples).
+pub fn child_path(dir: &[u8], name: &[u8]) -> PathBuf {
+    use std::os::unix::ffi::OsStringExt;
+    if name.first() == Some(&b'/') {
+        // An absolute name replaces the path, as `join` has it.
+        return PathBuf::from(std::ffi::OsString::from_vec(name.to_vec()));
+    }
+    let mut p = Vec::with_capacity(dir.len() + 1 + name.len());
+    p.extend_from_slice(dir);
+    if !dir.is_empty() && !dir.ends_with(b"/") {
+        p.push(b'/');
+    }
+    p.extend_from_slice(name);
+    PathBuf::from(std::ffi::OsString::from_vec(p))
+}
+
 /// Tag of the time `sec`.`nsec`: the splitmix64 finaliser of its
 /// nanoseconds, so every bit of the time moves every bit of the tag (a time
 /// set back by a whole number of days changes the tag too).
@@ -198,6 +217,17 @@ impl FromIterator<FileId> for IdSet {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::path::Path;
+
+    #[test]
+    fn a_child_path_is_what_join_makes() {
+        for (dir, name) in
+            [("/v/d", "f"), ("/v/d/", "f"), ("/", "f"), ("", "f"), ("/v", ""), ("/v", "/abs"), ("d", "a b")]
+        {
+            let joined = Path::new(dir).join(name);
+            assert_eq!(child_path(dir.as_bytes(), name.as_bytes()), joined, "{dir:?} + {name:?}");
+        }
+    }
 
     #[test]
     fn time_tags_tell_times_apart() {

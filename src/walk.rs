@@ -437,7 +437,7 @@ fn read_dir(
         if matches!(name.to_bytes(), b"." | b"..") {
             continue;
         }
-        let child = path.join(OsStr::from_bytes(name.to_bytes()));
+        let child = crate::file::child_path(path.as_os_str().as_bytes(), name.to_bytes());
         let child = match classify(ctx, fd.as_fd(), id, name, entry.file_type(), child) {
             Entry::Dir(child) => child,
             Entry::Other(f) => {

@@ -310,9 +310,7 @@ const FROM_FILES: &str = "FROM files f JOIN dirs d ON d.id = f.dir";
 
 /// A file's path from its directory's path and its name.
 pub fn join_path(dir: &[u8], name: &[u8]) -> PathBuf {
-    let mut p = PathBuf::from(std::ffi::OsStr::from_bytes(dir));
-    p.push(std::ffi::OsStr::from_bytes(name));
-    p
+    crate::file::child_path(dir, name)
 }
 
 /// Smallest encoded block map (64 bytes: eleven data blocks, sixteen with

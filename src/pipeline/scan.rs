@@ -274,7 +274,11 @@ fn crawl(
         let parent = c.path.parent().unwrap_or(&c.path);
         c.key.volume = keys.id_for_dir(c.key.volume, || job.tree.open_dir(parent));
         let probe = FsProbe { job, st_dev };
-        match classifier.sort(c, &probe) {
+        let sorted = classifier.sort(c, &probe);
+        if !matches!(sorted, Sorted::Unchanged | Sorted::Left(_)) {
+            classifier.release(); // the sends below may wait
+        }
+        match sorted {
             Sorted::Moved { id, file } => {
                 let _ = writes.send(WriteOp::Renamed { id, dev: file.key.volume, path: file.path, ctime: file.ctime });
             }
