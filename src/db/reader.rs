@@ -195,8 +195,9 @@ pub(super) const ID_OF: &str = "SELECT f.id FROM files f JOIN dirs d ON d.id = f
 /// with these. Short, so that the snapshot it holds does not keep the
 /// writer's checkpoints from the WAL for long; and the crawl releases it
 /// ([`Index::release`]) before it hands a file on, which may wait for the
-/// hashing: a first run, whose every file is handed on, would otherwise
-/// hold it nearly all along, and the WAL would grow by all it writes.
+/// hashing, and whenever it waits for its threads: a first run, whose
+/// every file is handed on, would otherwise hold it nearly all along, and
+/// the WAL would grow by all it writes.
 const READ_LOOKUPS: u32 = 4096;
 const READ_FOR: std::time::Duration = std::time::Duration::from_millis(20);
 

@@ -258,13 +258,17 @@ fn crawl(
     stop: &AtomicBool,
 ) -> Crawled {
     let t = Instant::now();
-    let mut classifier = Classifier::new(index, job.scan.incremental);
+    // Shared by the two closures below: the walk calls one at a time.
+    let classifier = RefCell::new(Classifier::new(index, job.scan.incremental));
     // `st_dev` → volume key (btrfs subvolume id): files are known by
     // subvolume and inode, which survive a remount; `st_dev` does not.
     let mut keys = sys::SubvolIds::new();
     // Files to hash; the walk sends what is queued whenever it waits.
     let queued = RefCell::new(Batched::new(to_hash, HASH_BATCH));
     let hand_over = || {
+        // The walk waits for its threads: the database's read snapshot is
+        // not held meanwhile (see `Index::release`).
+        classifier.borrow().release();
         queued.borrow_mut().flush();
     };
     let each = |mut c: FileFacts| {
@@ -274,9 +278,9 @@ fn crawl(
         let parent = c.path.parent().unwrap_or(&c.path);
         c.key.volume = keys.id_for_dir(c.key.volume, || job.tree.open_dir(parent));
         let probe = FsProbe { job, st_dev };
-        let sorted = classifier.sort(c, &probe);
+        let sorted = classifier.borrow_mut().sort(c, &probe);
         if !matches!(sorted, Sorted::Unchanged | Sorted::Left(_)) {
-            classifier.release(); // the sends below may wait
+            classifier.borrow().release(); // the sends below may wait
         }
         match sorted {
             Sorted::Moved { id, file } => {
@@ -291,6 +295,7 @@ fn crawl(
     let mut walked = walk::walk(&job.tree, job.scan.fs.kind, &job.policy, progress, stop, each, hand_over);
     drop(queued); // hands over the last batch
                   // The crawl is over: from here the scan has a total and an ETA.
+    let classifier = classifier.into_inner();
     let n = classifier.counts();
     progress.set_total(n.queued_bytes, Some(n.queued_files));
     // Each of these files was handed on, so its st_dev was asked for a key.
