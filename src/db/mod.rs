@@ -36,7 +36,7 @@ use rusqlite::{params, Connection, OpenFlags, OptionalExtension};
 
 use crate::blockmap::{BlockMap, Fp};
 pub use crate::file::Known;
-use crate::file::{FileFacts, FileId, FileKey};
+use crate::file::{child_path, FileFacts, FileId, FileKey};
 use crate::policy::DbFiles;
 use place::Place;
 
@@ -281,7 +281,7 @@ impl Db {
             let row = st
                 .query_row([id], |r| {
                     Ok(FileFacts {
-                        path: join_path(r.get_ref(0)?.as_blob()?, r.get_ref(1)?.as_blob()?),
+                        path: child_path(r.get_ref(0)?.as_blob()?, r.get_ref(1)?.as_blob()?),
                         key: FileKey { volume: r.get::<_, i64>(2)? as u64, ino: r.get::<_, i64>(3)? as u64 },
                         size: r.get::<_, i64>(4)? as u64,
                         mtime: r.get(5)?,
@@ -307,11 +307,6 @@ const CACHE_SIZE: i64 = -512;
 
 const PATH_COLS: &str = "d.path, f.name";
 const FROM_FILES: &str = "FROM files f JOIN dirs d ON d.id = f.dir";
-
-/// A file's path from its directory's path and its name.
-pub fn join_path(dir: &[u8], name: &[u8]) -> PathBuf {
-    crate::file::child_path(dir, name)
-}
 
 /// Smallest encoded block map (64 bytes: eleven data blocks, sixteen with
 /// the 4-byte maps before schema v11) that copies store once, as a

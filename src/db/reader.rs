@@ -10,9 +10,9 @@ use std::path::{Path, PathBuf};
 
 use rusqlite::{params, Connection};
 
-use super::{join_path, Db, DbError, FROM_FILES, PATH_COLS};
+use super::{Db, DbError, FROM_FILES, PATH_COLS};
 use crate::changes::{Index, IndexError};
-use crate::file::{FileFacts, FileId, FileKey, IdSet, Known};
+use crate::file::{child_path, FileFacts, FileId, FileKey, IdSet, Known};
 
 /// A read-only connection for change detection during a scan: files are
 /// looked up one at a time by `(volume key, inode)` (indexed), never loaded
@@ -104,6 +104,32 @@ impl Reader {
         let mut rows = st.query(params![key.ino as i64, key.volume as i64])?;
         rows.next()?.map(known_row).transpose()
     }
+
+    /// Be in a read transaction for the next lookup: the current one, or
+    /// a new one once it has served [`READ_LOOKUPS`] or lasted [`READ_FOR`].
+    fn in_read(&self) -> rusqlite::Result<()> {
+        let now = std::time::Instant::now();
+        match self.read.get() {
+            Some((since, n)) if n < READ_LOOKUPS && now.duration_since(since) < READ_FOR => {
+                self.read.set(Some((since, n + 1)));
+                return Ok(());
+            }
+            Some(_) => self.conn.execute_batch("COMMIT")?,
+            None => {}
+        }
+        self.conn.execute_batch("BEGIN")?;
+        self.read.set(Some((now, 1)));
+        Ok(())
+    }
+
+    /// End the lookups' read transaction, if one is open: what follows
+    /// sees the database as it is now.
+    fn end_read(&self) -> rusqlite::Result<()> {
+        if self.read.take().is_some() {
+            self.conn.execute_batch("COMMIT")?;
+        }
+        Ok(())
+    }
 }
 
 /// The columns [`known_row`] reads, from the join of files and their
@@ -120,7 +146,7 @@ macro_rules! select_known {
 fn known_row(r: &rusqlite::Row<'_>) -> rusqlite::Result<Known> {
     let key = FileKey { volume: r.get::<_, i64>(7)? as u64, ino: r.get::<_, i64>(8)? as u64 };
     let file = FileFacts {
-        path: join_path(r.get_ref(1)?.as_blob()?, r.get_ref(2)?.as_blob()?),
+        path: child_path(r.get_ref(1)?.as_blob()?, r.get_ref(2)?.as_blob()?),
         key,
         size: r.get::<_, i64>(3)? as u64,
         mtime: r.get(4)?,
@@ -201,34 +227,6 @@ pub(super) const ID_OF: &str = "SELECT f.id FROM files f JOIN dirs d ON d.id = f
 const READ_LOOKUPS: u32 = 4096;
 const READ_FOR: std::time::Duration = std::time::Duration::from_millis(20);
 
-impl Reader {
-    /// Be in a read transaction for the next lookup: the current one, or
-    /// a new one once it has served [`READ_LOOKUPS`] or lasted [`READ_FOR`].
-    fn in_read(&self) -> rusqlite::Result<()> {
-        let now = std::time::Instant::now();
-        match self.read.get() {
-            Some((since, n)) if n < READ_LOOKUPS && now.duration_since(since) < READ_FOR => {
-                self.read.set(Some((since, n + 1)));
-                return Ok(());
-            }
-            Some(_) => self.conn.execute_batch("COMMIT")?,
-            None => {}
-        }
-        self.conn.execute_batch("BEGIN")?;
-        self.read.set(Some((now, 1)));
-        Ok(())
-    }
-
-    /// End the lookups' read transaction, if one is open: what follows
-    /// sees the database as it is now.
-    fn end_read(&self) -> rusqlite::Result<()> {
-        if self.read.take().is_some() {
-            self.conn.execute_batch("COMMIT")?;
-        }
-        Ok(())
-    }
-}
-
 impl Index for Reader {
     fn get(&self, key: FileKey) -> Result<Option<Known>, IndexError> {
         match &self.preloaded {
@@ -249,7 +247,7 @@ impl Index for Reader {
         while let Some(r) = rows.next()? {
             let id = r.get(0)?;
             if wanted(id) {
-                f(id, &join_path(r.get_ref(1)?.as_blob()?, r.get_ref(2)?.as_blob()?));
+                f(id, &child_path(r.get_ref(1)?.as_blob()?, r.get_ref(2)?.as_blob()?));
             }
         }
         Ok(())
@@ -300,7 +298,7 @@ impl Db {
         let mut batch = Vec::with_capacity(chunk);
         while let Some(r) = rows.next()? {
             batch.push(FileFacts {
-                path: join_path(r.get_ref(0)?.as_blob()?, r.get_ref(1)?.as_blob()?),
+                path: child_path(r.get_ref(0)?.as_blob()?, r.get_ref(1)?.as_blob()?),
                 key: FileKey { volume: r.get::<_, i64>(2)? as u64, ino: r.get::<_, i64>(3)? as u64 },
                 size: r.get::<_, i64>(4)? as u64,
                 mtime: r.get(5)?,
@@ -319,7 +317,7 @@ impl Db {
     /// The directory paths of the known files, once each.
     pub fn dir_paths(&self) -> rusqlite::Result<Vec<PathBuf>> {
         let mut st = self.conn.prepare("SELECT path FROM dirs")?;
-        let rows = st.query_map([], |r| Ok(join_path(r.get_ref(0)?.as_blob()?, b"")))?;
+        let rows = st.query_map([], |r| Ok(child_path(r.get_ref(0)?.as_blob()?, b"")))?;
         rows.collect()
     }
 }
