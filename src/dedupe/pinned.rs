@@ -65,7 +65,10 @@ impl Executor<'_> {
     }
 
     /// Whether the extent holding stretch `e` of `fd` is referenced by a
-    /// file outside the plan (or by more files than can be listed). Asked
+    /// file outside the plan (or by more files than the kernel lists:
+    /// 699,050). More than one 64 KiB answer holds (2,730) is asked again
+    /// with room for all: an image's extent that thousands of small files
+    /// of the run hold a piece of each is theirs to free. Asked
     /// once per extent (per worker), not once per stretch: a file shared
     /// piecemeal by an earlier run (a VM image whose blocks went into a
     /// tree's files) holds one 128 MiB extent in thousands of stretches,

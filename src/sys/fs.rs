@@ -335,17 +335,15 @@ pub struct ExtentOwners {
 /// address `logical` (a FIEMAP `fe_physical`), with
 /// `BTRFS_IOC_LOGICAL_INO_V2` (needs CAP_SYS_ADMIN; a back-reference walk,
 /// about what FIEMAP's SHARED flag costs). Read-only snapshots are
-/// subvolumes like any other, so their references are listed too. At most
-/// 2,730 references (64 KiB); more is answered incomplete.
+/// subvolumes like any other, so their references are listed too.
+///
+/// Asked with 64 KiB of room (2,730 references), and again with room for
+/// all of them when that did not hold them, up to the kernel's 16 MiB
+/// (699,050 references; more is answered incomplete): reflinked pieces of
+/// one image, or clones written in place, hold one extent in thousands of
+/// stretches, and an answer cut short would name no holder outside yet
+/// keep every caller from freeing the extent.
 pub fn extent_owners(fd: BorrowedFd<'_>, logical: u64) -> Result<ExtentOwners, Errno> {
-    logical_ino(fd, logical, 64 << 10)
-}
-
-/// [`extent_owners`], asked again with room for all of them when 64 KiB
-/// did not hold them, up to the kernel's 16 MiB (699,050 references): the
-/// zero pass lists every stretch of an extent clones written in place
-/// hold, thousands of them.
-pub fn extent_owners_all(fd: BorrowedFd<'_>, logical: u64) -> Result<ExtentOwners, Errno> {
     const MAX: u64 = 16 << 20;
     let first = logical_ino(fd, logical, 64 << 10)?;
     match first.missing {

@@ -131,7 +131,7 @@ impl<'a> SharedZeros<'a> {
         fd: BorrowedFd<'_>,
         (disk, physical): (u64, u64),
     ) -> Result<Vec<(FileId, u64)>, Option<Outside>> {
-        let o = crate::sys::fs::extent_owners_all(fd, physical).ok().filter(|o| o.complete).ok_or(None)?;
+        let o = crate::sys::fs::extent_owners(fd, physical).ok().filter(|o| o.complete).ok_or(None)?;
         // A file holds many stretches (a clone written in place: thousands):
         // each file is looked up once.
         let mut ids: HashMap<Outside, Option<FileId>> = HashMap::new();
