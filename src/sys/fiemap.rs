@@ -148,42 +148,55 @@ pub fn fiemap(fd: BorrowedFd<'_>, start: u64, len: u64) -> Result<Vec<Extent>, E
 }
 
 /// Each extent overlapping `[start, start+len)`, in logical order, handed
-/// to `each` as the kernel returns them, 256 at a time, until it answers
-/// `false`: a file of millions of extents (a user can make one cheaply,
-/// cloning one block into every other block of a sparse file) costs no
-/// list of them.
+/// to `each` as the kernel returns them, up to 256 at a time, until it
+/// answers `false`: a file of millions of extents (a user can make one
+/// cheaply, cloning one block into every other block of a sparse file)
+/// costs no list of them.
+///
+/// The first call has room for 8 extents, and each full answer asks for
+/// four times more, up to 256: most files have one extent, and this is
+/// asked of every file a run or `report` goes through. A buffer for 256
+/// records (14 KiB), allocated zeroed and zeroed again, was 8% of the time
+/// of `report` on a million small files.
 pub fn fiemap_each(
     fd: BorrowedFd<'_>,
     start: u64,
     len: u64,
     mut each: impl FnMut(&Extent) -> bool,
 ) -> Result<(), Errno> {
+    const FIRST: usize = 8;
     const BATCH: usize = 256;
     let end = start.saturating_add(len);
     let mut pos = start;
     let header_words = std::mem::size_of::<FiemapHeader>() / 8;
     let ext_words = std::mem::size_of::<FiemapExtent>() / 8;
-    let mut buf = vec![0u64; header_words + ext_words * BATCH];
+    let mut room = FIRST;
+    let mut buf = vec![0u64; header_words + ext_words * room];
     while pos < end {
-        buf.iter_mut().for_each(|w| *w = 0);
         let base = buf.as_mut_ptr();
-        // SAFETY: `buf` holds the header plus BATCH extent records, 8-byte
-        // aligned; both structs are repr(C) plain data. The kernel writes at
-        // most `fm_extent_count` records.
+        // SAFETY: `buf` holds the header plus `room` extent records, 8-byte
+        // aligned; both structs are repr(C) plain data. The header is
+        // written whole (its reserved fields zero); the kernel writes at
+        // most `fm_extent_count` records, and only the `fm_mapped_extents`
+        // it wrote are read.
         let (mapped, batch) = unsafe {
             let hdr = base as *mut FiemapHeader;
             *hdr = FiemapHeader {
                 fm_start: pos,
                 fm_length: end - pos,
                 fm_flags: FIEMAP_FLAG_SYNC,
-                fm_extent_count: BATCH as u32,
+                fm_extent_count: room as u32,
                 ..Default::default()
             };
             ioctl_fiemap(fd.as_raw_fd(), hdr)?;
             let n = (*hdr).fm_mapped_extents as usize;
             let exts = base.add(header_words) as *const FiemapExtent;
-            (n, (0..n.min(BATCH)).map(|i| *exts.add(i)).collect::<Vec<_>>())
+            (n, (0..n.min(room)).map(|i| *exts.add(i)).collect::<Vec<_>>())
         };
+        if mapped >= room && room < BATCH {
+            room = (room * 4).min(BATCH);
+            buf.resize(header_words + ext_words * room, 0);
+        }
         if mapped == 0 {
             break;
         }
@@ -324,5 +337,35 @@ mod tests {
             Err(Errno::EOPNOTSUPP) => {}
             Err(e) => panic!("fiemap failed: {e}"),
         }
+    }
+
+    /// A file of 700 extents (a block written every other block): every
+    /// one listed once, in order, across the answers that grow from 8
+    /// records to 256; and `fiemap_each` stops where it is told to.
+    #[test]
+    fn maps_a_file_of_many_extents_in_growing_answers() {
+        use std::os::fd::AsFd;
+        use std::os::unix::fs::FileExt;
+        let f = tempfile::tempfile().unwrap();
+        let n = 700u64;
+        for i in 0..n {
+            f.write_all_at(&[i as u8 | 1; 4096], i * 8192).unwrap();
+        }
+        f.sync_all().unwrap();
+        let ext = match fiemap(f.as_fd(), 0, n * 8192) {
+            Ok(ext) => ext,
+            Err(Errno::EOPNOTSUPP) => return,
+            Err(e) => panic!("fiemap failed: {e}"),
+        };
+        let starts: Vec<u64> = ext.iter().map(|e| e.logical).collect();
+        assert_eq!(starts, (0..n).map(|i| i * 8192).collect::<Vec<_>>());
+        assert!(ext.iter().all(|e| e.length == 4096));
+        let mut seen = 0;
+        fiemap_each(f.as_fd(), 0, n * 8192, |_| {
+            seen += 1;
+            seen < 300
+        })
+        .unwrap();
+        assert_eq!(seen, 300);
     }
 }
