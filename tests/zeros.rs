@@ -532,6 +532,36 @@ fn btrfs_zeros_a_clone_outside_the_run_holds_are_left() {
     zeros_a_clone_outside_the_run_holds(Fs::Btrfs);
 }
 
+/// XFS: an image whose zeros only a reflinked clone outside the run holds
+/// too. The run punches them (changing no byte) and frees nothing; the
+/// dry run now says the same: FIEMAP flags the blocks shared, and no other
+/// file of the run punches them, so their other holder is outside. Before,
+/// it previewed them freed (15.0 MiB; the run: 0). With the clone in the
+/// run too, both preview and run count them once
+/// (`xfs_zeros_a_clone_written_in_place_shares_are_freed`).
+#[test]
+fn xfs_zeros_only_a_clone_outside_holds_too_are_previewed_as_freeing_nothing() {
+    let Some(vol) = Volume::new(Fs::Xfs, 512) else { return };
+    let (d, outside) = inside_and_outside(&vol, "in");
+    thick(&d.join("image"), 16, &Rng::new(7).bytes(MIB as usize));
+    sh(Command::new("cp").arg("--reflink=always").arg(d.join("image")).arg(outside.join("clone")));
+    dedupscan::sys::syncfs(std::fs::File::open(&d).unwrap()).unwrap();
+    let (before, kept) = (Snapshot::take(&d), Snapshot::take(&outside));
+    let dry = run_json(&vol, &[s(&d), "--dry-run"]);
+    let free0 = free_bytes(&vol.mnt);
+    let r = run_json(&vol, &[s(&d)]);
+    let freed = free_bytes(&vol.mnt) as i64 - free0 as i64;
+    assert_eq!((num(&r, "zeros_to_holes_bytes"), num(&r, "zeros_to_holes_files")), (0, 1), "{r:#}");
+    for k in ["zeros_to_holes_bytes", "zeros_to_holes_files"] {
+        assert_eq!(num(&dry, k), num(&r, k), "the preview of {k}: {dry:#}");
+    }
+    assert!(freed < MIB as i64, "freed {freed} with the zeros held outside: {r:#}");
+    before.assert_same(&Snapshot::take(&d));
+    kept.assert_same(&Snapshot::take(&outside));
+    let map = physical_blocks(&d.join("image"), 0, 16 * MIB);
+    assert!(map[(2 * MIB / 4096) as usize].is_none(), "the image's zeros were not punched");
+}
+
 /// On btrfs, zeros written in one extent with data are freed only once the
 /// data is rewritten elsewhere: a copy, within `--keep-free`
 /// (`dedupe/headroom.rs`). With no room above the reserve the zeros stay

@@ -44,6 +44,9 @@ pub(super) struct SharedZeros<'a> {
     /// The disk space of shared zeros counted (see `freed`): in a dry run,
     /// and on btrfs.
     counted: BTreeMap<u64, u64>,
+    /// XFS, a dry run: the disk space of shared zeros some file of the run
+    /// would punch; counted once a second punch covers it (see `freed`).
+    punched_once: BTreeMap<u64, u64>,
     /// btrfs: the extents (by their [`key`]) whose zeros were counted by
     /// disk space (see `freed`).
     by_disk: HashSet<u64>,
@@ -73,6 +76,7 @@ impl<'a> SharedZeros<'a> {
             outside_too,
             later: HashSet::new(),
             counted: BTreeMap::new(),
+            punched_once: BTreeMap::new(),
             by_disk: HashSet::new(),
             btrfs,
             tried: HashSet::new(),
@@ -202,7 +206,12 @@ impl<'a> SharedZeros<'a> {
     /// holder is a file of the run and lets go in turn, and the last
     /// one's punch counts only what no holder counted before; in a dry
     /// run everywhere. On XFS, which frees block by block and cannot say
-    /// who holds a block, a run counts what a punch finds unshared.
+    /// who holds a block, a run counts what a punch finds unshared, and a
+    /// dry run counts shared zeros only where a second punch of the run
+    /// covers them: FIEMAP flags a block shared with a second holder, and
+    /// if no other file of the run punches it, that holder is outside and
+    /// keeps it (a clone outside the run: the run frees nothing). Exact
+    /// unless a block two files of the run punch is held outside too.
     pub(super) fn freed(
         &mut self,
         w: &ExtentWork,
@@ -219,15 +228,29 @@ impl<'a> SharedZeros<'a> {
             return if w.shared { 0 } else { bytes };
         }
         self.by_disk.insert(k);
+        let second = w.shared && dry_run && !self.btrfs;
         let mut new = 0;
         for &(o, l) in &w.punch {
             // A part lies in one stretch (the runs are cut at their ends).
             let Some(e) = stretches.iter().find(|e| e.logical <= o && o < e.logical + e.length) else { continue };
             let at = e.physical + (o - e.logical);
-            new += crate::dedupe::add_span(&mut self.counted, at, at + l);
+            new += match second {
+                true => punched_again(&mut self.punched_once, &mut self.counted, at, at + l),
+                false => crate::dedupe::add_span(&mut self.counted, at, at + l),
+            };
         }
         new.min(bytes)
     }
+}
+
+/// The bytes of disk space `[start, end)` newly counted once punched a
+/// second time: the parts `once` (punched before) holds are added to
+/// `counted` (what they add is returned), then all of it to `once`.
+fn punched_again(once: &mut BTreeMap<u64, u64>, counted: &mut BTreeMap<u64, u64>, start: u64, end: u64) -> u64 {
+    let before: Vec<(u64, u64)> =
+        once.range(..end).rev().take_while(|&(_, &e)| e > start).map(|(&s, &e)| (s.max(start), e.min(end))).collect();
+    crate::dedupe::add_span(once, start, end);
+    before.into_iter().map(|(s, e)| crate::dedupe::add_span(counted, s, e)).sum()
 }
 
 /// What names the extent of `stretches` (one extent's, in one file) in
@@ -238,4 +261,23 @@ impl<'a> SharedZeros<'a> {
 /// has that address.
 fn key(disk: Option<u64>, stretches: &[Extent]) -> u64 {
     disk.or(stretches.first().map(|e| e.physical)).unwrap_or(0)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn disk_space_counts_once_a_second_punch_covers_it() {
+        let (mut once, mut counted) = (BTreeMap::new(), BTreeMap::new());
+        assert_eq!(punched_again(&mut once, &mut counted, 100, 200), 0, "first punch");
+        assert_eq!(punched_again(&mut once, &mut counted, 150, 250), 50, "its first half punched before");
+        assert_eq!(punched_again(&mut once, &mut counted, 100, 250), 100, "counted once: 100..150 and 200..250");
+        assert_eq!(punched_again(&mut once, &mut counted, 100, 250), 0, "a third punch adds nothing");
+        assert_eq!(punched_again(&mut once, &mut counted, 300, 400), 0, "apart");
+        // Of 50..450, only 300..400 was punched before and not counted.
+        assert_eq!(punched_again(&mut once, &mut counted, 50, 450), 100, "two spans, the rest new");
+        assert_eq!(punched_again(&mut once, &mut counted, 0, 500), 150, "50..450 but what was counted");
+        assert_eq!(counted.iter().map(|(s, e)| e - s).sum::<u64>(), 400);
+    }
 }
