@@ -230,6 +230,23 @@ fn the_preview_counts_the_swap_to_a_snapshotted_copy() {
     assert_eq!(num(&real, "pending_bytes"), 0, "{real:#}");
 }
 
+/// `x`, `n` pieces of `piece` random bytes written in one pass, each
+/// piece reflinked into a file `run/y{i}` of its own, and a copy of all
+/// of it written anew, `run/z`: the stretches are its duplicates.
+fn pieces_and_copy(vol: &Volume, x: &Path, run: &Path, (n, piece): (usize, u64), seed: u64) {
+    std::fs::create_dir(run).unwrap();
+    let data = Rng::new(seed).bytes(n * piece as usize);
+    std::fs::write(x, &data).unwrap();
+    btrfs(&["filesystem", "sync"], &vol.mnt);
+    let x = std::fs::File::open(x).unwrap();
+    for i in 0..n as u64 {
+        let y = std::fs::File::create(run.join(format!("y{i}"))).unwrap();
+        clone_range(&x, i * piece, piece, &y, 0);
+    }
+    std::fs::write(run.join("z"), &data).unwrap();
+    btrfs(&["filesystem", "sync"], &vol.mnt);
+}
+
 /// One extent a file outside the run holds whole and each of many files
 /// of the run holds a stretch of (an image shared piecemeal into a tree's
 /// files by an earlier run): btrfs is asked who holds it once per share
@@ -244,18 +261,7 @@ fn btrfs_an_extent_held_in_many_stretches_is_asked_about_once_per_worker() {
     let Some(vol) = Volume::new(Fs::Btrfs, 256) else { return };
     let (out, run) = (vol.path("out"), vol.path("run"));
     std::fs::create_dir(&out).unwrap();
-    std::fs::create_dir(&run).unwrap();
-    let data = Rng::new(5).bytes(n * piece as usize);
-    std::fs::write(out.join("x"), &data).unwrap();
-    btrfs(&["filesystem", "sync"], &vol.mnt);
-    let x = std::fs::File::open(out.join("x")).unwrap();
-    for i in 0..n as u64 {
-        let y = std::fs::File::create(run.join(format!("y{i}"))).unwrap();
-        clone_range(&x, i * piece, piece, &y, 0);
-    }
-    // A copy of all of it, written anew: the stretches are its duplicates.
-    std::fs::write(run.join("z"), &data).unwrap();
-    btrfs(&["filesystem", "sync"], &vol.mnt);
+    pieces_and_copy(&vol, &out.join("x"), &run, (n, piece), 5);
     let before = Snapshot::take(&run);
 
     let trace = vol.db().with_extension("trace");
@@ -282,18 +288,8 @@ fn btrfs_an_extent_held_by_more_files_of_the_run_than_one_answer_lists_is_freed(
     let (n, piece) = (3000, 8192u64);
     let Some(vol) = Volume::new(Fs::Btrfs, 256) else { return };
     let run = vol.path("run");
-    std::fs::create_dir(&run).unwrap();
-    let data = Rng::new(6).bytes(n * piece as usize);
-    std::fs::write(vol.path("x"), &data).unwrap();
-    btrfs(&["filesystem", "sync"], &vol.mnt);
-    let x = std::fs::File::open(vol.path("x")).unwrap();
-    for i in 0..n as u64 {
-        let y = std::fs::File::create(run.join(format!("y{i}"))).unwrap();
-        clone_range(&x, i * piece, piece, &y, 0);
-    }
-    drop(x);
+    pieces_and_copy(&vol, &vol.path("x"), &run, (n, piece), 6);
     std::fs::remove_file(vol.path("x")).unwrap();
-    std::fs::write(run.join("z"), &data).unwrap();
     btrfs(&["filesystem", "sync"], &vol.mnt);
     let before = Snapshot::take(&run);
 

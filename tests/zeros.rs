@@ -799,6 +799,27 @@ fn btrfs_zeros_two_clones_outside_hold_a_region_each_are_freed_as_each_goes() {
     }
 }
 
+/// `t/image`, `n` pieces of `piece` written zeros, and `n` files
+/// `t/piece{i}` each holding 4 KiB of its own (seeded from `seed + i`)
+/// and then its piece of the image, reflinked in `k` clones. Returns `t`.
+fn image_and_pieces(vol: &Volume, (n, piece, k): (u64, u64, u64), seed: u64) -> std::path::PathBuf {
+    let d = vol.path("t");
+    std::fs::create_dir(&d).unwrap();
+    std::fs::write(d.join("image"), vec![0u8; (n * piece) as usize]).unwrap();
+    btrfs(&["filesystem", "sync"], &vol.mnt);
+    let image = std::fs::File::open(d.join("image")).unwrap();
+    for i in 0..n {
+        let p = d.join(format!("piece{i:03}"));
+        std::fs::write(&p, Rng::new(seed + i).bytes(4096)).unwrap();
+        let f = std::fs::OpenOptions::new().write(true).open(&p).unwrap();
+        for j in 0..k {
+            clone_range(&image, i * piece + j * piece / k, piece / k, &f, 4096 + j * piece / k);
+        }
+    }
+    btrfs(&["filesystem", "sync"], &vol.mnt);
+    d
+}
+
 /// btrfs: written zeros held whole by an image and, 64 KiB each, by 600
 /// files of the run (pieces of it reflinked in behind 4 KiB of data of
 /// their own, as `cp --reflink` of parts makes them). Every holder is a
@@ -814,17 +835,7 @@ fn btrfs_zeros_two_clones_outside_hold_a_region_each_are_freed_as_each_goes() {
 fn btrfs_zeros_an_image_and_many_pieces_of_it_hold_are_asked_about_once_an_extent_and_counted_once() {
     let (n, piece) = (600u64, 64 * 1024);
     let Some(vol) = Volume::new(Fs::Btrfs, 512) else { return };
-    let d = vol.path("t");
-    std::fs::create_dir(&d).unwrap();
-    std::fs::write(d.join("image"), vec![0u8; (n * piece) as usize]).unwrap();
-    btrfs(&["filesystem", "sync"], &vol.mnt);
-    let image = std::fs::File::open(d.join("image")).unwrap();
-    for i in 0..n {
-        let p = d.join(format!("piece{i:03}"));
-        std::fs::write(&p, Rng::new(1000 + i).bytes(4096)).unwrap();
-        clone_range(&image, i * piece, piece, &std::fs::OpenOptions::new().write(true).open(&p).unwrap(), 4096);
-    }
-    btrfs(&["filesystem", "sync"], &vol.mnt);
+    let d = image_and_pieces(&vol, (n, piece, 1), 1000);
     let before = Snapshot::take(&d);
     let image_extents = extents(&d.join("image"));
     assert!(shared_bytes(&d.join("image")) == n * piece, "the pieces do not hold the image's extents");
@@ -868,22 +879,9 @@ fn btrfs_zeros_an_image_and_many_pieces_of_it_hold_are_asked_about_once_an_exten
 /// unknown and nothing was freed nor counted pending.
 #[test]
 fn btrfs_zeros_held_in_more_stretches_than_one_answer_lists_are_freed() {
-    let (n, piece, k) = (200u64, 64 * 1024, 16);
+    let (n, piece) = (200u64, 64 * 1024);
     let Some(vol) = Volume::new(Fs::Btrfs, 512) else { return };
-    let d = vol.path("t");
-    std::fs::create_dir(&d).unwrap();
-    std::fs::write(d.join("image"), vec![0u8; (n * piece) as usize]).unwrap();
-    btrfs(&["filesystem", "sync"], &vol.mnt);
-    let image = std::fs::File::open(d.join("image")).unwrap();
-    for i in 0..n {
-        let p = d.join(format!("piece{i:03}"));
-        std::fs::write(&p, Rng::new(2000 + i).bytes(4096)).unwrap();
-        let f = std::fs::OpenOptions::new().write(true).open(&p).unwrap();
-        for j in 0..k {
-            clone_range(&image, i * piece + j * piece / k, piece / k, &f, 4096 + j * piece / k);
-        }
-    }
-    btrfs(&["filesystem", "sync"], &vol.mnt);
+    let d = image_and_pieces(&vol, (n, piece, 16), 2000);
     let before = Snapshot::take(&d);
 
     let dry = run_json(&vol, &[s(&d), "--dry-run"]);
