@@ -124,6 +124,14 @@ impl FileFacts {
         })
     }
 
+    /// Whether the open file `f`, of metadata `m`, is this one's inode
+    /// (volume key and inode number), whatever its content now: what
+    /// `report` measures. The volume key is asked once per `st_dev`
+    /// (`keys`), not once per file.
+    pub fn is_same_inode(&self, f: &std::fs::File, m: &std::fs::Metadata, keys: &mut crate::sys::SubvolIds) -> bool {
+        m.ino() == self.key.ino && keys.id_for(m.dev(), f) == self.key.volume
+    }
+
     /// Build from a raw `fstatat`/`fstat` result (the crawl's), on the
     /// volume `volume`.
     // The field types of `struct stat` differ by architecture.

@@ -5,7 +5,6 @@
 
 use std::collections::HashMap;
 use std::os::fd::AsFd;
-use std::os::unix::fs::MetadataExt;
 
 use crate::file::FileFacts;
 use crate::file::FileId;
@@ -43,14 +42,14 @@ pub enum RangeState {
 /// (volume key and inode number).
 pub fn range_states(plan: &Plan, files: &HashMap<FileId, FileFacts>, block_size: u64) -> Vec<RangeState> {
     let tree = Tree::over_mounts(files.values().map(|c| c.path.as_path()));
+    let keys = std::cell::RefCell::new(sys::SubvolIds::new());
     let map = |id: FileId, off: u64, len: u64| -> Result<Vec<Extent>, RangeState> {
         let c = files.get(&id).ok_or(RangeState::Unknown)?;
         let f = tree.open_file(&c.path).map_err(|_| RangeState::Unknown)?;
         // The recorded inode, not whatever took its name (its content may
         // have changed since: the report measures the extents it has now).
         let m = f.metadata().map_err(|_| RangeState::Unknown)?;
-        // `c.key.volume` is the volume key (btrfs subvolume id), not `st_dev`.
-        if !m.is_file() || m.ino() != c.key.ino || sys::volume_key(f.as_fd()).ok() != Some(c.key.volume) {
+        if !m.is_file() || !c.is_same_inode(&f, &m, &mut keys.borrow_mut()) {
             return Err(RangeState::Unknown);
         }
         let ext = sys::fiemap(f.as_fd(), off, len).map_err(|_| RangeState::Unknown)?;

@@ -52,6 +52,8 @@ struct Acc {
     spans: Vec<(u64, u64)>,
     /// Merge `spans` when they reach this many (or [`MAX_SPANS`]).
     merge_at: usize,
+    /// This thread's volume keys by `st_dev`.
+    keys: crate::sys::SubvolIds,
 }
 
 /// One open, fstat and FIEMAP per file, on every CPU (metadata only).
@@ -64,8 +66,7 @@ fn measure_files(tree: &crate::sys::beneath::Tree, files: &[FileFacts], progress
             progress.inc(1);
             let Ok(f) = tree.open_file(&c.path) else { return acc };
             let Ok(m) = f.metadata() else { return acc };
-            // `c.key.volume` is the volume key (btrfs subvolume id), not `st_dev`.
-            if m.ino() != c.key.ino || crate::sys::volume_key(f.as_fd()).ok() != Some(c.key.volume) {
+            if !c.is_same_inode(&f, &m, &mut acc.keys) {
                 return acc;
             }
             acc.allocated += m.blocks() * 512;
