@@ -334,14 +334,14 @@ fn measure_ranges(
     progress: &dyn Progress,
 ) -> Vec<RangeState> {
     use rayon::prelude::*;
+    // Once per batch, not once per chunk: finding the mounts reads the
+    // mount table and looks up every file's directory.
+    let tree = crate::sys::beneath::Tree::over_mounts(files.values().map(|c| c.path.as_path()));
     let parts: Vec<Vec<RangeState>> = plan
         .ranges
         .par_chunks(CHUNK)
         .map(|chunk| {
-            // `..Default::default()`: the planner may grow fields besides `ranges`.
-            #[allow(clippy::needless_update)]
-            let part = Plan { ranges: chunk.to_vec(), ..Default::default() };
-            let st = range_states(&part, files, block_size);
+            let st = range_states(chunk, files, &tree, block_size);
             progress.inc(chunk.len() as u64);
             st
         })

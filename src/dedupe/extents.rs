@@ -8,7 +8,7 @@ use std::os::fd::AsFd;
 
 use crate::file::FileFacts;
 use crate::file::FileId;
-use crate::plan::Plan;
+use crate::plan::Range;
 use crate::sys::beneath::Tree;
 use crate::sys::fiemap::physical_map;
 use crate::sys::{self, Extent};
@@ -34,14 +34,19 @@ pub enum RangeState {
     Unknown,
 }
 
-/// The state of every range of `plan`, from FIEMAP alone (no data is read).
+/// The state of each of `ranges`, from FIEMAP alone (no data is read).
 ///
 /// The files were recorded by earlier runs from starting paths not known
-/// here: each is opened below the top of the mount holding it (no symlink,
-/// no `..`, no other mount on the way) and must still be the recorded inode
-/// (volume key and inode number).
-pub fn range_states(plan: &Plan, files: &HashMap<FileId, FileFacts>, block_size: u64) -> Vec<RangeState> {
-    let tree = Tree::over_mounts(files.values().map(|c| c.path.as_path()));
+/// here: each is opened below the top of the mount holding it (`tree`,
+/// [`Tree::over_mounts`] of `files`: no symlink, no `..`, no other mount on
+/// the way) and must still be the recorded inode (volume key and inode
+/// number).
+pub fn range_states(
+    ranges: &[Range],
+    files: &HashMap<FileId, FileFacts>,
+    tree: &Tree,
+    block_size: u64,
+) -> Vec<RangeState> {
     let keys = std::cell::RefCell::new(sys::SubvolIds::new());
     let map = |id: FileId, off: u64, len: u64| -> Result<Vec<Extent>, RangeState> {
         let c = files.get(&id).ok_or(RangeState::Unknown)?;
@@ -58,7 +63,7 @@ pub fn range_states(plan: &Plan, files: &HashMap<FileId, FileFacts>, block_size:
         }
         Ok(ext)
     };
-    plan.ranges
+    ranges
         .iter()
         .map(|r| match (map(r.src, r.src_off, r.len), map(r.dest, r.dest_off, r.len)) {
             (Ok(s), Ok(d)) => RangeState::Unshared(
