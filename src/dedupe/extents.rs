@@ -47,16 +47,24 @@ pub fn range_states(
     tree: &Tree,
     block_size: u64,
 ) -> Vec<RangeState> {
-    let keys = std::cell::RefCell::new(sys::SubvolIds::new());
-    let map = |id: FileId, off: u64, len: u64| -> Result<Vec<Extent>, RangeState> {
-        let c = files.get(&id).ok_or(RangeState::Unknown)?;
-        let f = tree.open_file(&c.path).map_err(|_| RangeState::Unknown)?;
+    let mut keys = sys::SubvolIds::new();
+    let mut open = |id: FileId| -> Option<std::fs::File> {
+        let c = files.get(&id)?;
+        let f = tree.open_file(&c.path).ok()?;
         // The recorded inode, not whatever took its name (its content may
         // have changed since: the report measures the extents it has now).
-        let m = f.metadata().map_err(|_| RangeState::Unknown)?;
-        if !m.is_file() || !c.is_same_inode(&f, &m, &mut keys.borrow_mut()) {
-            return Err(RangeState::Unknown);
+        let m = f.metadata().ok()?;
+        (m.is_file() && c.is_same_inode(&f, &m, &mut keys)).then_some(f)
+    };
+    // The last file opened on each side, kept for the next range: a
+    // source's ranges come together (an image's many pieces, a file's
+    // copies), and each open resolves the whole path.
+    let mut last: [Option<(FileId, Option<std::fs::File>)>; 2] = [None, None];
+    let mut map = |side: usize, id: FileId, off: u64, len: u64| -> Result<Vec<Extent>, RangeState> {
+        if last[side].as_ref().is_none_or(|l| l.0 != id) {
+            last[side] = Some((id, open(id)));
         }
+        let f = last[side].as_ref().and_then(|l| l.1.as_ref()).ok_or(RangeState::Unknown)?;
         let ext = sys::fiemap(f.as_fd(), off, len).map_err(|_| RangeState::Unknown)?;
         if ext.iter().any(|e| e.is_inline()) {
             return Err(RangeState::Inline);
@@ -65,7 +73,7 @@ pub fn range_states(
     };
     ranges
         .iter()
-        .map(|r| match (map(r.src, r.src_off, r.len), map(r.dest, r.dest_off, r.len)) {
+        .map(|r| match (map(0, r.src, r.src_off, r.len), map(1, r.dest, r.dest_off, r.len)) {
             (Ok(s), Ok(d)) => RangeState::Unshared(
                 unshared(&s, r.src_off, &d, r.dest_off, block_size, r.len).iter().map(|p| p.1).sum(),
             ),
