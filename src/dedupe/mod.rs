@@ -64,6 +64,7 @@ mod workers;
 pub mod zeros;
 
 pub use bookend::PinReason;
+pub(crate) use ready::prefetch_request;
 pub use reopen::nocow_left;
 pub(crate) use workers::add_span;
 pub use workers::{default_workers, sharing, Sharing, IO_WORKERS, MAX_WORKERS};

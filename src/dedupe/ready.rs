@@ -71,3 +71,13 @@ impl Executor<'_> {
 fn prefetch(f: &File, off: u64, len: u64) {
     let _ = posix_fadvise(f, off as i64, len as i64, PosixFadviseAdvice::POSIX_FADV_WILLNEED);
 }
+
+/// [`prefetch`] the request at `at` of a stretch of `f` ending at `end`,
+/// and the next one, which is then read while the kernel compares this
+/// one. For the zero pass, whose requests come one at a time: without it
+/// the zeros of an image whose pages are not cached (dropped after the
+/// scan, or clones the scan never read) were read a page at a time, 101
+/// clones of a 64 MiB image in 19 s against 1.2 s cached.
+pub(crate) fn prefetch_request(f: &File, at: u64, end: u64) {
+    prefetch(f, at, (end - at).min(2 * MAX_REQUEST_LEN));
+}

@@ -323,6 +323,7 @@ pub fn punch(
                 at += n;
                 continue;
             };
+            super::prefetch_request(dest, at, off + len);
             let r = dedupe_range(hole.as_fd(), 0, n, &[(dest.as_fd(), at)])?[0];
             match r.status {
                 DedupeStatus::Same if r.bytes_deduped > 0 => {

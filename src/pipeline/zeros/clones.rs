@@ -28,15 +28,34 @@ use crate::sys::fiemap::Extent;
 
 use super::{error_kind, Outside, Visit, ZeroPass};
 
-/// The most files holding one extent freed together (all are open at
-/// once): an extent more hold stays.
-const MAX_HOLDERS: usize = 256;
+/// The holders of one extent kept open while it is worked on. The rest
+/// are opened again, and checked again, for each step that uses them: an
+/// extent a VM store's golden image shares with hundreds of its clones is
+/// freed too, with never more than this many files open.
+const KEPT_OPEN: usize = 256;
 
-/// A holder of the extent, opened and checked.
+/// A holder of the extent, checked to be as scanned; its file kept open
+/// (`None`: one of those past [`KEPT_OPEN`], opened when used).
 struct Holder {
     id: FileId,
     facts: FileFacts,
-    file: File,
+    file: Option<File>,
+}
+
+/// A holder's file for one step: kept open, or opened again for it.
+enum Opened<'h> {
+    Kept(&'h File),
+    Again(File),
+}
+
+impl std::ops::Deref for Opened<'_> {
+    type Target = File;
+    fn deref(&self) -> &File {
+        match self {
+            Opened::Kept(f) => f,
+            Opened::Again(f) => f,
+        }
+    }
 }
 
 /// What the work on an extent came to: the bytes freed (a dry run: that
@@ -127,7 +146,8 @@ impl ZeroPass<'_> {
     /// first), with its stretches of it (`refs`: holder id and where a
     /// stretch begins in its file). `None` if one is not as scanned, or
     /// its stretch is not in the extent, or reaches past the end of its
-    /// file, or there are more than [`MAX_HOLDERS`].
+    /// file. Each holder is opened once here, however many stretches it
+    /// holds; the first [`KEPT_OPEN`] stay open.
     fn holders(
         &self,
         db: &Db,
@@ -138,32 +158,41 @@ impl ZeroPass<'_> {
         let mut ids: Vec<FileId> = refs.iter().map(|r| r.0).collect();
         ids.sort_unstable_by_key(|&i| (i != id, i));
         ids.dedup();
-        if ids.len() > MAX_HOLDERS {
-            return None;
-        }
+        let index: HashMap<FileId, usize> = ids.iter().enumerate().map(|(i, &h)| (h, i)).collect();
+        let mut stretches: Vec<Vec<usize>> = vec![Vec::new(); ids.len()];
+        refs.iter().enumerate().for_each(|(k, r)| stretches[index[&r.0]].push(k));
         let mut facts = db.file_facts(ids.iter().copied()).ok()?;
         let mut holders = Vec::with_capacity(ids.len());
-        for hid in ids {
+        let mut held = vec![None; refs.len()];
+        for (holder, hid) in ids.into_iter().enumerate() {
             let facts = facts.remove(&hid)?;
-            let file = self.tree.open_file(&facts.path).ok()?;
-            if !facts.is_open_as_recorded(&file, v.keys)
-                || crate::dedupe::nocow_left(self.leave_nocow, &file) != Ok(false)
-            {
-                return None;
+            let file = self.checked(&facts, v)?;
+            for &k in &stretches[holder] {
+                let off = refs[k].1;
+                let mut found = None;
+                btrfs_tree::file_extents(file.as_fd(), off..off + 1, |s| found = found.or(Some(s))).ok()?;
+                let s = found.filter(|s| s.logical == off && s.disk == disk && s.logical + s.length <= facts.size)?;
+                held[k] = Some(clones::Held { holder, file: s.logical, at: s.logical - s.span.0, len: s.length });
             }
-            holders.push(Holder { id: hid, facts, file });
+            holders.push(Holder { id: hid, facts, file: (holder < KEPT_OPEN).then_some(file) });
         }
-        let index: HashMap<FileId, usize> = holders.iter().enumerate().map(|(i, h)| (h.id, i)).collect();
-        let mut held = Vec::with_capacity(refs.len());
-        for &(hid, off) in refs {
-            let holder = *index.get(&hid)?;
-            let h = &holders[holder];
-            let mut found = None;
-            btrfs_tree::file_extents(h.file.as_fd(), off..off + 1, |s| found = found.or(Some(s))).ok()?;
-            let s = found.filter(|s| s.logical == off && s.disk == disk && s.logical + s.length <= h.facts.size)?;
-            held.push(clones::Held { holder, file: s.logical, at: s.logical - s.span.0, len: s.length });
+        Some((holders, held.into_iter().collect::<Option<Vec<_>>>()?))
+    }
+
+    /// The file of `facts` opened below the starting paths, if it is the
+    /// one scanned, unchanged, and not a NOCOW file the run leaves alone.
+    fn checked(&self, facts: &FileFacts, v: &mut Visit) -> Option<File> {
+        let file = self.tree.open_file(&facts.path).ok()?;
+        let left = crate::dedupe::nocow_left(self.leave_nocow, &file) != Ok(false);
+        (facts.is_open_as_recorded(&file, v.keys) && !left).then_some(file)
+    }
+
+    /// Holder `h`'s file for a step: kept open, or opened and checked again.
+    fn holder_file<'h>(&self, h: &'h Holder, v: &mut Visit) -> Option<Opened<'h>> {
+        match &h.file {
+            Some(f) => Some(Opened::Kept(f)),
+            None => self.checked(&h.facts, v).map(Opened::Again),
         }
-        Some((holders, held))
     }
 
     /// Do the `work`'s steps in order; the first that does not go through
@@ -183,9 +212,10 @@ impl ZeroPass<'_> {
             match step {
                 clones::Step::Copy { holder, parts } => {
                     let h = &holders[*holder];
-                    let same = || h.facts.is_open_as_recorded(&h.file, v.keys);
+                    let file = self.holder_file(h, v).ok_or_else(|| changed(*holder))?;
+                    let same = || h.facts.is_open_as_recorded(&file, v.keys);
                     let tmp = || self.tree.tmpfile();
-                    match zeros::rewrite(&b.room, tmp, &h.file, h.facts.size, parts, self.dry_run, same) {
+                    match zeros::rewrite(&b.room, tmp, &file, h.facts.size, parts, self.dry_run, same) {
                         Ok(true) => v.out.rewritten += parts.iter().map(|p| p.1).sum::<u64>(),
                         Ok(false) => return Err(changed(*holder)),
                         Err(e) if kept_free(&e) => return Err(Stop::NoRoom(e)),
@@ -197,11 +227,13 @@ impl ZeroPass<'_> {
                 }
                 clones::Step::Share { from, from_at, to, to_at, len } => {
                     let (s, d) = (&holders[*from], &holders[*to]);
-                    if !d.facts.is_open_as_recorded(&d.file, v.keys) {
+                    let dest = self.holder_file(d, v).ok_or_else(|| changed(*to))?;
+                    if !d.facts.is_open_as_recorded(&dest, v.keys) {
                         return Err(changed(*to));
                     }
                     if !self.dry_run {
-                        share(&s.file, *from_at, &d.file, *to_at, *len).map_err(|e| match e {
+                        let src = self.holder_file(s, v).ok_or_else(|| changed(*from))?;
+                        share(&src, *from_at, &dest, *to_at, *len).map_err(|e| match e {
                             Some(e) => {
                                 Stop::Failed(*to, ErrorKind::Zeros, format!("data not shared: {e}"), Some(e as i32))
                             }
@@ -211,9 +243,10 @@ impl ZeroPass<'_> {
                 }
                 clones::Step::Punch { holder, parts } => {
                     let h = &holders[*holder];
-                    let hole = v.holes.for_file(&h.file, self.tree);
-                    let same = || h.facts.is_open_as_recorded(&h.file, v.keys);
-                    match zeros::punch(hole, &h.file, parts, same) {
+                    let file = self.holder_file(h, v).ok_or_else(|| changed(*holder))?;
+                    let hole = v.holes.for_file(&file, self.tree);
+                    let same = || h.facts.is_open_as_recorded(&file, v.keys);
+                    match zeros::punch(hole, &file, parts, same) {
                         Ok(p) if p.bytes == parts.iter().map(|p| p.1).sum::<u64>() => {}
                         Ok(_) => return Err(changed(*holder)),
                         Err(e) => {
@@ -235,6 +268,8 @@ fn share(src: &File, from_at: u64, dest: &File, to_at: u64, len: u64) -> Result<
     let mut done = 0;
     while done < len {
         let n = (len - done).min(MAX_REQUEST_LEN);
+        crate::dedupe::prefetch_request(src, from_at + done, from_at + len);
+        crate::dedupe::prefetch_request(dest, to_at + done, to_at + len);
         let r = dedupe_range(src.as_fd(), from_at + done, n, &[(dest.as_fd(), to_at + done)]).map_err(Some)?[0];
         match r.status {
             DedupeStatus::Same if r.bytes_deduped == n => done += n,
