@@ -93,10 +93,11 @@ pub const BYTES_PER_CUT: u64 = 2 * 1024;
 /// stretch of every holder, holder 0 first), given each holder's zero runs
 /// (`zeros[holder]`: sorted byte ranges of its file, whole `block`s). Its
 /// zeros are the parts any holder's runs cover, in pieces of at least
-/// `min` bytes, and of [`BYTES_PER_CUT`] for each stretch they cut (shorter
-/// ones are copied with the data: they would only split the items); its data, the rest any holder holds. A holder's own
-/// runs may be cut short by its writes in place (a clone's): another
-/// holder's runs cover the pieces.
+/// `min` bytes, and of [`BYTES_PER_CUT`] for each stretch they cut
+/// (shorter ones are copied with the data: they would only split the
+/// items); its data, the rest any holder holds. A holder's own runs may be
+/// cut short by its writes in place (a clone's): another holder's runs
+/// cover the pieces.
 /// `None` when there is nothing to do this way: no data (each holder then
 /// lets go alone), zeros under `min`, data over `ratio` times the zeros,
 /// or a stretch not in whole blocks (a partial last block can only be
