@@ -89,6 +89,15 @@ pub struct ClonesWork {
 /// a stretch only shortens its item, and one over a whole stretch drops it.
 pub const BYTES_PER_CUT: u64 = 2 * 1024;
 
+/// The most bytes of the holders' stretches the kernel compares (every
+/// holder's, with its data shared in and its zeros punched) for each byte
+/// of zeros the work frees. 300 clones of an image half zeros compare 600
+/// times what they free, read from disk where the scan never read them
+/// (a clone's extents are hashed once); a user who makes 100,000 clones of
+/// a small file of theirs would make a root run read 100,000 times it, and
+/// again every night that run stops at its `--max-runtime` before the end.
+pub const MAX_COMPARED_PER_ZERO: u64 = 1024;
+
 /// The work that frees the extent its holders hold in `held` (every
 /// stretch of every holder, holder 0 first), given each holder's zero runs
 /// (`zeros[holder]`: sorted byte ranges of its file, whole `block`s). Its
@@ -100,6 +109,7 @@ pub const BYTES_PER_CUT: u64 = 2 * 1024;
 /// cover the pieces.
 /// `None` when there is nothing to do this way: no data (each holder then
 /// lets go alone), zeros under `min`, data over `ratio` times the zeros,
+/// stretches over [`MAX_COMPARED_PER_ZERO`] times the zeros,
 /// or a stretch not in whole blocks (a partial last block can only be
 /// shared at the end of both files).
 pub fn plan(held: &[Held], zeros: &[Vec<(u64, u64)>], block: u64, min: u64, ratio: f64) -> Option<ClonesWork> {
@@ -121,6 +131,10 @@ pub fn plan(held: &[Held], zeros: &[Vec<(u64, u64)>], block: u64, min: u64, rati
     let zero_bytes: u64 = zero.iter().map(|(s, e)| e - s).sum();
     let data = covered.iter().map(|(s, e)| e - s).sum::<u64>() - zero_bytes;
     if data == 0 || zero_bytes < min || data as f64 > ratio * zero_bytes as f64 {
+        return None;
+    }
+    let compared: u64 = held.iter().map(|h| h.len).sum();
+    if compared > zero_bytes.saturating_mul(MAX_COMPARED_PER_ZERO) {
         return None;
     }
     let mut homes = Homes::default();
@@ -380,6 +394,16 @@ mod tests {
         let h: Vec<Held> = (0..300).map(|i| held(i, 0, 0, 3 * M)).collect();
         let w = plan(&h, &vec![vec![(M, M)]; 300], 4 * K, 64 * K, 4.0).unwrap();
         assert_eq!((w.zero_bytes(), w.data), (M, 2 * M));
+    }
+
+    #[test]
+    fn an_extent_whose_holders_would_be_compared_far_more_than_it_frees_is_left() {
+        // 1 MiB of data and 1 MiB of zeros: 512 holders compare 1,024
+        // times the zeros; one more is too many.
+        let h = |n: usize| -> Vec<Held> { (0..n).map(|i| held(i, 0, 0, 2 * M)).collect() };
+        let z = |n: usize| vec![vec![(M, M)]; n];
+        assert_eq!(plan(&h(512), &z(512), 4 * K, 64 * K, 4.0).map(|w| w.zero_bytes()), Some(M));
+        assert_eq!(plan(&h(513), &z(513), 4 * K, 64 * K, 4.0), None);
     }
 
     #[test]
