@@ -442,8 +442,10 @@ impl Report {
         if self.zeros_to_holes_bytes > 0 || self.zeros_to_holes_files > 0 {
             let what = if self.dry_run { "would become holes" } else { "zeros made holes" };
             // Files that let go of zeros shared with others count, the
-            // bytes only once freed: none, all still held elsewhere.
-            let held = if self.zeros_to_holes_bytes == 0 { "; still held by files outside the run" } else { "" };
+            // bytes only once freed: none, all still held elsewhere (by
+            // files outside the run, or of the run past the bound on
+            // punches of one block, `SharedZeros::may_compare`).
+            let held = if self.zeros_to_holes_bytes == 0 { "; still held by other files" } else { "" };
             let files = format!("written zero blocks, {} files{held}", self.zeros_to_holes_files);
             t.row([what.to_owned(), human(self.zeros_to_holes_bytes), files]);
         }
@@ -502,7 +504,7 @@ mod tests {
     fn zeros_let_go_of_but_held_elsewhere_are_said_so() {
         let run = || Report { command: "run".to_owned(), ..Report::default() };
         let r = Report { zeros_to_holes_files: 2, ..run() };
-        assert!(r.to_text().contains("written zero blocks, 2 files; still held by files outside the run"));
+        assert!(r.to_text().contains("written zero blocks, 2 files; still held by other files"));
         let r = Report { zeros_to_holes_files: 2, zeros_to_holes_bytes: 1 << 20, ..run() };
         assert!(r.to_text().contains("1.0 MiB") && !r.to_text().contains("still held"), "{}", r.to_text());
         assert!(!run().to_text().contains("zero blocks"));

@@ -34,7 +34,7 @@ use nix::errno::Errno;
 
 use super::pending::{Pending, ZerosLeft};
 use holes::Holes;
-use said::say_held;
+use said::{say_compared, say_held};
 use shared::SharedZeros;
 use window::{btrfs_window, Judged};
 
@@ -450,6 +450,10 @@ impl ZeroPass<'_> {
                     if let Some(by) = o.held {
                         left.hold(zeros::within(runs, g), Some(by));
                     }
+                    continue;
+                }
+                if !v.shared.may_compare(&w, g) {
+                    say_compared(&c.path, progress);
                     continue;
                 }
                 let hole = v.holes.for_file(&f, self.tree);

@@ -1,5 +1,6 @@
 //! What the zero pass says: a file's failure, a full volume (once a run),
-//! and, with `-v`, who outside the run keeps a file's zeros.
+//! and, with `-v`, who outside the run keeps a file's zeros, and which
+//! files keep shared zeros past the bound on punches of one block.
 
 use std::collections::BTreeMap;
 use std::fs::File;
@@ -44,6 +45,14 @@ impl ZeroPass<'_> {
             progress.warn(&format!("{}: {why}", display_path(&c.path)));
         }
     }
+}
+
+/// Say (with `-v`) that the file at `path` keeps shared zeros: as many
+/// files of the run as a block may be punched by already let go of them
+/// (`SharedZeros::may_compare`).
+pub(super) fn say_compared(path: &std::path::Path, progress: &dyn Progress) {
+    let n = crate::dedupe::zeros::clones::MAX_COMPARED_PER_ZERO;
+    progress.info(&format!("{}: shared zeros left for a later run: {n} files let go first", display_path(path)));
 }
 
 /// Say (with `-v`) that the zeros of the open file `f` at `path` stay for

@@ -21,6 +21,7 @@ use std::os::fd::BorrowedFd;
 
 use crate::blockmap::BlockMap;
 use crate::db::Db;
+use crate::dedupe::zeros::clones::MAX_COMPARED_PER_ZERO;
 use crate::dedupe::zeros::ExtentWork;
 use crate::file::{FileId, FileKey, IdSet};
 use crate::sys::fiemap::Extent;
@@ -60,6 +61,9 @@ pub(super) struct SharedZeros<'a> {
     /// first: an image's extents are held by the same files, extent after
     /// extent, and its map is decoded once, not once an extent.
     runs: VecDeque<(FileId, Vec<(u64, u64)>)>,
+    /// The disk space of shared zeros punched by files of the run, and how
+    /// many times (see `may_compare`): disjoint spans, start → (end, times).
+    compared: BTreeMap<u64, (u64, u64)>,
 }
 
 /// The holders whose zero runs are kept (`SharedZeros::runs`).
@@ -81,6 +85,7 @@ impl<'a> SharedZeros<'a> {
             btrfs,
             tried: HashSet::new(),
             runs: VecDeque::new(),
+            compared: BTreeMap::new(),
         }
     }
 
@@ -180,6 +185,27 @@ impl<'a> SharedZeros<'a> {
         Some(runs)
     }
 
+    /// Whether the shared zeros of `w`, in the extent of `stretches`, may
+    /// be punched in one more file: each punch has the kernel compare the
+    /// file's stretch, read from disk where the scan never read it (a
+    /// clone's extents are hashed once), so a block of disk is punched at
+    /// most [`MAX_COMPARED_PER_ZERO`] times a run. A user's thousands of
+    /// clones of a file of zeros of theirs would otherwise make a root run
+    /// read every clone; the files past the bound keep their zeros (a
+    /// later full plan, once these have let go, punches them). Counted
+    /// here when they may.
+    pub(super) fn may_compare(&mut self, w: &ExtentWork, stretches: &[Extent]) -> bool {
+        if !w.shared {
+            return true;
+        }
+        let spans: Vec<(u64, u64)> = disk_spans(w, stretches).collect();
+        if spans.iter().any(|&(s, e)| times_punched(&self.compared, s, e) >= MAX_COMPARED_PER_ZERO) {
+            return false;
+        }
+        spans.into_iter().for_each(|(s, e)| add_punch(&mut self.compared, s, e));
+        true
+    }
+
     /// The bytes freed by letting go of the `zeros` (offsets into it) of
     /// the extent at disk address `disk` in all its holders of the run:
     /// all of them, unless a holder outside keeps it (none); a dry run
@@ -230,16 +256,53 @@ impl<'a> SharedZeros<'a> {
         self.by_disk.insert(k);
         let second = w.shared && dry_run && !self.btrfs;
         let mut new = 0;
-        for &(o, l) in &w.punch {
-            // A part lies in one stretch (the runs are cut at their ends).
-            let Some(e) = stretches.iter().find(|e| e.logical <= o && o < e.logical + e.length) else { continue };
-            let at = e.physical + (o - e.logical);
+        for (at, end) in disk_spans(w, stretches) {
             new += match second {
-                true => punched_again(&mut self.punched_once, &mut self.counted, at, at + l),
-                false => crate::dedupe::add_span(&mut self.counted, at, at + l),
+                true => punched_again(&mut self.punched_once, &mut self.counted, at, end),
+                false => crate::dedupe::add_span(&mut self.counted, at, end),
             };
         }
         new.min(bytes)
+    }
+}
+
+/// The disk space of `w`'s parts to punch, in the extent of `stretches`:
+/// a part lies in one stretch (the runs are cut at their ends).
+fn disk_spans<'w>(w: &'w ExtentWork, stretches: &'w [Extent]) -> impl Iterator<Item = (u64, u64)> + 'w {
+    w.punch.iter().filter_map(|&(o, l)| {
+        let e = stretches.iter().find(|e| e.logical <= o && o < e.logical + e.length)?;
+        let at = e.physical + (o - e.logical);
+        Some((at, at + l))
+    })
+}
+
+/// The most times any block of `[start, end)` was punched (`compared`).
+fn times_punched(compared: &BTreeMap<u64, (u64, u64)>, start: u64, end: u64) -> u64 {
+    compared.range(..end).rev().take_while(|(_, &(e, _))| e > start).map(|(_, &(_, n))| n).max().unwrap_or(0)
+}
+
+/// Count one more punch of `[start, end)` in `compared`: the spans it
+/// overlaps are cut at its ends, and the gaps between them added.
+fn add_punch(compared: &mut BTreeMap<u64, (u64, u64)>, start: u64, end: u64) {
+    let over: Vec<(u64, u64, u64)> =
+        (compared.range(..end).rev()).take_while(|(_, &(e, _))| e > start).map(|(&s, &(e, n))| (s, e, n)).collect();
+    let mut at = start;
+    for (s, e, n) in over.into_iter().rev() {
+        compared.remove(&s);
+        if s < start {
+            compared.insert(s, (start, n));
+        }
+        if at < s {
+            compared.insert(at, (s, 1));
+        }
+        compared.insert(s.max(start), (e.min(end), n + 1));
+        if e > end {
+            compared.insert(end, (e, n));
+        }
+        at = e.min(end);
+    }
+    if at < end {
+        compared.insert(at, (end, 1));
     }
 }
 
@@ -266,6 +329,29 @@ fn key(disk: Option<u64>, stretches: &[Extent]) -> u64 {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn punches_are_counted_by_disk_space() {
+        let mut c = BTreeMap::new();
+        add_punch(&mut c, 100, 200);
+        add_punch(&mut c, 100, 200);
+        assert_eq!(times_punched(&c, 0, 1000), 2);
+        add_punch(&mut c, 150, 300);
+        assert_eq!(
+            c.iter().map(|(&s, &(e, n))| (s, e, n)).collect::<Vec<_>>(),
+            [(100, 150, 2), (150, 200, 3), (200, 300, 1)]
+        );
+        assert_eq!((times_punched(&c, 0, 100), times_punched(&c, 0, 101), times_punched(&c, 200, 250)), (0, 2, 1));
+        add_punch(&mut c, 50, 400);
+        assert_eq!(
+            c.iter().map(|(&s, &(e, n))| (s, e, n)).collect::<Vec<_>>(),
+            [(50, 100, 1), (100, 150, 3), (150, 200, 4), (200, 300, 2), (300, 400, 1)]
+        );
+        add_punch(&mut c, 120, 130);
+        assert_eq!(times_punched(&c, 125, 126), 4);
+        assert_eq!(times_punched(&c, 100, 120), 3);
+        assert_eq!(times_punched(&c, 400, 500), 0);
+    }
 
     #[test]
     fn disk_space_counts_once_a_second_punch_covers_it() {
