@@ -962,6 +962,18 @@ fn btrfs_zeros_hundreds_of_clones_share_are_freed_where_their_holes_cost_less_th
     before.assert_same(&Snapshot::take(&root));
 }
 
+/// The directory `user` of `vol` holding `golden` (64 KiB of data from
+/// `seed`, then 64 KiB of written zeros) and `n` reflinked clones of it.
+fn user_file_and_clones(vol: &Volume, n: u64, seed: u64) -> std::path::PathBuf {
+    let d = vol.path("user");
+    std::fs::create_dir(&d).unwrap();
+    let mut bytes = Rng::new(seed).bytes(64 * 1024);
+    bytes.resize(128 * 1024, 0);
+    std::fs::write(d.join("golden"), bytes).unwrap();
+    clones_of_golden(vol, &d, n);
+    d
+}
+
 /// btrfs: a user's small file (64 KiB of data, then 64 KiB of zeros, in
 /// one extent) and 1,200 reflinked clones of it. Freeing its zeros would
 /// make the kernel compare every clone, 2,400 times the 64 KiB it frees,
@@ -971,12 +983,7 @@ fn btrfs_zeros_hundreds_of_clones_share_are_freed_where_their_holes_cost_less_th
 #[test]
 fn btrfs_zeros_a_user_clones_a_thousand_times_are_not_worth_reading_every_clone() {
     let Some(vol) = Volume::new(Fs::Btrfs, 512) else { return };
-    let d = vol.path("user");
-    std::fs::create_dir(&d).unwrap();
-    let mut bytes = Rng::new(5000).bytes(64 * 1024);
-    bytes.resize(128 * 1024, 0);
-    std::fs::write(d.join("golden"), bytes).unwrap();
-    clones_of_golden(&vol, &d, 1200);
+    let d = user_file_and_clones(&vol, 1200, 5000);
     let before = Snapshot::take(&d);
     let maps0: Vec<_> = ["golden", "clone000", "clone999"].map(|n| physical_blocks(&d.join(n), 0, 128 * 1024)).into();
 
@@ -999,12 +1006,7 @@ fn btrfs_zeros_a_user_clones_a_thousand_times_are_not_worth_reading_every_clone(
 #[test]
 fn xfs_shared_zeros_are_compared_at_most_1024_times_a_run() {
     let Some(vol) = Volume::new(Fs::Xfs, 512) else { return };
-    let d = vol.path("user");
-    std::fs::create_dir(&d).unwrap();
-    let mut bytes = Rng::new(6000).bytes(64 * 1024);
-    bytes.resize(128 * 1024, 0);
-    std::fs::write(d.join("golden"), bytes).unwrap();
-    clones_of_golden(&vol, &d, 1100);
+    let d = user_file_and_clones(&vol, 1100, 6000);
     let before = Snapshot::take(&d);
 
     let r = run_json(&vol, &[s(&d)]);
