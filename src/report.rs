@@ -191,7 +191,9 @@ pub struct Report {
     /// `--keep-free`, or the volume or a quota being full; `zeros_referenced_outside_run`: bytes of written
     /// zeros a file outside the run also holds, tried again once that
     /// holder is gone; `zeros_leased`: the same, of a file another
-    /// process held a lease on; `leased`: another process held a lease on the
+    /// process held a lease on; `zeros_many_clones`: the same, of zeros so
+    /// many files of the run share that 1,024 let go of them first (each
+    /// punch compares them again); `leased`: another process held a lease on the
     /// destination or its source when the share phase opened it): the next
     /// run, incremental or not, tries them again.
     /// In a dry run, what the run would leave.

@@ -42,15 +42,15 @@ impl Db {
     pub fn save_pending(
         &self,
         handled: &HashSet<FileId>,
-        zeros: [&str; 3],
+        zeros: [&str; 4],
         now: &[(FileId, &str, u64)],
         run: i64,
     ) -> rusqlite::Result<()> {
         let tx = self.conn.unchecked_transaction()?;
         {
-            let mut del = tx.prepare("DELETE FROM pending WHERE file_id = ?1 AND reason NOT IN (?2, ?3, ?4)")?;
+            let mut del = tx.prepare("DELETE FROM pending WHERE file_id = ?1 AND reason NOT IN (?2, ?3, ?4, ?5)")?;
             for id in handled {
-                del.execute(params![id, zeros[0], zeros[1], zeros[2]])?;
+                del.execute(params![id, zeros[0], zeros[1], zeros[2], zeros[3]])?;
             }
             let mut ins =
                 tx.prepare("INSERT OR REPLACE INTO pending (file_id, reason, bytes, run) VALUES (?1, ?2, ?3, ?4)")?;
@@ -71,15 +71,15 @@ impl Db {
     pub fn save_zeros_pending(
         &self,
         handled: &[FileId],
-        reasons: [&str; 3],
+        reasons: [&str; 4],
         left: &[ZerosRow<'_>],
         run: i64,
     ) -> rusqlite::Result<()> {
         let tx = self.conn.unchecked_transaction()?;
         {
-            let mut del = tx.prepare("DELETE FROM pending WHERE file_id = ?1 AND reason IN (?2, ?3, ?4)")?;
+            let mut del = tx.prepare("DELETE FROM pending WHERE file_id = ?1 AND reason IN (?2, ?3, ?4, ?5)")?;
             for id in handled {
-                del.execute(params![id, reasons[0], reasons[1], reasons[2]])?;
+                del.execute(params![id, reasons[0], reasons[1], reasons[2], reasons[3]])?;
             }
             let mut ins =
                 tx.prepare("INSERT OR REPLACE INTO pending (file_id, reason, bytes, run) VALUES (?1, ?2, ?3, ?4)")?;
@@ -131,7 +131,7 @@ mod tests {
 
     /// `dedupe::Pending::ZEROS`'s names, spelled out: the database layer
     /// sits below `dedupe` and does not import it, in tests either.
-    const ZEROS: [&str; 3] = ["zeros_keep_free", "zeros_referenced_outside_run", "zeros_leased"];
+    const ZEROS: [&str; 4] = ["zeros_keep_free", "zeros_referenced_outside_run", "zeros_leased", "zeros_many_clones"];
 
     fn rows(db: &Db) -> Vec<(i64, String, u64)> {
         db.pending().unwrap().into_iter().map(|(id, why, b)| (id.0, why, b)).collect()

@@ -199,6 +199,13 @@ pub enum Pending {
     /// (see [`Pending::Leased`]): its zeros wait for the next run. Apart
     /// from `Leased`, whose row the pass must not drop when it gets in.
     ZerosLeased,
+    /// Its written zeros share their disk space with many files of the run
+    /// (a user's thousands of reflinked clones), and as many as a block of
+    /// disk may be punched by in one run already let go of them
+    /// (`pipeline::zeros::shared`, `may_compare`): each punch has the
+    /// kernel compare the file's stretch. Tried again by the next run,
+    /// which lets as many more go.
+    ZerosManyClones,
     /// Another process held a lease on it, or on the source of its ranges,
     /// when the share phase opened it (a file server's oplock or
     /// delegation): opened `O_NONBLOCK`, it is not waited for.
@@ -207,7 +214,7 @@ pub enum Pending {
 
 impl Pending {
     /// Every reason (for label sets that must not lose a series).
-    pub const ALL: [Pending; 9] = [
+    pub const ALL: [Pending; 10] = [
         Pending::NoSpaceRewrite,
         Pending::NoSpaceShare,
         Pending::Pinned,
@@ -216,13 +223,15 @@ impl Pending {
         Pending::ZerosKeepFree,
         Pending::ZerosHeld,
         Pending::ZerosLeased,
+        Pending::ZerosManyClones,
         Pending::Leased,
     ];
 
     /// The zero pass's reasons: a file may have a row of one of these
     /// beside its sharing's (schema 15), and each pass replaces only its
     /// own.
-    pub const ZEROS: [Pending; 3] = [Pending::ZerosKeepFree, Pending::ZerosHeld, Pending::ZerosLeased];
+    pub const ZEROS: [Pending; 4] =
+        [Pending::ZerosKeepFree, Pending::ZerosHeld, Pending::ZerosLeased, Pending::ZerosManyClones];
 
     /// Name in the database and in reports.
     pub const fn name(self) -> &'static str {
@@ -235,6 +244,7 @@ impl Pending {
             Pending::ZerosKeepFree => "zeros_keep_free",
             Pending::ZerosHeld => "zeros_referenced_outside_run",
             Pending::ZerosLeased => "zeros_leased",
+            Pending::ZerosManyClones => "zeros_many_clones",
             Pending::Leased => "leased",
         }
     }

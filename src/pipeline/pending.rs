@@ -35,6 +35,9 @@ pub(super) struct ZerosLeft {
     pub held: Vec<(FileId, u64, Vec<Holder>)>,
     /// Files another process held a lease on, with their bytes of zeros.
     pub leased: Vec<(FileId, u64)>,
+    /// Files that kept shared zeros many files of the run let go of first
+    /// (`SharedZeros::may_compare`), with their bytes of zeros.
+    pub many_clones: Vec<(FileId, u64)>,
 }
 
 /// A row of the `pending` table: destination, why, planned bytes.
@@ -87,14 +90,15 @@ impl<'a> Pending<'a> {
 
     /// Record what the zero pass left: rows of its reasons for the files
     /// it went through dropped, then those waiting for room, held by a file
-    /// outside the run or leased added, beside any sharing row of the file
+    /// outside the run, leased or past the bound on punches added, beside any sharing row of the file
     /// ([`Db::save_zeros_pending`]).
     pub(super) fn zeros(&mut self, left: &ZerosLeft) -> Result<()> {
         let reasons = dedupe::Pending::ZEROS.map(|p| p.name());
-        let [room, held, leased] = reasons;
+        let [room, held, leased, clones] = reasons;
         let rows: Vec<ZerosRow> = (left.waiting.iter().map(|&(id, b)| (id, room, b, &[][..])))
             .chain(left.held.iter().map(|(id, b, by)| (*id, held, *b, &by[..])))
             .chain(left.leased.iter().map(|&(id, b)| (id, leased, b, &[][..])))
+            .chain(left.many_clones.iter().map(|&(id, b)| (id, clones, b, &[][..])))
             .collect();
         match self {
             Pending::Db(db, run_id) => db.save_zeros_pending(&left.handled, reasons, &rows, *run_id)?,
@@ -220,8 +224,8 @@ mod tests {
     /// The zero pass drops its own rows of the files it went through
     /// (7: freed now), keeps the sharing's (8), adds what waits (9, and 8
     /// beside its sharing row, which the report then counts too) and what
-    /// a file outside the run holds (11: waiting for room before) and what
-    /// was leased (12).
+    /// a file outside the run holds (11: waiting for room before), what
+    /// was leased (12) and what many clones let go of first (13).
     #[test]
     fn the_zero_pass_replaces_only_its_own_rows() {
         let z = "zeros_keep_free";
@@ -231,6 +235,7 @@ mod tests {
             waiting: vec![(FileId(8), 20), (FileId(9), 30)],
             held: vec![(FileId(11), 40, vec![((300, 257), None), ((301, 258), None)])],
             leased: vec![(FileId(12), 50)],
+            many_clones: vec![(FileId(13), 60)],
         };
         p.zeros(&left).unwrap();
         let held = "zeros_referenced_outside_run";
@@ -242,7 +247,8 @@ mod tests {
                 row(9, z, 30),
                 row(10, z, 5),
                 row(11, held, 40),
-                row(12, "zeros_leased", 50)
+                row(12, "zeros_leased", 50),
+                row(13, "zeros_many_clones", 60)
             ]
         );
     }

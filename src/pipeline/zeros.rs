@@ -105,6 +105,9 @@ struct Left {
     /// is done (see [`crate::sys::btrfs_names::Stamp`]).
     held: Option<(u64, BTreeMap<Outside, Option<Stamp>>)>,
     leased: Option<u64>,
+    /// Bytes of shared zeros left to a later run: many files of the run
+    /// let go of them first (`SharedZeros::may_compare`).
+    many_clones: u64,
 }
 
 /// The most holders recorded for one file (the newest kept): rotating
@@ -354,6 +357,9 @@ impl ZeroPass<'_> {
                 done.held.push((id, bytes, all.into_iter().collect()));
             }
             done.leased.extend(left.leased.map(|bytes| (id, bytes)));
+            if left.many_clones > 0 {
+                done.many_clones.push((id, left.many_clones));
+            }
         }
         pending.zeros(&done)
     }
@@ -453,7 +459,7 @@ impl ZeroPass<'_> {
                     continue;
                 }
                 if !v.shared.may_compare(&w, g) {
-                    say_compared(&c.path, progress);
+                    left.many_clones += say_compared(&c.path, &w, progress);
                     continue;
                 }
                 let hole = v.holes.for_file(&f, self.tree);

@@ -191,9 +191,9 @@ impl<'a> SharedZeros<'a> {
     /// clone's extents are hashed once), so a block of disk is punched at
     /// most [`MAX_COMPARED_PER_ZERO`] times a run. A user's thousands of
     /// clones of a file of zeros of theirs would otherwise make a root run
-    /// read every clone; the files past the bound keep their zeros (a
-    /// later full plan, once these have let go, punches them). Counted
-    /// here when they may.
+    /// read every clone; the files past the bound keep their zeros, left
+    /// pending for the next run (`zeros_many_clones`), which lets as many
+    /// more go. Counted here when they may.
     pub(super) fn may_compare(&mut self, w: &ExtentWork, stretches: &[Extent]) -> bool {
         if !w.shared {
             return true;
