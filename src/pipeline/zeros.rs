@@ -459,7 +459,8 @@ impl ZeroPass<'_> {
                     continue;
                 }
                 if !v.shared.may_compare(&w, g) {
-                    left.many_clones += say_compared(&c.path, &w, progress);
+                    say_compared(&c.path, progress);
+                    left.many_clones += w.punch.iter().map(|p| p.1).sum::<u64>();
                     continue;
                 }
                 let hole = v.holes.for_file(&f, self.tree);

@@ -47,18 +47,12 @@ impl ZeroPass<'_> {
     }
 }
 
-/// Say (with `-v`) that the file at `path` keeps the shared zeros of `w`:
-/// as many files of the run as a block may be punched by already let go
-/// of them (`SharedZeros::may_compare`). Their bytes, left pending
-/// (`zeros_many_clones`).
-pub(super) fn say_compared(
-    path: &std::path::Path,
-    w: &crate::dedupe::zeros::ExtentWork,
-    progress: &dyn Progress,
-) -> u64 {
+/// Say (with `-v`) that the file at `path` keeps shared zeros for the
+/// next run (`zeros_many_clones`): as many files of the run as a block may
+/// be punched by already let go of them (`SharedZeros::may_compare`).
+pub(super) fn say_compared(path: &std::path::Path, progress: &dyn Progress) {
     let n = crate::dedupe::zeros::clones::MAX_COMPARED_PER_ZERO;
     progress.info(&format!("{}: shared zeros left for the next run: {n} files let go first", display_path(path)));
-    w.punch.iter().map(|p| p.1).sum()
 }
 
 /// Say (with `-v`) that the zeros of the open file `f` at `path` stay for
