@@ -936,10 +936,14 @@ fn btrfs_zeros_hundreds_of_clones_share_are_freed_where_their_holes_cost_less_th
 
     let dry = run_json(&vol, &[s(&root), "--dry-run"]);
     let free0 = free_bytes(&vol.mnt);
-    let r = run_json(&vol, &[s(&root)]);
+    let out = dedupscan().arg(&root).json().args(["--progress=never", "-v"]).db(vol.db()).expect(0).run();
+    let (r, said) = (out.json, out.stderr);
     let freed = free_bytes(&vol.mnt) as i64 - free0 as i64;
     before.assert_same(&Snapshot::take(&root));
     assert_eq!((num(&r, "errors"), num(&r, "pending_bytes")), (0, 0), "{r:#}");
+    // With -v the short runs' image is named, with the reason.
+    let short_said = said.lines().find(|l| l.contains("zeros its clones share left")).unwrap_or_default();
+    assert!(short_said.contains("/outside/") && short_said.contains("--rewrite-ratio"), "{said}");
     // The golden image's 2 MiB of zeros, in all 301 files; its 2 MiB of
     // data copied once into an extent all of them share.
     assert_eq!(num(&r, "zeros_to_holes_bytes"), 2 * MIB, "{r:#}");

@@ -98,6 +98,43 @@ pub const BYTES_PER_CUT: u64 = 2 * 1024;
 /// again every night that run stops at its `--max-runtime` before the end.
 pub const MAX_COMPARED_PER_ZERO: u64 = 1024;
 
+/// Why [`plan`] leaves an extent as it is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Unworthy {
+    /// A stretch not in whole blocks (a partial last block can only be
+    /// shared at the end of both files), or a holder's runs not given.
+    Cannot,
+    /// No data in it: each holder lets go of its zeros alone.
+    NoData,
+    /// Zeros under `min`, counting only runs long enough for the items
+    /// their holes cut ([`BYTES_PER_CUT`]).
+    FewZeros,
+    /// Data over `ratio` times the zeros: its copy would cost more.
+    MuchData,
+    /// Stretches over [`MAX_COMPARED_PER_ZERO`] times the zeros.
+    ManyHolders,
+}
+
+impl Unworthy {
+    /// What to say of an extent left so (with `-v`), if anything: with no
+    /// data in it, each holder lets go alone, so nothing is left.
+    pub fn said(self) -> Option<&'static str> {
+        match self {
+            Unworthy::NoData => None,
+            Unworthy::Cannot => Some("a stretch of it is not in whole blocks"),
+            Unworthy::FewZeros => {
+                Some("its zero runs are too short for the metadata their holes would add to every clone")
+            }
+            Unworthy::MuchData => {
+                Some("copying its data would cost more than --rewrite-ratio allows for the zeros worth a hole in every clone")
+            }
+            Unworthy::ManyHolders => {
+                Some("held by so many clones that the kernel would compare over 1,024 times the zeros freed")
+            }
+        }
+    }
+}
+
 /// The work that frees the extent its holders hold in `held` (every
 /// stretch of every holder, holder 0 first), given each holder's zero runs
 /// (`zeros[holder]`: sorted byte ranges of its file, whole `block`s). Its
@@ -107,19 +144,21 @@ pub const MAX_COMPARED_PER_ZERO: u64 = 1024;
 /// items); its data, the rest any holder holds. A holder's own runs may be
 /// cut short by its writes in place (a clone's): another holder's runs
 /// cover the pieces.
-/// `None` when there is nothing to do this way: no data (each holder then
-/// lets go alone), zeros under `min`, data over `ratio` times the zeros,
-/// stretches over [`MAX_COMPARED_PER_ZERO`] times the zeros,
-/// or a stretch not in whole blocks (a partial last block can only be
-/// shared at the end of both files).
-pub fn plan(held: &[Held], zeros: &[Vec<(u64, u64)>], block: u64, min: u64, ratio: f64) -> Option<ClonesWork> {
+/// Nothing to do this way, and why ([`Unworthy`]).
+pub fn plan(
+    held: &[Held],
+    zeros: &[Vec<(u64, u64)>],
+    block: u64,
+    min: u64,
+    ratio: f64,
+) -> Result<ClonesWork, Unworthy> {
     if held.iter().any(|h| h.at % block != 0 || h.len % block != 0 || h.file % block != 0) {
-        return None;
+        return Err(Unworthy::Cannot);
     }
     let (mut zero, mut covered) = (BTreeMap::new(), BTreeMap::new());
     for h in held {
         crate::dedupe::add_span(&mut covered, h.at, h.at + h.len);
-        for (o, l) in super::zeros_in(zeros.get(h.holder)?, h.file, h.file + h.len, block) {
+        for (o, l) in super::zeros_in(zeros.get(h.holder).ok_or(Unworthy::Cannot)?, h.file, h.file + h.len, block) {
             let at = h.at + (o - h.file);
             crate::dedupe::add_span(&mut zero, at, at + l);
         }
@@ -130,12 +169,13 @@ pub fn plan(held: &[Held], zeros: &[Vec<(u64, u64)>], block: u64, min: u64, rati
     zero.retain(|&s, &mut e| e - s >= cuts_of.next().unwrap_or(0) as u64 * BYTES_PER_CUT);
     let zero_bytes: u64 = zero.iter().map(|(s, e)| e - s).sum();
     let data = covered.iter().map(|(s, e)| e - s).sum::<u64>() - zero_bytes;
-    if data == 0 || zero_bytes < min || data as f64 > ratio * zero_bytes as f64 {
-        return None;
-    }
     let compared: u64 = held.iter().map(|h| h.len).sum();
-    if compared > zero_bytes.saturating_mul(MAX_COMPARED_PER_ZERO) {
-        return None;
+    match () {
+        _ if data == 0 => return Err(Unworthy::NoData),
+        _ if zero_bytes < min => return Err(Unworthy::FewZeros),
+        _ if data as f64 > ratio * zero_bytes as f64 => return Err(Unworthy::MuchData),
+        _ if compared > zero_bytes.saturating_mul(MAX_COMPARED_PER_ZERO) => return Err(Unworthy::ManyHolders),
+        _ => {}
     }
     let mut homes = Homes::default();
     let mut steps = Vec::new();
@@ -172,7 +212,7 @@ pub fn plan(held: &[Held], zeros: &[Vec<(u64, u64)>], block: u64, min: u64, rati
             steps.push(Step::Punch { holder, parts: punch });
         }
     }
-    Some(ClonesWork { steps, zeros: zero.iter().map(|(&s, &e)| (s, e - s)).collect(), data })
+    Ok(ClonesWork { steps, zeros: zero.iter().map(|(&s, &e)| (s, e - s)).collect(), data })
 }
 
 impl ClonesWork {
@@ -275,6 +315,7 @@ fn cuts(zero: &BTreeMap<u64, u64>, held: &[Held]) -> Vec<usize> {
 
 #[cfg(test)]
 mod tests {
+    use super::Unworthy::*;
     use super::*;
 
     const K: u64 = 1024;
@@ -355,15 +396,18 @@ mod tests {
     fn nothing_without_data_or_with_too_much_or_with_a_partial_block() {
         let b = 4 * K;
         // Only zeros: each holder lets go alone.
-        assert_eq!(plan(&[held(0, 0, 0, M), held(1, 0, 0, M)], &[vec![(0, M)], vec![(0, M)]], b, 64 * K, 4.0), None);
+        assert_eq!(
+            plan(&[held(0, 0, 0, M), held(1, 0, 0, M)], &[vec![(0, M)], vec![(0, M)]], b, 64 * K, 4.0),
+            Err(NoData)
+        );
         // Data five times the zeros.
-        assert_eq!(plan(&[held(0, 0, 0, 6 * M)], &[vec![(0, M)]], b, 64 * K, 4.0), None);
+        assert_eq!(plan(&[held(0, 0, 0, 6 * M)], &[vec![(0, M)]], b, 64 * K, 4.0), Err(MuchData));
         // Zeros shorter than a run: data.
-        assert_eq!(plan(&[held(0, 0, 0, M)], &[vec![(0, 32 * K)]], b, 64 * K, 4.0), None);
+        assert_eq!(plan(&[held(0, 0, 0, M)], &[vec![(0, 32 * K)]], b, 64 * K, 4.0), Err(FewZeros));
         // A stretch ending in a partial block.
-        assert_eq!(plan(&[held(0, 0, 0, 2 * M - 100)], &[vec![(0, M)]], b, 64 * K, 4.0), None);
+        assert_eq!(plan(&[held(0, 0, 0, 2 * M - 100)], &[vec![(0, M)]], b, 64 * K, 4.0), Err(Cannot));
         // A holder with no runs given.
-        assert_eq!(plan(&[held(1, 0, 0, 2 * M)], &[vec![(0, M)]], b, 64 * K, 4.0), None);
+        assert_eq!(plan(&[held(1, 0, 0, 2 * M)], &[vec![(0, M)]], b, 64 * K, 4.0), Err(Cannot));
     }
 
     #[test]
@@ -384,12 +428,12 @@ mod tests {
             ((0..n).map(|i| held(i, 0, 0, len)).collect(), vec![vec![(64 * K, 128 * K)]; n])
         };
         let (h, z) = runs(300, 256 * K);
-        assert_eq!(plan(&h, &z, 4 * K, 64 * K, 4.0), None);
+        assert_eq!(plan(&h, &z, 4 * K, 64 * K, 4.0), Err(FewZeros));
         let (h, z) = runs(32, 256 * K);
-        assert_eq!(plan(&h, &z, 4 * K, 64 * K, 4.0).map(|w| w.zero_bytes()), Some(128 * K));
+        assert_eq!(plan(&h, &z, 4 * K, 64 * K, 4.0).map(|w| w.zero_bytes()), Ok(128 * K));
         // The run at the end of every stretch: no item is split.
         let (h, z) = runs(300, 192 * K);
-        assert_eq!(plan(&h, &z, 4 * K, 64 * K, 4.0).map(|w| w.zero_bytes()), Some(128 * K));
+        assert_eq!(plan(&h, &z, 4 * K, 64 * K, 4.0).map(|w| w.zero_bytes()), Ok(128 * K));
         // 300 clones of runs of 1 MiB: worth it.
         let h: Vec<Held> = (0..300).map(|i| held(i, 0, 0, 3 * M)).collect();
         let w = plan(&h, &vec![vec![(M, M)]; 300], 4 * K, 64 * K, 4.0).unwrap();
@@ -402,8 +446,8 @@ mod tests {
         // times the zeros; one more is too many.
         let h = |n: usize| -> Vec<Held> { (0..n).map(|i| held(i, 0, 0, 2 * M)).collect() };
         let z = |n: usize| vec![vec![(M, M)]; n];
-        assert_eq!(plan(&h(512), &z(512), 4 * K, 64 * K, 4.0).map(|w| w.zero_bytes()), Some(M));
-        assert_eq!(plan(&h(513), &z(513), 4 * K, 64 * K, 4.0), None);
+        assert_eq!(plan(&h(512), &z(512), 4 * K, 64 * K, 4.0).map(|w| w.zero_bytes()), Ok(M));
+        assert_eq!(plan(&h(513), &z(513), 4 * K, 64 * K, 4.0), Err(ManyHolders));
     }
 
     #[test]

@@ -106,9 +106,16 @@ impl ZeroPass<'_> {
         let Some((holders, held)) = self.holders(db, (id, disk), &refs, v) else { return none };
         let zero_runs: Option<Vec<_>> =
             holders.iter().map(|h| v.shared.zero_runs(h.id, h.facts.size, self.block)).collect();
-        let Some(work) = zero_runs.and_then(|z| clones::plan(&held, &z, self.block, zeros::MIN_BYTES, b.max_ratio))
-        else {
-            return none;
+        let Some(z) = zero_runs else { return none };
+        let work = match clones::plan(&held, &z, self.block, zeros::MIN_BYTES, b.max_ratio) {
+            Ok(work) => work,
+            Err(why) => {
+                if let Some(why) = why.said() {
+                    progress
+                        .info(&format!("{}: zeros its clones share left: {why}", display_path(&holders[0].facts.path)));
+                }
+                return none;
+            }
         };
         match self.steps(&work, &holders, b, v) {
             Ok(()) => {
