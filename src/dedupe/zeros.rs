@@ -57,6 +57,18 @@ use crate::sys::fiemap::Extent;
 
 pub mod clones;
 
+/// The most bytes of holders' stretches the kernel may compare for each
+/// byte of shared zeros freed: per extent where its holders let go
+/// together (`clones::plan`), per block of disk a run where each lets go
+/// alone (`pipeline::zeros`, `SharedZeros::may_compare`). Every punch and
+/// every share into a holder has the kernel compare that holder's
+/// stretch, read from disk where the scan never read it (a clone's extents
+/// are hashed once). 300 clones of an image half zeros compare 600 times
+/// what they free; a user who makes 100,000 clones of a small file of
+/// theirs would make a root run read 100,000 times it, and again every
+/// night that run stops at its `--max-runtime` before the end.
+pub const MAX_COMPARED_PER_ZERO: u64 = 1024;
+
 /// The shortest zero run turned into a hole: 64 KiB. Scattered zero blocks
 /// inside data (a database's empty pages, padding) would cost an extent
 /// record each for 4 KiB, and split the file; whole zero regions are what

@@ -89,15 +89,6 @@ pub struct ClonesWork {
 /// a stretch only shortens its item, and one over a whole stretch drops it.
 pub const BYTES_PER_CUT: u64 = 2 * 1024;
 
-/// The most bytes of the holders' stretches the kernel compares (every
-/// holder's, with its data shared in and its zeros punched) for each byte
-/// of zeros the work frees. 300 clones of an image half zeros compare 600
-/// times what they free, read from disk where the scan never read them
-/// (a clone's extents are hashed once); a user who makes 100,000 clones of
-/// a small file of theirs would make a root run read 100,000 times it, and
-/// again every night that run stops at its `--max-runtime` before the end.
-pub const MAX_COMPARED_PER_ZERO: u64 = 1024;
-
 /// Why [`plan`] leaves an extent as it is.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Unworthy {
@@ -111,27 +102,28 @@ pub enum Unworthy {
     FewZeros,
     /// Data over `ratio` times the zeros: its copy would cost more.
     MuchData,
-    /// Stretches over [`MAX_COMPARED_PER_ZERO`] times the zeros.
+    /// Stretches over [`super::MAX_COMPARED_PER_ZERO`] times the zeros.
     ManyHolders,
 }
 
 impl Unworthy {
     /// What to say of an extent left so (with `-v`), if anything: with no
     /// data in it, each holder lets go alone, so nothing is left.
-    pub fn said(self) -> Option<&'static str> {
-        match self {
-            Unworthy::NoData => None,
-            Unworthy::Cannot => Some("a stretch of it is not in whole blocks"),
+    pub fn said(self) -> Option<String> {
+        Some(match self {
+            Unworthy::NoData => return None,
+            Unworthy::Cannot => "a stretch of it is not in whole blocks".to_owned(),
             Unworthy::FewZeros => {
-                Some("its zero runs are too short for the metadata their holes would add to every clone")
+                "its zero runs are too short for the metadata their holes would add to every clone".to_owned()
             }
-            Unworthy::MuchData => {
-                Some("copying its data would cost more than --rewrite-ratio allows for the zeros worth a hole in every clone")
-            }
-            Unworthy::ManyHolders => {
-                Some("held by so many clones that the kernel would compare over 1,024 times the zeros freed")
-            }
-        }
+            Unworthy::MuchData => "copying its data would cost more than --rewrite-ratio allows for the zeros \
+                                   worth a hole in every clone"
+                .to_owned(),
+            Unworthy::ManyHolders => format!(
+                "held by so many clones that the kernel would compare over {} times the zeros freed",
+                super::MAX_COMPARED_PER_ZERO
+            ),
+        })
     }
 }
 
@@ -174,7 +166,7 @@ pub fn plan(
         _ if data == 0 => return Err(Unworthy::NoData),
         _ if zero_bytes < min => return Err(Unworthy::FewZeros),
         _ if data as f64 > ratio * zero_bytes as f64 => return Err(Unworthy::MuchData),
-        _ if compared > zero_bytes.saturating_mul(MAX_COMPARED_PER_ZERO) => return Err(Unworthy::ManyHolders),
+        _ if compared > zero_bytes.saturating_mul(super::MAX_COMPARED_PER_ZERO) => return Err(Unworthy::ManyHolders),
         _ => {}
     }
     let mut homes = Homes::default();

@@ -51,7 +51,7 @@ impl ZeroPass<'_> {
 /// next run (`zeros_many_clones`): as many files of the run as a block may
 /// be punched by already let go of them (`SharedZeros::may_compare`).
 pub(super) fn say_compared(path: &std::path::Path, progress: &dyn Progress) {
-    let n = crate::dedupe::zeros::clones::MAX_COMPARED_PER_ZERO;
+    let n = crate::dedupe::zeros::MAX_COMPARED_PER_ZERO;
     progress.info(&format!("{}: shared zeros left for the next run: {n} files let go first", display_path(path)));
 }
 

@@ -21,8 +21,8 @@ use std::os::fd::BorrowedFd;
 
 use crate::blockmap::BlockMap;
 use crate::db::Db;
-use crate::dedupe::zeros::clones::MAX_COMPARED_PER_ZERO;
 use crate::dedupe::zeros::ExtentWork;
+use crate::dedupe::zeros::MAX_COMPARED_PER_ZERO;
 use crate::file::{FileId, FileKey, IdSet};
 use crate::sys::fiemap::Extent;
 
