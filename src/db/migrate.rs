@@ -29,6 +29,7 @@ pub const MIGRATIONS: &[&str] = &[
     include_str!("../../schema/0013_too_large.sql"),
     include_str!("../../schema/0014_zeros_held.sql"),
     include_str!("../../schema/0015_pending_by_reason.sql"),
+    include_str!("../../schema/0016_sources.sql"),
 ];
 
 /// The schema version this build writes.

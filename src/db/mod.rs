@@ -18,6 +18,7 @@ pub mod owner;
 pub mod pending;
 pub mod place;
 pub mod reader;
+pub mod sources;
 pub mod summary;
 pub mod too_large;
 pub mod writer;
@@ -239,7 +240,7 @@ impl Db {
     /// Drop every block fingerprint (after the block size changed, all
     /// files must be hashed again).
     pub fn forget_all_hashes(&self) -> rusqlite::Result<()> {
-        self.conn.execute_batch("DELETE FROM files; DELETE FROM dirs; DELETE FROM shared_runs;")
+        self.conn.execute_batch("DELETE FROM files; DELETE FROM dirs; DELETE FROM shared_runs; DELETE FROM sources;")
     }
 
     /// Record the start of a run; returns its id.

@@ -297,6 +297,7 @@ impl Writer {
                 });
                 if replaced {
                     conn.prepare_cached("DELETE FROM shared_runs WHERE file_id = ?1")?.execute([id])?;
+                    conn.prepare_cached("DELETE FROM sources WHERE file_id = ?1")?.execute([id])?;
                 }
                 if !hash.shared_runs.is_empty() {
                     conn.prepare_cached(
@@ -323,6 +324,7 @@ impl Writer {
                 self.hand_over(conn, id)?;
                 conn.prepare_cached("DELETE FROM files WHERE id = ?1")?.execute([id])?;
                 conn.prepare_cached("DELETE FROM shared_runs WHERE file_id = ?1")?.execute([id])?;
+                conn.prepare_cached("DELETE FROM sources WHERE file_id = ?1")?.execute([id])?;
                 self.prune_dirs = true;
             }
             WriteOp::TooLarge { file } => super::too_large::record(conn, &file, self.run_id)?,

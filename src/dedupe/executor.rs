@@ -381,6 +381,10 @@ impl<'a> Executor<'a> {
                 self.out.differs.push((dests[k].id, dests[k].off + done, len - done));
                 self.explain_differs(source, &dests[k], done, chunk);
             }
+            // A file of one block is one extent, never held in part.
+            if res.bytes_deduped > 0 && self.files.get(&source.id).is_some_and(|c| c.size > self.block_size) {
+                self.out.sources.insert(source.id);
+            }
             if !self.record(dests[k].id, res.status, res.bytes_deduped) {
                 alive[k] = false;
             } else if res.bytes_deduped < chunk {

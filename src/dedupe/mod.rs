@@ -135,6 +135,9 @@ pub struct Outcome {
     /// from them differed, and not by a fingerprint collision (see
     /// [`verify`]). The next run must read them again.
     pub stale: BTreeSet<FileId>,
+    /// Files the kernel shared a range from: their extents now hold
+    /// other files' blocks too (recorded: `Db::mark_sources`).
+    pub sources: BTreeSet<FileId>,
     /// Destinations whose partly covered extents the bookend pass judged
     /// (rewritten or pinned): the database's account of what they pin is
     /// replaced by this run's.
@@ -452,6 +455,7 @@ impl Outcome {
         self.pin_checked.extend(o.pin_checked);
         self.differs.extend(o.differs);
         self.stale.extend(o.stale);
+        self.sources.extend(o.sources);
         for (k, n) in o.errors {
             *self.errors.entry(k).or_default() += n;
         }

@@ -145,6 +145,7 @@ impl<'a> Rounds<'a> {
         );
         // Found stale: the next run reads them again (a dry run too).
         w.db.distrust(&o.stale)?;
+        w.db.mark_sources(&std::mem::take(&mut o.sources))?;
         self.pending.batch(plan, &o, w.stop.load(Ordering::Relaxed))?;
         // What is per file is recorded now; the report needs totals.
         for (why, n) in o.pinned_by_reason() {

@@ -253,6 +253,7 @@ fn write_slices(
 
 /// The [`Claims`] of the shared runs of the files `keep` accepts; in an
 /// incremental plan (`fresh`), only where the fresh files lie on disk.
+/// With the files earlier runs shared ranges from, wherever they lie.
 fn shared_claims(
     db: &Db,
     keep: impl Fn(FileId) -> bool + Copy,
@@ -280,7 +281,7 @@ fn shared_claims(
             files.push((id, key, salt, runs));
         }
     })?;
-    Ok(Claims::build(files))
+    Ok(Claims::build(files).with_sources(db.sources(keep)?))
 }
 
 /// The whole-file groups of partition `part` of `parts` of the map-hash
