@@ -1,8 +1,10 @@
 //! Whole-file groups of many copies: planned with two of them, the others
 //! take the second one's ranges.
 //!
-//! The planner ranks copies of one content by inode number (then id), and
-//! the first of them wins every class they are in, so every other copy is
+//! The planner ranks copies of one content held ones first
+//! (`PlanFile::held`: they keep extents for other files), then by inode
+//! number (then id), and the first of them wins every class they are in,
+//! so every other copy is
 //! a destination of exactly the same sources at the same offsets: copies
 //! beyond the second change nothing the planner decides (not the classes,
 //! not which blocks are unique, not what stays pinned). Planning them all
@@ -62,7 +64,18 @@ pub(super) struct Followers {
 /// first copy, as a batch of all copies did, and the share phase may still
 /// hand the source's role to a copy a read-only snapshot keeps (see
 /// `dedupe::swap`), which it does only for a source not yet shared.
-pub(super) fn reduce(db: &Db, g: &mut Vec<FileId>, limit: usize) -> rusqlite::Result<Option<Followers>> {
+///
+/// `held` says which copies the planner holds: it takes them first, so
+/// they come first here too. Ranked by inode alone, a copy an earlier run
+/// shared from (a backup's file, unchanged for days) was the planner's
+/// source but the followers' template: it has no ranges, and the copies
+/// that followed it were never shared.
+pub(super) fn reduce(
+    db: &Db,
+    g: &mut Vec<FileId>,
+    limit: usize,
+    held: impl Fn(FileId) -> bool,
+) -> rusqlite::Result<Option<Followers>> {
     if g.len() <= limit.max(PLANNED) {
         return Ok(None);
     }
@@ -70,7 +83,7 @@ pub(super) fn reduce(db: &Db, g: &mut Vec<FileId>, limit: usize) -> rusqlite::Re
     if keys.len() < 2 {
         return Ok(None);
     }
-    keys.sort_unstable_by_key(|k| (k.ino, k.id));
+    keys.sort_unstable_by_key(|k| (!held(k.id), k.ino, k.id));
     let mut same = SameMap::new(db, keys[0]);
     if !same.check(&keys[1])? {
         return Ok(None);

@@ -427,21 +427,16 @@ impl Batcher<'_> {
             return Ok(());
         }
         let mut followers = Vec::new();
+        let held = |id| self.claims.is_held(id) || batch.planned.contains(&id);
         for g in &mut batch.whole {
-            followers.extend(copies::reduce(self.db, g, self.limits.whole_copies)?);
+            followers.extend(copies::reduce(self.db, g, self.limits.whole_copies, held)?);
         }
         batch.block_files.sort_unstable();
         let block_ids: Vec<FileId> = batch.block_files.iter().map(|f| f.0).collect();
         let ids = group::involved(&batch.whole, &block_ids);
         drop(block_ids);
         let files: Vec<PlanFile> = (self.db.map_rows(ids)?.into_iter())
-            .map(|r| PlanFile {
-                id: r.id,
-                ino: r.ino,
-                size: r.size,
-                blocks: r.map,
-                held: self.claims.is_held(r.id) || batch.planned.contains(&r.id),
-            })
+            .map(|r| PlanFile { id: r.id, ino: r.ino, size: r.size, blocks: r.map, held: held(r.id) })
             .collect();
         let mut p = plan_exact_with(&files, &batch.whole, self.opts, |join| {
             self.regroup(&files, &batch.block_files, join);
