@@ -26,18 +26,13 @@ while [[ $# -gt 0 ]]; do
     esac
 done
 [[ ${#bins[@]} -ge 1 && $EUID -eq 0 ]] || { sed -n '2,3p' "$0" >&2; echo "generations.sh: needs root and at least one build" >&2; exit 2; }
+# shellcheck source=benches/lib.sh
+. "$HERE/lib.sh"
 BASE=${BENCH_WORK:-/var/tmp}
-TREE=$BASE/dedupscan-layouts-corpus
-if [ ! -e "$TREE.complete" ] || [ ! -d "$TREE/vocab" ]; then
-    rm -rf "$TREE"
-    python3 "$HERE/layouts.py" "$TREE"
-    touch "$TREE.complete"
-fi
+layouts_corpus
 WORK=$(mktemp -d "$BASE/dedupscan-generations.XXXXXX")
 MNT=$WORK/mnt
 mkdir "$MNT"
-# shellcheck source=benches/lib.sh
-. "$HERE/lib.sh"
 cleanup() { mountpoint -q "$MNT" && umount "$MNT"; rm -rf "$WORK"; }
 trap cleanup EXIT
 for bin in "${bins[@]}"; do

@@ -35,13 +35,7 @@ HERE=$(cd "$(dirname "$0")" && pwd)
 default_bins "$HERE/.."
 TOOLS=${DEDUPSCAN_TOOLS:-$HERE/../../shared/tools}
 BASE=${BENCH_WORK:-/var/tmp}
-TREE=$BASE/dedupscan-layouts-corpus
-# (a corpus cached before part H was added is built again)
-if [ ! -e "$TREE.complete" ] || [ ! -d "$TREE/vocab" ]; then
-    rm -rf "$TREE"
-    python3 "$HERE/layouts.py" "$TREE"
-    touch "$TREE.complete"
-fi
+layouts_corpus
 WORK=$(mktemp -d "$BASE/dedupscan-layouts.XXXXXX")
 MNT=$WORK/mnt
 mkdir "$MNT"

@@ -323,3 +323,15 @@ bench_cleanup() {
     [[ $rc -ne 0 ]] && log "failed (exit $rc); partial logs in $out.logs"
     exit "$rc"
 }
+
+# layouts_corpus: build the corpus of layouts.py once, cached in BENCH_WORK
+# (/var/tmp by default; a corpus cached before part H was added is built
+# again), and set TREE to it.
+layouts_corpus() {
+    TREE=${BENCH_WORK:-/var/tmp}/dedupscan-layouts-corpus
+    if [ ! -e "$TREE.complete" ] || [ ! -d "$TREE/vocab" ]; then
+        rm -rf "$TREE"
+        python3 "$HERE/layouts.py" "$TREE"
+        touch "$TREE.complete"
+    fi
+}

@@ -7,6 +7,18 @@ use dedupscan::corpus::Rng;
 
 const MIB: usize = 1 << 20;
 
+/// The next default run over `data`: its report and what it freed
+/// (statfs), checked to have changed no file and met no error.
+fn night(vol: &Volume, data: &std::path::Path) -> (serde_json::Value, i64) {
+    let before = Snapshot::take(data);
+    let free = free_bytes(data);
+    let night = run_json(vol, &[s(data)]);
+    let freed = free_bytes(data) as i64 - free as i64;
+    before.assert_same(&Snapshot::take(data));
+    assert_eq!(num(&night, "errors"), 0, "{night:#}");
+    (night, freed)
+}
+
 /// A disk image whose first MiB is a file of a tree (and of its copy
 /// beside it), shared by a first run; then a new copy of the image,
 /// changed in a few blocks and one MiB longer, shared by a nightly run.
@@ -45,13 +57,7 @@ fn a_new_copy_of_data_shared_before_is_shared_into(fs: Fs) {
     copy.extend(rng.bytes(MIB));
     std::fs::create_dir_all(data.join("new")).unwrap();
     std::fs::write(data.join("new/disk-copy.img"), &copy).unwrap();
-    let before = Snapshot::take(&data);
-    let free = free_bytes(&data);
-
-    let night = run_json(&vol, &[s(&data)]);
-    let freed = free_bytes(&data) as i64 - free as i64;
-    before.assert_same(&Snapshot::take(&data));
-    assert_eq!(num(&night, "errors"), 0, "{night:#}");
+    let (night, freed) = night(&vol, &data);
     assert!(night["pending"].as_object().unwrap().is_empty(), "nothing left pending: {night:#}");
     // Every block the copy has in common with the image now lies in the
     // image's extents: the copy is the destination.
@@ -102,12 +108,7 @@ fn copies_beyond_the_third_follow_a_copy_that_has_ranges(fs: Fs) {
 
     std::fs::rename(aside.join("c.bin"), data.join("c.bin")).unwrap();
     std::fs::write(data.join("d.bin"), &body).unwrap();
-    let before = Snapshot::take(&data);
-    let free = free_bytes(&data);
-    let night = run_json(&vol, &[s(&data)]);
-    let freed = free_bytes(&data) as i64 - free as i64;
-    before.assert_same(&Snapshot::take(&data));
-    assert_eq!(num(&night, "errors"), 0, "{night:#}");
+    let (night, freed) = night(&vol, &data);
     for name in ["b.bin", "c.bin", "d.bin"] {
         let shared = same_physical(&data.join("a.bin"), 0, &data.join(name), 0, body.len() as u64);
         assert!(shared, "{name} shares a.bin's blocks: {night:#}");
