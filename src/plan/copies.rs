@@ -4,10 +4,10 @@
 //! The planner ranks copies of one content held ones first
 //! (`PlanFile::held`: they keep extents for other files), then by inode
 //! number (then id), and the first of them wins every class they are in,
-//! so every other copy is
-//! a destination of exactly the same sources at the same offsets: copies
-//! beyond the second change nothing the planner decides (not the classes,
-//! not which blocks are unique, not what stays pinned). Planning them all
+//! so every other copy is a destination of exactly the same sources at the
+//! same offsets: copies beyond the second change nothing the planner
+//! decides (not the classes, not which blocks are unique, not what stays
+//! pinned). Planning them all
 //! cost about 16 bytes of memory per block per copy: 400 `cp --reflink`
 //! clones of a 1 GiB file, which cost their owner no disk space, made a
 //! full run or `report` take 1.65 GB (ten thousand would take 40 GB). Here
