@@ -28,13 +28,8 @@ done
 [[ ${#bins[@]} -ge 1 && $EUID -eq 0 ]] || { sed -n '2,3p' "$0" >&2; echo "generations.sh: needs root and at least one build" >&2; exit 2; }
 # shellcheck source=benches/lib.sh
 . "$HERE/lib.sh"
-BASE=${BENCH_WORK:-/var/tmp}
 layouts_corpus
-WORK=$(mktemp -d "$BASE/dedupscan-generations.XXXXXX")
-MNT=$WORK/mnt
-mkdir "$MNT"
-cleanup() { mountpoint -q "$MNT" && umount "$MNT"; rm -rf "$WORK"; }
-trap cleanup EXIT
+scratch_dir generations
 for bin in "${bins[@]}"; do
     echo "$FS, $bin:"
     mountpoint -q "$MNT" && umount "$MNT"

@@ -34,13 +34,8 @@ HERE=$(cd "$(dirname "$0")" && pwd)
 . "$HERE/lib.sh"
 default_bins "$HERE/.."
 TOOLS=${DEDUPSCAN_TOOLS:-$HERE/../../shared/tools}
-BASE=${BENCH_WORK:-/var/tmp}
 layouts_corpus
-WORK=$(mktemp -d "$BASE/dedupscan-layouts.XXXXXX")
-MNT=$WORK/mnt
-mkdir "$MNT"
-cleanup() { mountpoint -q "$MNT" && umount "$MNT"; rm -rf "$WORK"; }
-trap cleanup EXIT
+scratch_dir layouts
 (cd "$TREE" && find . -type f -print0 | sort -z | xargs -0 sha256sum) >"$WORK/manifest"
 echo "yardstick (ideal-dup.py, 4 KiB):"
 for part in "$TREE"/*/; do

@@ -335,3 +335,12 @@ layouts_corpus() {
         touch "$TREE.complete"
     fi
 }
+
+# scratch_dir NAME: a new work directory $WORK under BENCH_WORK (/var/tmp by
+# default) with a mount point $MNT in it, unmounted and removed on exit.
+scratch_dir() {
+    WORK=$(mktemp -d "${BENCH_WORK:-/var/tmp}/dedupscan-$1.XXXXXX")
+    MNT=$WORK/mnt
+    mkdir "$MNT"
+    trap 'mountpoint -q "$MNT" && umount "$MNT"; rm -rf "$WORK"' EXIT
+}
