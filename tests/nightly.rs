@@ -125,3 +125,64 @@ fn btrfs_copies_beyond_the_third_follow_a_copy_that_has_ranges() {
 fn xfs_copies_beyond_the_third_follow_a_copy_that_has_ranges() {
     copies_beyond_the_third_follow_a_copy_that_has_ranges(Fs::Xfs);
 }
+
+/// Write `parts` one after another into a new file at `path`, each flushed
+/// to disk before the next, so that each lies in an extent of its own.
+fn write_in_extents(path: &std::path::Path, parts: &[&[u8]]) {
+    use std::io::Write;
+    std::fs::create_dir_all(path.parent().unwrap()).unwrap();
+    let mut f = std::fs::File::create(path).unwrap();
+    for p in parts {
+        f.write_all(p).unwrap();
+        f.sync_all().unwrap();
+    }
+}
+
+/// A tarball a first run shared a tree's file from, then an image with
+/// the same file inside (larger, with blocks of its own) on the next night.
+///
+/// The tarball stays on disk (its own blocks) and is held (the first run
+/// shared from it), and so does the image: the planner's rule of what
+/// stays ranked the two alike and took the larger image as the source.
+/// The tarball, a destination whose extent stays, and the tree's file,
+/// lying in it, then freed nothing, and the image's copy stayed stored
+/// twice (on btrfs; XFS frees the tarball's blocks either way). The
+/// night's other files (an image made of files found elsewhere) make that
+/// rule the one chosen. The image's copy is written as an extent of its
+/// own, so that sharing into it frees it on btrfs too.
+fn a_file_shared_from_a_tarball_is_shared_from_it_into_a_new_image(fs: Fs) {
+    let Some(vol) = Volume::new(fs, 320) else { return };
+    let data = vol.path("data");
+    let mut rng = Rng::new(53);
+    let y = rng.bytes(MIB);
+    write_in_extents(&data.join("tar/t.tar"), &[&[rng.bytes(2 * MIB), y.clone(), rng.bytes(3 * MIB)].concat()]);
+    write_in_extents(&data.join("tree/y.bin"), &[&y]);
+    let first = run_json(&vol, &[s(&data)]);
+    assert!(
+        same_physical(&data.join("tree/y.bin"), 0, &data.join("tar/t.tar"), 2 * MIB as u64, MIB as u64),
+        "{first:#}"
+    );
+
+    write_in_extents(&data.join("img/j.img"), &[&rng.bytes(4 * MIB), &y, &rng.bytes(4 * MIB)]);
+    let (x2, g) = (rng.bytes(64 << 10), rng.bytes(MIB));
+    write_in_extents(&data.join("tar2/t2.tar"), &[&[rng.bytes(2 * MIB), x2.clone(), rng.bytes(2 * MIB)].concat()]);
+    write_in_extents(&data.join("tree2/x2.bin"), &[&x2]);
+    write_in_extents(&data.join("tree2/g.bin"), &[&g]);
+    write_in_extents(&data.join("img2/i.img"), &[&[rng.bytes(4096), x2, g].concat()]);
+    let (night, freed) = night(&vol, &data);
+    assert!(night["pending"].as_object().unwrap().is_empty(), "nothing left pending: {night:#}");
+    let (tar, img) = (data.join("tar/t.tar"), data.join("img/j.img"));
+    assert!(same_physical(&img, 4 * MIB as u64, &tar, 2 * MIB as u64, MIB as u64), "{night:#}");
+    let expected = 2 * MIB as i64 + (64 << 10);
+    assert!(freed >= expected - MIB as i64 / 4, "freed {freed} of {expected} (statfs): {night:#}");
+}
+
+#[test]
+fn btrfs_a_file_shared_from_a_tarball_is_shared_from_it_into_a_new_image() {
+    a_file_shared_from_a_tarball_is_shared_from_it_into_a_new_image(Fs::Btrfs);
+}
+
+#[test]
+fn xfs_a_file_shared_from_a_tarball_is_shared_from_it_into_a_new_image() {
+    a_file_shared_from_a_tarball_is_shared_from_it_into_a_new_image(Fs::Xfs);
+}

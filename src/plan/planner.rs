@@ -236,13 +236,19 @@ impl<'a> Planner<'a> {
     /// the first):
     /// 1. files with a block no other copy has first (they keep an extent
     ///    whatever we do);
-    /// 2. files that stay even as destinations first: more blocks of their
-    ///    own than `rewrite_ratio` times their duplicates (a tarball whose
-    ///    members are rarely 4 KiB-aligned); then wholly duplicate files;
-    ///    then the rest (a disk image mostly made of files found elsewhere:
-    ///    as a destination it is covered enough for its own blocks to be
-    ///    rewritten and its extents freed, where as a source it would pin
-    ///    the copies a tarball keeps too).
+    /// 2. held files first; then files that stay even as destinations: more
+    ///    blocks of their own than `rewrite_ratio` times their duplicates
+    ///    (a tarball whose members are rarely 4 KiB-aligned); then wholly
+    ///    duplicate files; then the rest (a disk image mostly made of files
+    ///    found elsewhere: as a destination it is covered enough for its own
+    ///    blocks to be rewritten and its extents freed, where as a source it
+    ///    would pin the copies a tarball keeps too). A held file stays
+    ///    too, but is ranked apart: as a destination it frees nothing for
+    ///    certain (files outside the plan keep its extent; it is left
+    ///    pending), where a file kept for its own blocks does so only as
+    ///    the estimate models it, one extent: its copy may lie in an extent
+    ///    of its own (an image written file by file), freed when shared
+    ///    into. Ranked with them, the larger (the image) won.
     ///
     /// Both depend on the contents alone, never on names or row ids.
     fn sources(&mut self) -> Vec<u32> {
@@ -301,12 +307,14 @@ impl<'a> Planner<'a> {
         loop {
             let pref: Vec<Preference> = (0..n)
                 .map(|f| {
-                    let tier = if kept[f] {
+                    let tier = if self.files[f].held {
                         0
-                    } else if unique[f] == 0 {
+                    } else if kept[f] {
                         1
-                    } else {
+                    } else if unique[f] == 0 {
                         2
+                    } else {
+                        3
                     };
                     (tier, std::cmp::Reverse(len(f)), f as u32)
                 })
