@@ -107,3 +107,49 @@ fn btrfs_a_users_reflinked_clones_cost_the_run_no_memory() {
 fn xfs_a_users_reflinked_clones_cost_the_run_no_memory() {
     clones_cost_no_memory(Fs::Xfs);
 }
+
+/// A file, three `cp --reflink` clones of it (four holders of one extent)
+/// and a disk image with the file inside, written in one pass: the image
+/// (blocks of its own) is the source, and the file's extent is freed only
+/// once all four are shared into. A whole-file group of more than three
+/// copies is planned with two and the rest follow in a plan of their own;
+/// the first copy stayed in the batch's plan, so on btrfs each plan found
+/// the other's copies holding the extent outside it and left all four
+/// pending `referenced_outside_run`: nothing freed.
+fn clones_of_a_file_inside_an_image_are_freed(fs: Fs) {
+    let Some(vol) = Volume::new(fs, 320) else { return };
+    let d = vol.path("data");
+    std::fs::create_dir_all(d.join("tree")).unwrap();
+    std::fs::create_dir_all(d.join("img")).unwrap();
+    let mut rng = dedupscan::corpus::Rng::new(54);
+    let f = rng.bytes(MIB as usize);
+    std::fs::write(d.join("tree/f"), &f).unwrap();
+    let image = [rng.bytes(4 * MIB as usize), f, rng.bytes(4 * MIB as usize)].concat();
+    std::fs::write(d.join("img/i.img"), &image).unwrap();
+    for k in 1..=3 {
+        sh(Command::new("cp").arg("--reflink=always").arg(d.join("tree/f")).arg(d.join(format!("tree/f{k}"))));
+    }
+    sh(&mut Command::new("sync"));
+    let before = Snapshot::take(&d);
+    let free = free_bytes(&d);
+    let run = run_json(&vol, &[s(&d)]);
+    let freed = free_bytes(&d) as i64 - free as i64;
+    before.assert_same(&Snapshot::take(&d));
+    assert_eq!(num(&run, "errors"), 0, "{run:#}");
+    assert!(run["pending"].as_object().unwrap().is_empty(), "nothing left pending: {run:#}");
+    for name in ["f", "f1", "f2", "f3"] {
+        let shared = same_physical(&d.join("img/i.img"), 4 * MIB, &d.join("tree").join(name), 0, MIB);
+        assert!(shared, "{name} lies in the image's extent: {run:#}");
+    }
+    assert!(freed >= MIB as i64 * 7 / 8, "freed {freed} of {MIB} (statfs): {run:#}");
+}
+
+#[test]
+fn btrfs_clones_of_a_file_inside_an_image_are_freed() {
+    clones_of_a_file_inside_an_image_are_freed(Fs::Btrfs);
+}
+
+#[test]
+fn xfs_clones_of_a_file_inside_an_image_are_freed() {
+    clones_of_a_file_inside_an_image_are_freed(Fs::Xfs);
+}

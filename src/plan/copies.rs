@@ -14,7 +14,9 @@
 //! the planner sees the first two copies (and the one the block groups
 //! name), and every copy but the first follows in plans of their own, a
 //! bounded number of copies each: the same ranges as before, in other
-//! batches.
+//! batches. The first copy follows too where it is a destination
+//! ([`Follow::first`]): its clones share its extent, freed only when the
+//! share phase sees every holder in one plan.
 
 use rustc_hash::FxHashMap;
 
@@ -40,6 +42,9 @@ const FOLLOW_FILES: usize = super::limits::BATCH_FILES as usize;
 /// but the first, whether the planner saw them or not.
 #[derive(Debug, PartialEq, Eq)]
 pub(super) struct Followers {
+    /// The first copy in the planner's order (its ranges, where it has
+    /// any, go with the followers: see [`with_templates`]).
+    first: FileId,
     /// The copy whose ranges they take (the second in the planner's order).
     template: FileId,
     /// The copies, each with the same map as the first: the template
@@ -105,7 +110,7 @@ pub(super) fn reduce(
     let planned = copies.len();
     copies.append(&mut rest);
     g.retain(|id| [first, template, named].contains(id));
-    Ok(Some(Followers { template, copies, planned }))
+    Ok(Some(Followers { first, template, copies, planned }))
 }
 
 /// Whether a copy's map is the first copy's: by the row holding it, else
@@ -146,20 +151,57 @@ impl Followers {
     }
 }
 
-/// Each group of `followers` with its template's ranges, taken from `plan`
-/// (the plan of their batch) in one pass: what [`follow`] needs.
-pub(super) fn with_templates(plan: &Plan, followers: Vec<Followers>) -> Vec<(Followers, Vec<Range>)> {
-    let mut by_template: FxHashMap<FileId, Vec<Range>> = followers.iter().map(|f| (f.template, Vec::new())).collect();
+/// A group of [`Followers`] with the ranges [`follow`] plans for it.
+#[derive(Debug)]
+pub(super) struct Follow {
+    followers: Followers,
+    /// The template's ranges: each copy takes them as its own.
+    template: Vec<Range>,
+    /// The first copy's own ranges, where it is a destination (the
+    /// content's source lies outside the group: a disk image holding the
+    /// file). They leave the batch's plan and go with the copies, so that
+    /// the share phase sees every copy in one plan: reflinked clones of
+    /// one file share one extent, and shared into in different plans,
+    /// each plan found the others holding that extent outside it and left
+    /// them all pending (btrfs: a file, three `cp --reflink` clones and a
+    /// disk image holding it freed nothing).
+    first: Vec<Range>,
+}
+
+impl Follow {
+    /// The first copies whose ranges move into the plans of followers.
+    pub(super) fn moved_first(&self) -> Option<FileId> {
+        (!self.first.is_empty()).then_some(self.followers.first)
+    }
+}
+
+/// Each group of `followers` with its template's ranges and its first
+/// copy's, taken from `plan` (the plan of their batch) in one pass: what
+/// [`follow`] needs. The first copy's are left where `keep_first` says
+/// (a split component's hub, planned in an earlier part).
+pub(super) fn with_templates(
+    plan: &Plan,
+    followers: Vec<Followers>,
+    keep_first: impl Fn(FileId) -> bool,
+) -> Vec<Follow> {
+    let mut by_dest: FxHashMap<FileId, Vec<Range>> = FxHashMap::default();
+    for f in &followers {
+        by_dest.insert(f.template, Vec::new());
+        if !keep_first(f.first) {
+            by_dest.insert(f.first, Vec::new());
+        }
+    }
     for r in &plan.ranges {
-        if let Some(t) = by_template.get_mut(&r.dest) {
+        if let Some(t) = by_dest.get_mut(&r.dest) {
             t.push(*r);
         }
     }
     followers
         .into_iter()
         .map(|f| {
-            let t = by_template.remove(&f.template).unwrap_or_default();
-            (f, t)
+            let template = by_dest.remove(&f.template).unwrap_or_default();
+            let first = by_dest.remove(&f.first).unwrap_or_default();
+            Follow { followers: f, template, first }
         })
         .collect()
 }
@@ -174,7 +216,7 @@ pub(super) fn with_templates(plan: &Plan, followers: Vec<Followers>) -> Vec<(Fol
 /// first copy), a copy is never split. Each plan is ordered as the planner
 /// orders a plan and handed to `emit` as soon as it is full.
 pub(super) fn follow<E>(
-    groups: &[(Followers, Vec<Range>)],
+    groups: &[Follow],
     (max_ranges, max_files): (usize, usize),
     mut emit: impl FnMut(Plan) -> Result<(), E>,
 ) -> Result<(), E> {
@@ -192,11 +234,17 @@ pub(super) fn follow<E>(
     let full = |cur: &[Range], copies: usize, ranges: usize, files: usize| {
         copies > 0 && (cur.len() + ranges > max_ranges || copies + files > max_files)
     };
-    for (f, template) in groups.iter().filter(|g| !g.1.is_empty()) {
-        if full(&cur, copies, f.copies.len() * template.len(), f.copies.len()) {
+    for g in groups.iter().filter(|g| !g.template.is_empty() || !g.first.is_empty()) {
+        let (f, template) = (&g.followers, &g.template);
+        let group_ranges = g.first.len() + f.copies.len() * template.len();
+        if full(&cur, copies, group_ranges, f.copies.len() + usize::from(!g.first.is_empty())) {
             flush(&mut cur, &mut copies)?;
         }
-        for &c in &f.copies {
+        if !g.first.is_empty() {
+            cur.extend(&g.first);
+            copies += 1;
+        }
+        for &c in f.copies.iter().filter(|_| !template.is_empty()) {
             if full(&cur, copies, template.len(), 1) {
                 flush(&mut cur, &mut copies)?;
             }
@@ -215,7 +263,7 @@ mod tests {
         Range { src: FileId(src), src_off, len, dest: FileId(dest), dest_off }
     }
 
-    fn plans(groups: &[(Followers, Vec<Range>)]) -> Vec<Plan> {
+    fn plans(groups: &[Follow]) -> Vec<Plan> {
         let mut out = Vec::new();
         follow(groups, (FOLLOW_RANGES, FOLLOW_FILES), |p| {
             out.push(p);
@@ -225,17 +273,49 @@ mod tests {
         out
     }
 
+    fn fl(followers: Followers, template: Vec<Range>) -> Follow {
+        Follow { followers, template, first: Vec::new() }
+    }
+
     fn group(template: i64, copies: std::ops::Range<i64>) -> Followers {
-        Followers { template: FileId(template), copies: copies.map(FileId).collect(), planned: 1 }
+        Followers { first: FileId(1), template: FileId(template), copies: copies.map(FileId).collect(), planned: 1 }
+    }
+
+    #[test]
+    fn a_first_copy_shared_into_goes_with_its_followers() {
+        // Image 9 is the source of the group's content: the first copy 1
+        // is a destination like the template 2 and the copies 3 and 4.
+        let plan = Plan { ranges: vec![r(9, 4096, 8192, 1, 0), r(9, 4096, 8192, 2, 0), r(5, 0, 4096, 6, 0)] };
+        let g = || Followers {
+            first: FileId(1),
+            template: FileId(2),
+            copies: vec![FileId(2), FileId(3), FileId(4)],
+            planned: 1,
+        };
+        let groups = with_templates(&plan, vec![g()], |_| false);
+        assert_eq!(groups[0].moved_first(), Some(FileId(1)));
+        let got = plans(&groups);
+        assert_eq!(got.len(), 1, "one plan holds every copy: {got:?}");
+        let dests: Vec<i64> = got[0].ranges.iter().map(|x| x.dest.0).collect();
+        assert_eq!(dests, vec![1, 2, 3, 4]);
+        assert!(got[0].ranges.iter().all(|x| (x.src, x.src_off, x.len) == (FileId(9), 4096, 8192)));
+        // A first copy planned in an earlier part stays where it was.
+        let kept = with_templates(&plan, vec![g()], |id| id == FileId(1));
+        assert_eq!(kept[0].moved_first(), None);
+        assert_eq!(plans(&kept)[0].ranges.len(), 3);
+        // The first copy as the source: nothing of it moves.
+        let own = Plan { ranges: vec![r(1, 0, 8192, 2, 0)] };
+        assert_eq!(with_templates(&own, vec![g()], |_| false)[0].moved_first(), None);
     }
 
     #[test]
     fn followers_take_the_template_ranges_in_bounded_plans() {
         // Source 1 into template 2 (two ranges) and into an image 9.
         let plan = Plan { ranges: vec![r(1, 0, 8192, 2, 0), r(1, 0, 4096, 9, 40960), r(7, 0, 4096, 2, 8192)] };
-        let groups = with_templates(&plan, vec![group(2, 10..10 + 2 * FOLLOW_FILES as i64), group(3, 20..24)]);
-        assert_eq!(groups[0].1, vec![plan.ranges[0], plan.ranges[2]]);
-        assert!(groups[1].1.is_empty());
+        let groups =
+            with_templates(&plan, vec![group(2, 10..10 + 2 * FOLLOW_FILES as i64), group(3, 20..24)], |_| false);
+        assert_eq!(groups[0].template, vec![plan.ranges[0], plan.ranges[2]]);
+        assert!(groups[1].template.is_empty());
         let got = plans(&groups);
         // Two ranges a copy: bounded by files (FOLLOW_FILES copies a plan).
         assert_eq!(got.len(), 2);
@@ -248,19 +328,18 @@ mod tests {
         assert!(!got.iter().flat_map(|p| &p.ranges).any(|x| x.dest == FileId(9) || x.dest == FileId(2)));
         // Many ranges a copy: bounded by ranges, never less than one copy.
         let many: Vec<Range> = (0..5000).map(|k| r(1, k * 4096, 4096, 2, k * 4096)).collect();
-        let counts: Vec<usize> = plans(&[(group(2, 10..110), many)]).iter().map(|p| p.ranges.len()).collect();
+        let counts: Vec<usize> = plans(&[fl(group(2, 10..110), many)]).iter().map(|p| p.ranges.len()).collect();
         assert!(counts.iter().all(|&c| c <= FOLLOW_RANGES && c % 5000 == 0), "{counts:?}");
         assert_eq!(counts.iter().sum::<usize>(), 5000 * 100);
         let huge: Vec<Range> = (0..FOLLOW_RANGES as u64 + 1).map(|k| r(1, k * 4096, 4096, 2, k * 4096)).collect();
-        assert_eq!(plans(&[(group(2, 10..11), huge)])[0].ranges.len(), FOLLOW_RANGES + 1);
+        assert_eq!(plans(&[fl(group(2, 10..11), huge)])[0].ranges.len(), FOLLOW_RANGES + 1);
         // Small groups share plans; one that does not fit starts the next
         // plan whole; a template with nothing planned makes nothing.
         let one = vec![r(1, 0, 4096, 2, 0)];
-        let small: Vec<(Followers, Vec<Range>)> =
-            (0..100).map(|k| (group(2, k * 10..k * 10 + 4), one.clone())).collect();
+        let small: Vec<Follow> = (0..100).map(|k| fl(group(2, k * 10..k * 10 + 4), one.clone())).collect();
         assert_eq!(plans(&small).len(), 1);
-        let big = (group(2, 50_000..50_000 + FOLLOW_FILES as i64 - 2), one.clone());
-        let got = plans(&[small.into_iter().next().unwrap(), (group(3, 20..24), Vec::new()), big]);
+        let big = fl(group(2, 50_000..50_000 + FOLLOW_FILES as i64 - 2), one.clone());
+        let got = plans(&[small.into_iter().next().unwrap(), fl(group(3, 20..24), Vec::new()), big]);
         assert_eq!(got.iter().map(|p| p.ranges.len()).collect::<Vec<_>>(), vec![4, FOLLOW_FILES - 2]);
     }
 }

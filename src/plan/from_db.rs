@@ -444,8 +444,9 @@ impl Batcher<'_> {
         drop(files);
         let planned = std::mem::take(&mut batch.planned);
         drop(batch);
-        let moved: rustc_hash::FxHashSet<FileId> = followers.iter().flat_map(|f| f.planned()).copied().collect();
-        let groups = copies::with_templates(&p, followers);
+        let mut moved: rustc_hash::FxHashSet<FileId> = followers.iter().flat_map(|f| f.planned()).copied().collect();
+        let groups = copies::with_templates(&p, followers, |id| planned.contains(&id));
+        moved.extend(groups.iter().filter_map(|g| g.moved_first()));
         p.ranges.retain(|r| !moved.contains(&r.dest) && !planned.contains(&r.dest));
         self.emit(p, sink)?;
         let bounds = (copies::FOLLOW_RANGES.min(self.limits.batch_blocks as usize), self.limits.batch_files as usize);
