@@ -186,3 +186,48 @@ fn btrfs_a_file_shared_from_a_tarball_is_shared_from_it_into_a_new_image() {
 fn xfs_a_file_shared_from_a_tarball_is_shared_from_it_into_a_new_image() {
     a_file_shared_from_a_tarball_is_shared_from_it_into_a_new_image(Fs::Xfs);
 }
+
+/// A file and three `cp --reflink` clones of it (one extent, four
+/// holders), shared with nothing on the first night; on the next, a disk
+/// image holding the file arrives, written in one pass.
+///
+/// The nightly plan met the file through the image's blocks but not its
+/// clones (no clone is fresh or grouped with fresh data): the share phase
+/// found them holding the file's extent and left the file pending on
+/// btrfs, and XFS shared the file alone into the image, freeing nothing,
+/// until the weekly full plan. Now the copies of a file grouped with fresh
+/// data are planned with it.
+fn clones_of_a_file_a_new_image_holds_are_freed_the_same_night(fs: Fs) {
+    let Some(vol) = Volume::new(fs, 320) else { return };
+    let data = vol.path("data");
+    std::fs::create_dir_all(data.join("tree")).unwrap();
+    let mut rng = Rng::new(55);
+    let f = rng.bytes(MIB);
+    std::fs::write(data.join("tree/f"), &f).unwrap();
+    for k in 1..=3 {
+        let clone = data.join(format!("tree/f{k}"));
+        sh(std::process::Command::new("cp").arg("--reflink=always").arg(data.join("tree/f")).arg(clone));
+    }
+    let first = run_json(&vol, &[s(&data)]);
+    assert_eq!(num(&first, "errors"), 0, "{first:#}");
+
+    write_in_extents(&data.join("img/i.img"), &[&[rng.bytes(4 * MIB), f, rng.bytes(4 * MIB)].concat()]);
+    let (night, freed) = night(&vol, &data);
+    assert!(night["pending"].as_object().unwrap().is_empty(), "nothing left pending: {night:#}");
+    let img = data.join("img/i.img");
+    for name in ["f", "f1", "f2", "f3"] {
+        let file = data.join("tree").join(name);
+        assert!(same_physical(&img, 4 * MIB as u64, &file, 0, MIB as u64), "{name}: {night:#}");
+    }
+    assert!(freed >= MIB as i64 * 7 / 8, "freed {freed} of {MIB} (statfs): {night:#}");
+}
+
+#[test]
+fn btrfs_clones_of_a_file_a_new_image_holds_are_freed_the_same_night() {
+    clones_of_a_file_a_new_image_holds_are_freed_the_same_night(Fs::Btrfs);
+}
+
+#[test]
+fn xfs_clones_of_a_file_a_new_image_holds_are_freed_the_same_night() {
+    clones_of_a_file_a_new_image_holds_are_freed_the_same_night(Fs::Xfs);
+}

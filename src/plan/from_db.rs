@@ -131,7 +131,13 @@ pub fn from_db_with<E: From<rusqlite::Error>>(
     let mut batch = Batch::default();
     let mut joined: Vec<WholeGroup> = Vec::new();
     let mut take = |(size, g): WholeGroup, batch: &mut Batch, joined: &mut Vec<WholeGroup>, out: &mut Batcher| {
-        if !group::keeps(fresh, g.iter().copied()) {
+        // In an incremental plan, a group without a fresh copy comes too
+        // when its first copy is grouped with fresh data (a new image
+        // holding the file): its copies are planned with it, so reflinked
+        // clones of it are shared into together. Left out, the first copy
+        // alone was found held by its clones and left pending until the
+        // weekly full plan.
+        if !group::keeps(fresh, g.iter().copied()) && !links.has(g[0]) {
             return Ok(());
         }
         out.stats.whole_groups += 1;
