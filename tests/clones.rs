@@ -127,7 +127,7 @@ fn clones_of_a_file_inside_an_image_are_freed(fs: Fs) {
     let image = [rng.bytes(4 * MIB as usize), f, rng.bytes(4 * MIB as usize)].concat();
     std::fs::write(d.join("img/i.img"), &image).unwrap();
     for k in 1..=3 {
-        sh(Command::new("cp").arg("--reflink=always").arg(d.join("tree/f")).arg(d.join(format!("tree/f{k}"))));
+        reflink(&d.join("tree/f"), &d.join(format!("tree/f{k}")));
     }
     sh(&mut Command::new("sync"));
     let before = Snapshot::take(&d);

@@ -27,11 +27,6 @@ const CLONES: u64 = 256;
 /// Blocks each clone rewrites (its own data: never shared).
 const REWRITTEN: u64 = 4;
 
-fn reflink(from: &std::path::Path, to: &std::path::Path) {
-    let ok = Command::new("cp").arg("--reflink=always").arg(from).arg(to).status().unwrap();
-    assert!(ok.success(), "cp --reflink=always {}", to.display());
-}
-
 /// Rewrite `n` distinct blocks of `path` with fresh random data, chosen by
 /// `seed`; returns how many distinct blocks were rewritten.
 fn rewrite_blocks(path: &std::path::Path, seed: u64, n: u64) -> u64 {

@@ -73,7 +73,12 @@ pub fn from_db<E: From<rusqlite::Error>>(
 /// Plan the `allowed` files and hand the plan to `sink` in batches (each
 /// ordered as [`plan`] orders it; none empty). With `fresh`, only groups
 /// holding a fresh file are planned (incremental runs), and only the fresh
-/// files' fingerprints are grouped.
+/// files' fingerprints are grouped. A whole-file group without a fresh
+/// copy comes too when a block group of fresh data names its first copy
+/// (a new image holding the file): its copies are planned with it, so
+/// reflinked clones of it are shared into together. Left out, the first
+/// copy alone was found held by its clones and left pending until the
+/// weekly full plan.
 ///
 /// How: whole-file groups first, partition by partition; then groups of
 /// equal blocks among the files that are not a second copy (see
@@ -131,12 +136,7 @@ pub fn from_db_with<E: From<rusqlite::Error>>(
     let mut batch = Batch::default();
     let mut joined: Vec<WholeGroup> = Vec::new();
     let mut take = |(size, g): WholeGroup, batch: &mut Batch, joined: &mut Vec<WholeGroup>, out: &mut Batcher| {
-        // In an incremental plan, a group without a fresh copy comes too
-        // when its first copy is grouped with fresh data (a new image
-        // holding the file): its copies are planned with it, so reflinked
-        // clones of it are shared into together. Left out, the first copy
-        // alone was found held by its clones and left pending until the
-        // weekly full plan.
+        // Without a fresh copy, kept when fresh data names its first copy.
         if !group::keeps(fresh, g.iter().copied()) && !links.has(g[0]) {
             return Ok(());
         }

@@ -111,6 +111,19 @@ fn a_partly_matched_copy_is_the_source() {
     }
 }
 
+/// X (2 blocks), G (10), a tarball T of blocks of its own with X at a
+/// 4 KiB-aligned member, and an image I of one block of its own, X and G.
+fn tarball_and_image() -> (Vec<Fp>, Vec<Fp>, Vec<Fp>, Vec<Fp>) {
+    let x: Vec<Fp> = vec![0x1001, 0x2001];
+    let g: Vec<Fp> = fps(31, 10).into_iter().map(|f| f | 1).collect();
+    let mut t: Vec<Fp> = fps(32, 20).into_iter().map(|f| f | 1).collect();
+    t.splice(3..3, x.iter().copied());
+    let mut i = vec![0x7001];
+    i.extend(&x);
+    i.extend(&g);
+    (x, g, t, i)
+}
+
 #[test]
 fn a_tarball_keeps_its_blocks_and_an_image_of_files_found_elsewhere_is_freed() {
     // T: a tarball, mostly blocks of its own (more than the default
@@ -122,13 +135,7 @@ fn a_tarball_keeps_its_blocks_and_an_image_of_files_found_elsewhere_is_freed() {
     // (pinned on btrfs). By what stays anyway, T is X's source and G its
     // own: I is a destination everywhere but its metadata block, which the
     // bookend pass rewrites, and its extent is freed.
-    let x: Vec<Fp> = vec![0x1001, 0x2001];
-    let g: Vec<Fp> = fps(31, 10).into_iter().map(|f| f | 1).collect();
-    let mut t: Vec<Fp> = fps(32, 20).into_iter().map(|f| f | 1).collect();
-    t.splice(3..3, x.iter().copied());
-    let mut i = vec![0x7001];
-    i.extend(&x);
-    i.extend(&g);
+    let (x, g, t, i) = tarball_and_image();
     for (it, ii, ix, ig) in [(1, 2, 3, 4), (4, 3, 2, 1)] {
         let files = vec![file(it, &t), file(ii, &i), file(ix, &x), file(ig, &g)];
         let got = plan(&files, &[], &all_blocks_groups(&files), PlanOptions::default());
@@ -154,14 +161,8 @@ fn a_held_file_is_the_source_before_a_larger_one_kept_for_its_own_blocks() {
     // extent of its own (the nightly runs of `benches/slices.sh`: 18 MiB
     // pending, 26 MiB not freed). The tarball case beside it makes the
     // rule of what stays win.
-    let x: Vec<Fp> = vec![0x1001, 0x2001];
+    let (x, g, t, i) = tarball_and_image();
     let y: Vec<Fp> = vec![0x3001, 0x4001];
-    let g: Vec<Fp> = fps(31, 10).into_iter().map(|f| f | 1).collect();
-    let mut t: Vec<Fp> = fps(32, 20).into_iter().map(|f| f | 1).collect();
-    t.splice(3..3, x.iter().copied());
-    let mut i = vec![0x7001];
-    i.extend(&x);
-    i.extend(&g);
     let mut h: Vec<Fp> = fps(33, 30).into_iter().map(|f| f | 1).collect();
     h.splice(5..5, y.iter().copied());
     let mut j: Vec<Fp> = fps(34, 100).into_iter().map(|f| f | 1).collect();

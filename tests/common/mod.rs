@@ -515,6 +515,13 @@ impl Drop for Tmpfs {
     }
 }
 
+/// A whole-file clone of `from` at `to` (`cp --reflink=always`): one
+/// extent, two holders.
+pub fn reflink(from: &Path, to: &Path) {
+    let ok = Command::new("cp").arg("--reflink=always").arg(from).arg(to).status().unwrap();
+    assert!(ok.success(), "cp --reflink=always {}", to.display());
+}
+
 /// Clone `len` bytes of `src` from `off` into `dst` at `at`
 /// (`FICLONERANGE`): a stretch of one extent held by another file, as a
 /// user makes them with `cp --reflink` of a part, or `xfs_io reflink`.
