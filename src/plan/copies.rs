@@ -244,7 +244,10 @@ pub(super) fn follow<E>(
             cur.extend(&g.first);
             copies += 1;
         }
-        for &c in f.copies.iter().filter(|_| !template.is_empty()) {
+        if template.is_empty() {
+            continue;
+        }
+        for &c in &f.copies {
             if full(&cur, copies, template.len(), 1) {
                 flush(&mut cur, &mut copies)?;
             }

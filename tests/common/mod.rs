@@ -515,6 +515,19 @@ impl Drop for Tmpfs {
     }
 }
 
+/// Assert that every file of `files` holds `len` bytes from its start in
+/// the blocks `image` holds at `at` (shared into, or shared from).
+pub fn assert_in_image(image: &Path, at: u64, files: &[PathBuf], len: u64, report: &serde_json::Value) {
+    for f in files {
+        assert!(
+            same_physical(image, at, f, 0, len),
+            "{} lies in {}'s blocks: {report:#}",
+            f.display(),
+            image.display()
+        );
+    }
+}
+
 /// A whole-file clone of `from` at `to` (`cp --reflink=always`): one
 /// extent, two holders.
 pub fn reflink(from: &Path, to: &Path) {
