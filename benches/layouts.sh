@@ -6,18 +6,19 @@
 # use: different XFS block sizes, btrfs with compress-force.
 #
 #   benches/layouts.sh [--fs btrfs|xfs] [--mkfs-opts "..."] [--mount-opts "..."]
-#                      [--duperemove] [--bin PATH]...
+#                      [--duperemove] [--bin PATH]... [--corpus DIR]
 #       e.g. --fs xfs --mkfs-opts "-b size=65536"   (XFS with 64 KiB blocks)
 #            --fs btrfs --mount-opts compress-force=zstd
 #
-# Builds the corpus once (cached in BENCH_WORK, /var/tmp by default), prints
-# the yardstick per part (ideal-dup.py), then for each binary (and duperemove
+# Builds the corpus once (cached in BENCH_WORK, /var/tmp by default), or
+# takes --corpus DIR (another tree, e.g. benches/farm.py's), prints the
+# yardstick per part (ideal-dup.py), then for each binary (and duperemove
 # with --duperemove) on a fresh volume: wall time, peak RSS, freed (statfs)
 # and freed / ideal, and what is left stored twice (remaining-dup.py). Each
 # run's contents are checked against the corpus (SHA-256 of every file).
 # Needs root, python3; ~6 GB of sparse image, ~2 GB written per run.
 set -euo pipefail
-FS=btrfs MKFS_OPTS= MOUNT_OPTS= DUPEREMOVE=0 BINS=()
+FS=btrfs MKFS_OPTS= MOUNT_OPTS= DUPEREMOVE=0 BINS=() CORPUS=
 while [ $# -gt 0 ]; do
     case "$1" in
         --fs) FS=$2; shift 2 ;;
@@ -25,7 +26,8 @@ while [ $# -gt 0 ]; do
         --mount-opts) MOUNT_OPTS=$2; shift 2 ;;
         --duperemove) DUPEREMOVE=1; shift ;;
         --bin) BINS+=("$(realpath "$2")"); shift 2 ;;
-        -h | --help) sed -n '2,17p' "$0"; exit 0 ;;
+        --corpus) CORPUS=$(realpath "$2"); shift 2 ;;
+        -h | --help) sed -n '2,19p' "$0"; exit 0 ;;
         *) echo "unknown argument: $1" >&2; exit 2 ;;
     esac
 done
@@ -34,8 +36,10 @@ HERE=$(cd "$(dirname "$0")" && pwd)
 . "$HERE/lib.sh"
 default_bins "$HERE/.."
 TOOLS=${DEDUPSCAN_TOOLS:-$HERE/../../shared/tools}
-layouts_corpus
+if [ -n "$CORPUS" ]; then TREE=$CORPUS; else layouts_corpus; fi
 scratch_dir layouts
+LOOP=
+trap 'umount_vol; rm -rf "$WORK"' EXIT
 (cd "$TREE" && find . -type f -print0 | sort -z | xargs -0 sha256sum) >"$WORK/manifest"
 echo "yardstick (ideal-dup.py, 4 KiB):"
 for part in "$TREE"/*/; do
@@ -44,7 +48,7 @@ done
 ideal=$(python3 "$TOOLS/ideal-dup.py" "$TREE" | python3 -c 'import json,sys; print(json.load(sys.stdin)["dup_block_bytes_4k"])')
 one() { # LABEL CMD...
     local label=$1; shift
-    mountpoint -q "$MNT" && umount "$MNT"
+    umount_vol
     rm -f "$WORK/vol.img"
     truncate -s 6G "$WORK/vol.img"
     if [ "$FS" = btrfs ]; then
@@ -52,7 +56,11 @@ one() { # LABEL CMD...
     else
         mkfs.xfs -q -f -m reflink=1 $MKFS_OPTS "$WORK/vol.img"
     fi
-    mount -o "loop${MOUNT_OPTS:+,$MOUNT_OPTS}" "$WORK/vol.img" "$MNT"
+    # A loop device with direct I/O, as compare.sh's: read through the
+    # host's page cache, 16 readers at once took 1.2-1.4 times as long as
+    # 4 (benches/farm.py's corpus), which is the loop driver's, not a disk's.
+    attach "$WORK/vol.img"
+    mount ${MOUNT_OPTS:+-o "$MOUNT_OPTS"} "$LOOP" "$MNT"
     cp -a --reflink=never "$TREE" "$MNT/data"
     local f0 f1
     # Settle the fresh copy first: its writeback must not land in the run.
