@@ -187,6 +187,60 @@ fn xfs_a_file_shared_from_a_tarball_is_shared_from_it_into_a_new_image() {
     a_file_shared_from_a_tarball_is_shared_from_it_into_a_new_image(Fs::Xfs);
 }
 
+/// Eight pairs of copies that a first night shared, each from the copy
+/// of lower inode (`z/`), which earlier runs had not hashed; on the next
+/// night, a tarball holding all eight contents.
+///
+/// The copy shared from keeps extents for the other: the plan takes it
+/// as the source, so the tarball's pieces are shared into it and it stays
+/// where it is. It was held only when it was its group's first copy, the
+/// one of lower row id, and row ids follow the order the scan hashed the
+/// files in: here the other copies (`a/`, hashed by a run before) came
+/// first, the tarball became the source of both copies, and a copy of
+/// the same volume hashed in another order was planned otherwise (two
+/// fresh copies of FULL, one night apart, planned 4,025 and 3,983 ranges).
+fn the_copy_shared_from_stays_the_source_whatever_its_row_id(fs: Fs) {
+    let Some(vol) = Volume::new(fs, 320) else { return };
+    let data = vol.path("data");
+    let mut rng = Rng::new(57);
+    let contents: Vec<Vec<u8>> = (0..8).map(|_| rng.bytes(256 << 10)).collect();
+    for dir in ["z", "a"] {
+        for (i, c) in contents.iter().enumerate() {
+            write_in_extents(&data.join(dir).join(format!("f{i}")), &[c]);
+        }
+    }
+    let early = run_json(&vol, &[s(&data.join("a"))]);
+    assert_eq!(num(&early, "errors"), 0, "{early:#}");
+    let first = run_json(&vol, &[s(&data)]);
+    let held: Vec<_> = (0..8).map(|i| data.join(format!("z/f{i}"))).collect();
+    for (i, z) in held.iter().enumerate() {
+        let a = data.join(format!("a/f{i}"));
+        assert!(same_physical(z, 0, &a, 0, 256 << 10), "pair {i} not shared: {first:#}");
+    }
+    let before: Vec<_> = held.iter().map(|z| physical_blocks(z, 0, 256 << 10)).collect();
+
+    let tar: Vec<u8> = contents.iter().flat_map(|c| [rng.bytes(4096), c.clone()].concat()).collect();
+    write_in_extents(&data.join("tar/t.tar"), &[&tar]);
+    let (night, freed) = night(&vol, &data);
+    assert!(night["pending"].as_object().unwrap().is_empty(), "nothing left pending: {night:#}");
+    for (i, z) in held.iter().enumerate() {
+        assert_eq!(physical_blocks(z, 0, 256 << 10), before[i], "z/f{i} was shared into: {night:#}");
+        let at = (i as u64) * ((256 << 10) + 4096) + 4096;
+        assert!(same_physical(&data.join("tar/t.tar"), at, z, 0, 256 << 10), "tar piece {i}: {night:#}");
+    }
+    assert!(freed >= 8 * (256 << 10) * 7 / 8, "freed {freed} of 2 MiB (statfs): {night:#}");
+}
+
+#[test]
+fn btrfs_the_copy_shared_from_stays_the_source_whatever_its_row_id() {
+    the_copy_shared_from_stays_the_source_whatever_its_row_id(Fs::Btrfs);
+}
+
+#[test]
+fn xfs_the_copy_shared_from_stays_the_source_whatever_its_row_id() {
+    the_copy_shared_from_stays_the_source_whatever_its_row_id(Fs::Xfs);
+}
+
 /// A file and three `cp --reflink` clones of it (one extent, four
 /// holders), shared with nothing on the first night; on the next, a disk
 /// image holding the file arrives, written in one pass.
