@@ -198,7 +198,7 @@ fn xfs_a_file_shared_from_a_tarball_is_shared_from_it_into_a_new_image() {
 /// files in: here the other copies (`a/`, hashed by a run before) came
 /// first, the tarball became the source of both copies, and a copy of
 /// the same volume hashed in another order was planned otherwise (two
-/// fresh copies of FULL, one night apart, planned 4,025 and 3,983 ranges).
+/// fresh copies of FULL planned 4,025 and 3,983 ranges on the same night).
 fn the_copy_shared_from_stays_the_source_whatever_its_row_id(fs: Fs) {
     let Some(vol) = Volume::new(fs, 320) else { return };
     let data = vol.path("data");

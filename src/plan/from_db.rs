@@ -291,8 +291,8 @@ fn shared_claims(
     // Every copy of a whole-file group, not only the first (`keep` leaves
     // the others out of the claims): which copy comes first is a matter of
     // row ids, which the hashing threads' order gives, and the held one
-    // must be the source whatever its id (two nights on two fresh copies
-    // of one volume planned 4,025 and 3,983 ranges).
+    // must be the source whatever its id (two fresh copies of one volume
+    // planned 4,025 and 3,983 ranges on the same night).
     Ok(Claims::build(files).with_sources(db.sources(allowed)?))
 }
 
