@@ -429,16 +429,22 @@ impl Report {
         } else {
             t.row(["shared".to_owned(), human(self.deduped_bytes), "confirmed by the kernel".to_owned()]);
             t.row(["rewritten".to_owned(), human(self.rewritten_bytes), "partly shared extents".to_owned()]);
-            if self.pinned_bytes > 0 {
-                let why = "shared, not freed: the rest of the extent is in use";
-                t.row(["pinned".to_owned(), human(self.pinned_bytes), why.to_owned()]);
-                for (reason, n) in &self.pinned_by_reason {
-                    t.row([format!("  {reason}"), human(*n), String::new()]);
-                }
-                for w in &self.rewrite_what_if {
-                    let copy = format!("would be freed by copying {}", human(w.would_copy_bytes));
-                    t.row([format!("    --rewrite-ratio {}", w.rewrite_ratio), human(w.would_free_bytes), copy]);
-                }
+        }
+        // The preview decides as the run does (the same FIEMAP checks and
+        // rewrite ratio), so it says what would stay pinned, and what a
+        // larger ratio would free: the figure to weigh before a run.
+        if self.pinned_bytes > 0 {
+            let (label, why) = match self.dry_run {
+                true => ("would stay pinned", "shared, not freed: the rest of the extent would stay in use"),
+                false => ("pinned", "shared, not freed: the rest of the extent is in use"),
+            };
+            t.row([label.to_owned(), human(self.pinned_bytes), why.to_owned()]);
+            for (reason, n) in &self.pinned_by_reason {
+                t.row([format!("  {reason}"), human(*n), String::new()]);
+            }
+            for w in &self.rewrite_what_if {
+                let copy = format!("would be freed by copying {}", human(w.would_copy_bytes));
+                t.row([format!("    --rewrite-ratio {}", w.rewrite_ratio), human(w.would_free_bytes), copy]);
             }
         }
         if self.zeros_to_holes_bytes > 0 || self.zeros_to_holes_files > 0 {

@@ -282,10 +282,18 @@ fn btrfs_what_a_larger_rewrite_ratio_would_free_is_what_it_frees() {
     let what_if = |ratio: f64, free: u64, copy: u64| serde_json::json!({"rewrite_ratio": ratio, "would_free_bytes": free, "would_copy_bytes": copy});
     let expected: Vec<_> = [8.0, 16.0].map(|k| what_if(k, 2 << 20, 14 << 20)).into();
     assert_eq!(r["rewrite_what_if"], serde_json::Value::from(expected), "{r:#}");
-    // The text says it under the pinned bytes.
-    let text = dedupscan().arg(s(&dirs[2])).db(vol.db()).expect(0).run().stdout;
-    let line = text.lines().find(|l| l.contains("--rewrite-ratio 8")).unwrap_or_else(|| panic!("{text}"));
-    assert!(line.contains("2.0 MiB") && line.ends_with("would be freed by copying 14.0 MiB"), "{text}");
+    // The text says it under the pinned bytes, and a dry run before says
+    // the same of what would stay pinned.
+    let pinned_lines = |args: &[&str], label: &str| {
+        let text = dedupscan().args(args).db(vol.db()).expect(0).run().stdout;
+        let at = |key: &str| text.lines().find(|l| l.contains(key)).unwrap_or_else(|| panic!("{key}: {text}"));
+        assert!(at(label).contains("2.0 MiB"), "{text}");
+        assert!(at("below_rewrite_ratio").contains("2.0 MiB"), "{text}");
+        let line = at("--rewrite-ratio 8");
+        assert!(line.contains("2.0 MiB") && line.ends_with("would be freed by copying 14.0 MiB"), "{text}");
+    };
+    pinned_lines(&[s(&dirs[2]), "--dry-run"], "would stay pinned");
+    pinned_lines(&[s(&dirs[2])], "the rest of the extent is in use");
 
     // The same layout, run at the ratio the first run suggested.
     let free0 = free_bytes(&vol.mnt);
