@@ -20,6 +20,23 @@ pub fn display_path(p: &Path) -> String {
     escape_bytes(p.as_os_str().as_bytes())
 }
 
+/// [`display_path`] of a path that may be tens of KiB long (a tree nested
+/// by a user): its first and last [`SHOWN_EACH_END`] characters around
+/// how many were left out, so one warning stays one readable line.
+pub fn display_long_path(p: &Path) -> String {
+    let full = display_path(p);
+    let n = full.chars().count();
+    if n <= 2 * SHOWN_EACH_END + 40 {
+        return full;
+    }
+    let head: String = full.chars().take(SHOWN_EACH_END).collect();
+    let tail: String = full.chars().skip(n - SHOWN_EACH_END).collect();
+    format!("{head}[… {} characters …]{tail}", n - 2 * SHOWN_EACH_END)
+}
+
+/// Characters of each end of a long path shown ([`display_long_path`]).
+const SHOWN_EACH_END: usize = 120;
+
 /// See [`display_path`].
 pub fn escape_bytes(mut b: &[u8]) -> String {
     let mut out = String::with_capacity(b.len());
@@ -109,6 +126,19 @@ pub fn iso_time(unix: i64) -> String {
 mod tests {
     use super::*;
     use std::ffi::OsStr;
+
+    #[test]
+    fn long_paths_show_both_ends_and_what_was_left_out() {
+        assert_eq!(display_long_path(Path::new("/srv/a/b")), "/srv/a/b");
+        let long = format!("/srv/{}é\n", "d/".repeat(1000));
+        let shown = display_long_path(Path::new(&long));
+        // Escaped first (the newline is 4 characters), then shortened.
+        let left = long.chars().count() + 3 - 2 * SHOWN_EACH_END;
+        let cut = format!("[… {left} characters …]");
+        assert!(shown.starts_with("/srv/d/d/") && shown.ends_with("d/é\\x0a"), "{shown}");
+        assert!(shown.contains(&cut), "{shown}");
+        assert_eq!(shown.chars().count(), 2 * SHOWN_EACH_END + cut.chars().count());
+    }
 
     #[test]
     fn escapes_non_utf8_losslessly() {

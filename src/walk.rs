@@ -85,6 +85,9 @@ enum Found {
     File(PathBuf, Stat),
     Skip(SkipReason),
     SkipDir(SkipReason),
+    /// A directory below [`MAX_PATH_BYTES`] of path, left out with
+    /// everything in it (`too_deep`), and said.
+    TooDeep(PathBuf),
     Error(ErrorKind, PathBuf, io::Error),
 }
 
@@ -209,6 +212,15 @@ fn consume(
         }
         Found::SkipDir(r) => {
             *result.skipped_dirs.entry(r).or_default() += 1;
+            return;
+        }
+        Found::TooDeep(path) => {
+            *result.skipped_dirs.entry(SkipReason::TooDeep).or_default() += 1;
+            // Data left out that the administrator did not choose to leave
+            // out: said with the path (shortened: it is 64 KiB long).
+            let kib = MAX_PATH_BYTES >> 10;
+            let path = crate::display::display_long_path(&path);
+            progress.warn(&format!("{path}: left out with everything below it: its path is longer than {kib} KiB"));
             return;
         }
         Found::Error(kind, path, e) => {
@@ -370,7 +382,7 @@ fn enter(ctx: &Ctx<'_>, queue: &Queue, job: Job, buf: &mut [MaybeUninit<u8>], ou
 /// deep would cost the crawl time and memory quadratic in its depth. Files
 /// deeper than PATH_MAX up to this are opened in pieces
 /// (`sys::beneath::open_long`); below it a directory is left out, counted
-/// `too_deep` in `skipped_dirs`.
+/// `too_deep` in `skipped_dirs` and said (the data there is not looked at).
 pub const MAX_PATH_BYTES: usize = 64 << 10;
 
 /// Subdirectories queued at once by a thread listing a directory, so that
@@ -494,7 +506,7 @@ fn classify(ctx: &Ctx<'_>, fd: BorrowedFd<'_>, id: (u64, u64), name: &CStr, mut 
         }
     }
     Entry::Other(match ft {
-        FileType::Directory if child.as_os_str().len() > MAX_PATH_BYTES => Found::SkipDir(SkipReason::TooDeep),
+        FileType::Directory if child.as_os_str().len() > MAX_PATH_BYTES => Found::TooDeep(child),
         FileType::Directory => return Entry::Dir(child),
         FileType::RegularFile => match st {
             Some(s) => Found::File(child, s),
@@ -532,69 +544,4 @@ fn error(result: &mut WalkResult, progress: &dyn Progress, kind: ErrorKind, path
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    /// The fd walker finds every file of a wide and deep tree exactly once,
-    /// ends, and counts what it skips.
-    #[test]
-    fn walks_a_tree_completely_and_counts_skips() {
-        let d = tempfile::tempdir().unwrap();
-        let root = d.path().join("t");
-        let mut want = std::collections::BTreeSet::new();
-        for i in 0..40 {
-            // Deep chains and wide directories.
-            let dir = root.join(format!("d{i}")).join(format!("e{}", i % 3)).join("f");
-            std::fs::create_dir_all(&dir).unwrap();
-            for j in 0..25 {
-                let p = dir.join(format!("x{j}"));
-                std::fs::write(&p, b"data").unwrap();
-                want.insert(p);
-            }
-            std::fs::write(dir.join("empty"), b"").unwrap();
-            std::os::unix::fs::symlink("/etc", dir.join("link")).unwrap();
-        }
-        // One directory wider than a crawl thread's batch (FOUND_BATCH).
-        let wide = root.join("wide");
-        std::fs::create_dir(&wide).unwrap();
-        for j in 0..(2 * FOUND_BATCH + 5) {
-            let p = wide.join(format!("w{j}"));
-            std::fs::write(&p, b"data").unwrap();
-            want.insert(p);
-        }
-        std::fs::hard_link(root.join("d0/e0/f/x0"), root.join("d0/e0/x0-again")).unwrap();
-        std::fs::create_dir_all(root.join("d1/marked/deep")).unwrap();
-        std::fs::write(root.join("d1/marked/.nodedup"), b"").unwrap();
-        std::fs::write(root.join("d1/marked/deep/x"), b"data").unwrap();
-        let tree = Tree::open(std::slice::from_ref(&root)).unwrap();
-        let policy = Policy::new(&[], None).unwrap();
-        let stop = AtomicBool::new(false);
-        let mut got = Vec::new();
-        let r = walk(&tree, FsKind::Other, &policy, &crate::progress::Silent, &stop, |c| got.push(c.path), || ());
-        got.sort();
-        let dedup: std::collections::BTreeSet<_> = got.iter().cloned().collect();
-        assert_eq!(dedup.len(), got.len(), "a file was found twice");
-        // One of the two names of the hard-linked inode.
-        assert_eq!(got.len(), want.len());
-        assert!(got.iter().all(|p| want.contains(p) || p.ends_with("x0-again")));
-        assert_eq!(r.skipped[&SkipReason::Symlink], 40);
-        assert_eq!(r.skipped[&SkipReason::Empty], 40);
-        assert_eq!(r.skipped[&SkipReason::Hardlink], 1);
-        assert_eq!(r.skipped_dirs[&SkipReason::Nodedup], 1);
-        assert!(r.errors.is_empty(), "{:?}", r.errors);
-    }
-
-    /// A starting path that is a file is the only file found.
-    #[test]
-    fn a_file_as_starting_path() {
-        let d = tempfile::tempdir().unwrap();
-        std::fs::write(d.path().join("a"), b"data").unwrap();
-        std::fs::write(d.path().join("b"), b"data").unwrap();
-        let tree = Tree::open(&[d.path().join("a")]).unwrap();
-        let policy = Policy::new(&[], None).unwrap();
-        let stop = AtomicBool::new(false);
-        let mut got = Vec::new();
-        walk(&tree, FsKind::Other, &policy, &crate::progress::Silent, &stop, |c| got.push(c.path), || ());
-        assert_eq!(got, vec![d.path().join("a")]);
-    }
-}
+mod tests;

@@ -83,10 +83,19 @@ fn deep_files_are_shared(fs: Fs) {
     let files = || [File::open(t.join("top.bin")).unwrap(), open_at(&mid, "mid.bin"), open_at(&dir, "deep.bin")];
     let before: Vec<_> = files().iter().map(state).collect();
 
-    let r = run_json(&vol, &[t.to_str().unwrap()]);
+    let out = dedupscan().arg(&t).json().db(vol.db()).expect(0).run();
+    let r = out.json;
     assert_eq!(r["errors"].as_u64(), Some(0), "{r:#}");
     assert_eq!(r["files_hashed"].as_u64(), Some(3), "{r:#}");
     assert_eq!(r["skipped_dirs"]["too_deep"].as_u64(), Some(1), "{r:#}");
+    // The directory left out is named, shortened to one line of both its
+    // ends: the administrator learns where data was not looked at.
+    let said: Vec<&str> = out.stderr.lines().filter(|l| l.contains("its path is longer than 64 KiB")).collect();
+    assert_eq!(said.len(), 1, "{}", out.stderr);
+    let start = format!("dedupscan: warning: {}/far/{NAME}/{NAME}/", t.display());
+    assert!(said[0].starts_with(&start) && said[0].contains(" characters …]"), "{}", said[0]);
+    assert!(said[0].contains(&format!("/{NAME}/{NAME}: left out with everything below it")), "{}", said[0]);
+    assert!(said[0].len() < 400, "{}", said[0]);
     assert_eq!(num(&r, "deduped_bytes"), 2 * payload.len() as u64, "{r:#}");
     let after: Vec<_> = files().iter().map(state).collect();
     assert_eq!(before, after, "a file changed");
