@@ -40,7 +40,7 @@ use crate::file::FileId;
 use crate::plan::Range;
 use crate::progress::Progress;
 use crate::sys::fiemap::Extent;
-use crate::sys::{self, dedupe::DestResult, dedupe::MAX_DESTS, dedupe::MAX_REQUEST_LEN, DedupeStatus};
+use crate::sys::{self, dedupe::DestResult, dedupe::MAX_DESTS, DedupeStatus};
 
 /// One destination of a source range, maybe split into the sub-ranges that
 /// are not shared yet (offsets relative to the range start).
@@ -289,7 +289,9 @@ impl<'a> Executor<'a> {
         let mut alive: Vec<bool> = vec![true; dests.len()];
         let mut done = 0;
         while done < len && alive.iter().any(|&a| a) && !self.refused() {
-            let chunk = (len - done).min(MAX_REQUEST_LEN);
+            let live = alive.iter().filter(|&&a| a).count();
+            let step = super::workers::request_len(self.ctx.request_bytes, live, self.ctx.block_size);
+            let chunk = (len - done).min(step);
             match self.mode {
                 Mode::DryRun => {
                     let failed = self.verify(source, done, chunk, dests, &mut alive);

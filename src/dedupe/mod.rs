@@ -369,6 +369,7 @@ pub fn execute(
         used_once: used_once(plan),
         solo: Mutex::new(BTreeMap::new()),
         from_disk: sharing.from_disk,
+        request_bytes: sharing.request_bytes,
         across_owners: sharing.across_owners,
         pinned_too: sharing.pinned_too,
         leave_nocow: sharing.leave_nocow,

@@ -30,8 +30,9 @@ impl Executor<'_> {
             prefetch(src, off, chunk);
             idx.iter().for_each(|&k| prefetch(dests[k].file, dests[k].off, chunk));
         }
-        // The next chunk is read while the kernel compares this one.
-        let next = (len - done - chunk).min(MAX_REQUEST_LEN);
+        // The next chunk is read while the kernel compares this one (no
+        // longer than this one: see `workers::request_len`).
+        let next = (len - done - chunk).min(chunk);
         if next > 0 {
             prefetch(src, off + done + chunk, next);
             idx.iter().for_each(|&k| prefetch(dests[k].file, dests[k].off + done + chunk, next));

@@ -26,6 +26,7 @@ use crate::file::{FileId, IdSet};
 use crate::plan::{Plan, Range};
 use crate::progress::Progress;
 use crate::sys::beneath::Tree;
+use crate::sys::dedupe::MAX_REQUEST_LEN;
 
 /// Most worker threads of the share phase. On cached data the phase is
 /// kernel CPU (on XFS four fifths of it inside `FIDEDUPERANGE`), so workers
@@ -71,6 +72,9 @@ pub struct Sharing {
     /// in a 1 GiB cgroup: share phase 13.1–13.3 s → 7.8–8.5 s. On cached
     /// data it would only copy every page once more.
     pub from_disk: bool,
+    /// From disk: the most bytes one request may have its worker read,
+    /// source and destinations together ([`request_len`]).
+    pub request_bytes: u64,
     /// Files of different owners may be shared (`--share-across-owners`).
     /// Otherwise a destination owned by another user than its source is
     /// refused: the plan never pairs them (their fingerprints are salted
@@ -100,6 +104,7 @@ impl Sharing {
         Sharing {
             workers,
             from_disk: false,
+            request_bytes: u64::MAX,
             across_owners: false,
             pinned_too: false,
             wait_for_sources: false,
@@ -136,7 +141,27 @@ fn sharing_for(bytes: u64, drop_cache: bool, memory: Option<u64>, fd_limit: u64,
     // room for the database, the directories held and the standard streams.
     let fit = fd_limit.saturating_sub(64) / (crate::sys::dedupe::MAX_DESTS as u64 + 1);
     let workers = (fit as usize).clamp(cpu_workers.min(IO_WORKERS), IO_WORKERS);
-    Sharing { workers, from_disk, ..Sharing::cached(workers) }
+    // What the workers read for their requests (and read ahead for the
+    // next ones, as much again) must stay in the page cache until the
+    // kernel compares it: together half the memory, as above. In 1 GiB on
+    // 8 workers a source and a destination still go 16 MiB at a time.
+    let request_bytes = memory.map_or(u64::MAX, |m| m / 4 / workers as u64);
+    Sharing { workers, from_disk, request_bytes, ..Sharing::cached(workers) }
+}
+
+/// The length of each request of a source range shared into `dests`
+/// destinations, `block` aligned: [`MAX_REQUEST_LEN`], or shorter, so that
+/// the source's and destinations' pages together (what the worker reads
+/// before it submits the request) come to at most `request_bytes`. A file
+/// in 40 copies, 16 MiB requests into all of them, read 656 MiB ahead of
+/// each compare: in a 1 GiB cgroup the first pages were reclaimed before
+/// the kernel compared them, and it read them again a page at a time,
+/// on the one worker that holds the source (the layouts corpus: 4.3 s of
+/// 4 KiB reads at a queue depth of 0.7).
+pub(super) fn request_len(request_bytes: u64, dests: usize, block: u64) -> u64 {
+    let block = block.max(1);
+    let each = request_bytes / (dests as u64 + 1);
+    (each / block * block).clamp(block, MAX_REQUEST_LEN)
 }
 
 /// Do `work` on every item, on up to `workers` executors, each on its own
@@ -353,6 +378,8 @@ pub(super) struct WorkerContext<'a> {
     pub(super) solo: Mutex<BTreeMap<u64, u64>>,
     /// Read each request's pages before submitting it ([`Sharing::from_disk`]).
     pub(super) from_disk: bool,
+    /// [`Sharing::request_bytes`].
+    pub(super) request_bytes: u64,
     /// [`Sharing::across_owners`].
     pub(super) across_owners: bool,
     /// [`Sharing::pinned_too`].
@@ -435,17 +462,36 @@ mod tests {
     #[test]
     fn more_workers_only_when_the_data_comes_from_disk() {
         let (gib, fds) = (1u64 << 30, 1 << 20);
-        let disk = |workers| Sharing { from_disk: true, ..Sharing::cached(workers) };
+        let disk = |workers| Sharing { from_disk: true, request_bytes: u64::MAX, ..Sharing::cached(workers) };
+        let within = |workers, request_bytes| Sharing { request_bytes, ..disk(workers) };
         // Fits in half the memory: as many as CPUs.
         assert_eq!(sharing_for(4 * gib, false, Some(24 * gib), fds, 2), Sharing::cached(2));
         assert_eq!(sharing_for(4 * gib, false, None, fds, 3), Sharing::cached(3));
-        // Larger than half the memory, or dropped by the scan.
-        assert_eq!(sharing_for(4 * gib, false, Some(gib), fds, 2), disk(IO_WORKERS));
-        assert_eq!(sharing_for(gib, true, Some(24 * gib), fds, 2), disk(IO_WORKERS));
+        // Larger than half the memory, or dropped by the scan; a request
+        // reads at most a quarter of the memory shared out among the
+        // workers.
+        assert_eq!(sharing_for(4 * gib, false, Some(gib), fds, 2), within(IO_WORKERS, 2 * MAX_REQUEST_LEN));
+        assert_eq!(sharing_for(gib, false, Some(gib / 4), fds, 2), within(IO_WORKERS, 8 << 20));
+        assert_eq!(sharing_for(gib, true, Some(24 * gib), fds, 2), within(IO_WORKERS, 768 << 20));
         // The open-file limit of a login shell: fewer, never below the CPUs'.
         assert_eq!(sharing_for(gib, true, None, 1024, 2), disk(7));
         assert_eq!(sharing_for(gib, true, None, 256, 2), disk(2));
         assert_eq!(sharing_for(gib, true, None, 0, 4), disk(4));
+    }
+
+    #[test]
+    fn requests_into_many_destinations_are_shorter_from_disk() {
+        let (mib, b) = (1u64 << 20, 4096);
+        // Cached: always the kernel's 16 MiB.
+        assert_eq!(request_len(u64::MAX, 1, b), MAX_REQUEST_LEN);
+        assert_eq!(request_len(u64::MAX, 127, b), MAX_REQUEST_LEN);
+        // From disk, 32 MiB a request: one destination as before; 40 share
+        // it, in whole blocks; never below one block.
+        assert_eq!(request_len(32 * mib, 1, b), MAX_REQUEST_LEN);
+        assert_eq!(request_len(32 * mib, 40, b), (32 * mib / 41) / b * b);
+        assert!(request_len(32 * mib, 40, b) * 41 <= 32 * mib);
+        assert_eq!(request_len(32 * mib, 127, 64 << 10), 256 << 10);
+        assert_eq!(request_len(8 << 10, 127, b), b);
     }
 
     #[test]
