@@ -7,6 +7,7 @@
 #
 #   benches/layouts.sh [--fs btrfs|xfs] [--mkfs-opts "..."] [--mount-opts "..."]
 #                      [--duperemove] [--bin PATH]... [--corpus DIR]
+#                      [--memory-limit SIZE]
 #       e.g. --fs xfs --mkfs-opts "-b size=65536"   (XFS with 64 KiB blocks)
 #            --fs btrfs --mount-opts compress-force=zstd
 #
@@ -16,9 +17,12 @@
 # with --duperemove) on a fresh volume: wall time, peak RSS, freed (statfs)
 # and freed / ideal, and what is left stored twice (remaining-dup.py). Each
 # run's contents are checked against the corpus (SHA-256 of every file).
+# With --memory-limit (such as 1G) a cold raw read of the corpus (cat, 16
+# readers) is timed first, and every timed step runs in a memory cgroup of
+# that size (v2 or v1; page cache is charged to it), as compare.sh's.
 # Needs root, python3; ~6 GB of sparse image, ~2 GB written per run.
 set -euo pipefail
-FS=btrfs MKFS_OPTS= MOUNT_OPTS= DUPEREMOVE=0 BINS=() CORPUS=
+FS=btrfs MKFS_OPTS= MOUNT_OPTS= DUPEREMOVE=0 BINS=() CORPUS= LIMIT=
 while [ $# -gt 0 ]; do
     case "$1" in
         --fs) FS=$2; shift 2 ;;
@@ -27,7 +31,8 @@ while [ $# -gt 0 ]; do
         --duperemove) DUPEREMOVE=1; shift ;;
         --bin) BINS+=("$(realpath "$2")"); shift 2 ;;
         --corpus) CORPUS=$(realpath "$2"); shift 2 ;;
-        -h | --help) sed -n '2,19p' "$0"; exit 0 ;;
+        --memory-limit) LIMIT=$2; shift 2 ;;
+        -h | --help) sed -n '2,23p' "$0"; exit 0 ;;
         *) echo "unknown argument: $1" >&2; exit 2 ;;
     esac
 done
@@ -39,7 +44,10 @@ TOOLS=${DEDUPSCAN_TOOLS:-$HERE/../../shared/tools}
 if [ -n "$CORPUS" ]; then TREE=$CORPUS; else layouts_corpus; fi
 scratch_dir layouts
 LOOP=
-trap 'umount_vol; rm -rf "$WORK"' EXIT
+log() { echo "layouts.sh: $*" >&2; }
+die() { log "$@"; exit 1; }
+limit_memory "$LIMIT"
+trap 'umount_vol; cgroup_remove; rm -rf "$WORK"' EXIT
 (cd "$TREE" && find . -type f -print0 | sort -z | xargs -0 sha256sum) >"$WORK/manifest"
 echo "yardstick (ideal-dup.py, 4 KiB):"
 for part in "$TREE"/*/; do
@@ -67,7 +75,7 @@ one() { # LABEL CMD...
     sync
     f0=$(free_bytes "$FS")
     echo 3 >/proc/sys/vm/drop_caches
-    /usr/bin/time -f '%e %M' -o "$WORK/time" "$@" >"$WORK/out" 2>"$WORK/err" || echo "  ($label: exit status $?)"
+    /usr/bin/time -f '%e %M' -o "$WORK/time" "${IN_CG[@]}" "$@" >"$WORK/out" 2>"$WORK/err" || echo "  ($label: exit status $?)"
     sleep 2
     f1=$(free_bytes "$FS")
     read -r wall rss <"$WORK/time"
@@ -78,7 +86,10 @@ one() { # LABEL CMD...
         printf "%-28s wall %7.2f s  peak RSS %6.1f MiB  freed %8.1f MiB = %5.1f%% of ideal  still twice %7.1f MiB\n",
             l, w, r / 1024, f / 1048576, 100 * f / i, left / 1048576 }'
 }
-echo "ideal: $((ideal / 1048576)) MiB; $FS${MKFS_OPTS:+ (mkfs $MKFS_OPTS)}${MOUNT_OPTS:+ (mount $MOUNT_OPTS)}"
+echo "ideal: $((ideal / 1048576)) MiB; $FS${MKFS_OPTS:+ (mkfs $MKFS_OPTS)}${MOUNT_OPTS:+ (mount $MOUNT_OPTS)}${LIMIT:+ (memory cgroup $LIMIT)}"
+if [ -n "$LIMIT" ]; then
+    one "raw read (cat, 16 readers)" sh -c 'cd "$1" && find . -type f -print0 | xargs -0 -n 32 -P 16 cat >/dev/null' raw "$MNT/data"
+fi
 for bin in "${BINS[@]}"; do
     one "dedupscan $(basename "$bin")" "$bin" "$MNT/data" --db "$WORK/db.sqlite" -q
     rm -f "$WORK"/db.sqlite*
