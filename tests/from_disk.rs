@@ -179,7 +179,8 @@ fn many_copies_from_disk(fs: Fs, most_requests: u64) {
     vol.remount();
     let (free0, (ios0, read0)) = (free_bytes(&vol.mnt), device_reads(&vol));
     let run = dedupscan().under(cg.wrapper()).arg(&data).arg("-v").json().db(vol.db()).expect(0).run();
-    let (ios, read) = (device_reads(&vol).0 - ios0, device_reads(&vol).1 - read0);
+    let (ios1, read1) = device_reads(&vol);
+    let (ios, read) = (ios1 - ios0, read1 - read0);
     assert!(run.stderr.contains(FROM_DISK), "{}", run.stderr);
     let r = &run.json;
     assert_eq!((num(r, "errors"), num(r, "deduped_bytes")), (0, 30 * payload.len() as u64), "{r:#}");
